@@ -1,0 +1,133 @@
+//! Command-line flags of the `bootstrap-server` binary (each with an environment fallback).
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use worker_client::protocol::{Rank, MAX_RANK};
+use worker_client::service::LogFormat;
+
+use crate::registry::{EngineConflictPolicy, ExpectedTopology, RegistryConfig};
+use crate::server::ServerConfig;
+
+/// The pd-bootstrap registry: run it once per prefill deployment, on rank 0.
+#[derive(Debug, Parser)]
+#[command(name = "bootstrap-server", version, about)]
+pub struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "PD_BOOTSTRAP_HOST", default_value = "0.0.0.0")]
+    pub host: IpAddr,
+    /// Port to listen on (the same variable vLLM's Mooncake connector reads).
+    #[arg(long, env = "VLLM_MOONCAKE_BOOTSTRAP_PORT", default_value_t = 8998)]
+    pub port: u16,
+    /// Folder of the embedded sled database (created if absent).
+    #[arg(long, env = "PD_BOOTSTRAP_DATA_DIR", default_value = "bootstrap-data")]
+    pub data_dir: PathBuf,
+    /// Seconds a request id lives after registration (fractions allowed).
+    #[arg(long, env = "PD_BOOTSTRAP_REQUEST_TTL", default_value = "960", value_parser = parse_seconds)]
+    pub request_ttl: Duration,
+    /// The most live request ids held at once; registering more answers 503.
+    #[arg(long, env = "PD_BOOTSTRAP_MAX_REQUESTS", default_value_t = 2_000_000)]
+    pub max_requests: usize,
+    /// Expected number of dp ranks; with any of the three sizes, `/query` answers 503 until the
+    /// topology is complete (unset sizes count as 1) and larger ranks are refused.
+    #[arg(long, env = "PD_BOOTSTRAP_DP_SIZE", value_parser = size_parser())]
+    pub dp_size: Option<Rank>,
+    /// Expected number of tp ranks per dp rank.
+    #[arg(long, env = "PD_BOOTSTRAP_TP_SIZE", value_parser = size_parser())]
+    pub tp_size: Option<Rank>,
+    /// Expected number of pp ranks.
+    #[arg(long, env = "PD_BOOTSTRAP_PP_SIZE", value_parser = size_parser())]
+    pub pp_size: Option<Rank>,
+    /// What a new engine id for a dp rank owned by another engine does.
+    #[arg(long, env = "PD_BOOTSTRAP_ENGINE_CONFLICT", value_enum, default_value_t = EngineConflictPolicy::Reject)]
+    pub engine_conflict: EngineConflictPolicy,
+    /// Bearer token required on every write route (reads stay open).
+    #[arg(long, env = "PD_BOOTSTRAP_AUTH_TOKEN", hide_env_values = true)]
+    pub auth_token: Option<String>,
+    /// Log format.
+    #[arg(long, env = "PD_BOOTSTRAP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+fn size_parser() -> clap::builder::RangedI64ValueParser<Rank> {
+    clap::value_parser!(u32).range(1..=i64::from(MAX_RANK) + 1)
+}
+
+/// Parses a positive number of seconds, fractions allowed.
+pub fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(seconds.is_finite() && seconds > 0.0 && seconds < 1e9) {
+        return Err(format!("{text:?} must be a positive number of seconds"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+impl Args {
+    /// The server settings these flags describe.
+    pub fn server_config(&self) -> ServerConfig {
+        let expected = (self.dp_size.is_some() || self.tp_size.is_some() || self.pp_size.is_some())
+            .then(|| ExpectedTopology {
+                dp_size: self.dp_size.unwrap_or(1),
+                tp_size: self.tp_size.unwrap_or(1),
+                pp_size: self.pp_size.unwrap_or(1),
+            });
+        ServerConfig {
+            addr: (self.host, self.port).into(),
+            data_dir: self.data_dir.clone(),
+            auth_token: self.auth_token.clone().filter(|t| !t.is_empty()),
+            registry: RegistryConfig {
+                expected,
+                request_ttl: self.request_ttl,
+                max_requests: self.max_requests,
+                engine_conflict: self.engine_conflict,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_map_to_config() {
+        let args = Args::try_parse_from([
+            "bootstrap-server",
+            "--port",
+            "0",
+            "--tp-size",
+            "2",
+            "--request-ttl",
+            "1.5",
+        ])
+        .unwrap();
+        let config = args.server_config();
+        assert_eq!(
+            config.registry.expected,
+            Some(ExpectedTopology {
+                dp_size: 1,
+                tp_size: 2,
+                pp_size: 1
+            })
+        );
+        assert_eq!(config.registry.request_ttl, Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn bad_flags_are_refused() {
+        for bad in [
+            &["--request-ttl", "-1"][..],
+            &["--request-ttl", "soon"],
+            &["--dp-size", "0"],
+            &["--port", "70000"],
+            &["--engine-conflict", "maybe"],
+        ] {
+            let argv = std::iter::once("bootstrap-server").chain(bad.iter().copied());
+            assert!(Args::try_parse_from(argv).is_err(), "{bad:?} was accepted");
+        }
+    }
+}

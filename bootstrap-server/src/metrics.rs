@@ -1,0 +1,144 @@
+//! Prometheus metrics of the bootstrap server.
+
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, TextEncoder,
+};
+
+use crate::registry::Stats;
+
+/// Every metric the server exports, registered in its own Prometheus registry.
+pub struct Metrics {
+    registry: prometheus::Registry,
+    http_requests: IntCounterVec,
+    http_duration: HistogramVec,
+    request_lookups: IntCounterVec,
+    pruned_requests: IntCounter,
+    workers: IntGauge,
+    engines: IntGauge,
+    live_requests: IntGauge,
+    topology_revision: IntGauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let registry = prometheus::Registry::new();
+        let http_requests = IntCounterVec::new(
+            Opts::new(
+                "bootstrap_http_requests_total",
+                "HTTP requests by route, method and status code",
+            ),
+            &["route", "method", "status"],
+        )
+        .expect("valid metric");
+        let http_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "bootstrap_http_request_duration_seconds",
+                "Time to answer an HTTP request, by route",
+            )
+            .buckets(vec![
+                0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05,
+                0.1, 0.25, 1.0,
+            ]),
+            &["route"],
+        )
+        .expect("valid metric");
+        let request_lookups = IntCounterVec::new(
+            Opts::new(
+                "bootstrap_request_lookups_total",
+                "Request ids resolved by /query_requests, by result (ok, retry, error)",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        let pruned_requests = IntCounter::new(
+            "bootstrap_pruned_requests_total",
+            "Request ids removed because their TTL expired",
+        )
+        .expect("valid metric");
+        let workers =
+            IntGauge::new("bootstrap_workers", "Registered worker slots").expect("valid metric");
+        let engines = IntGauge::new("bootstrap_engines", "Engines owning at least one dp rank")
+            .expect("valid metric");
+        let live_requests =
+            IntGauge::new("bootstrap_live_requests", "Request ids in the request map")
+                .expect("valid metric");
+        let topology_revision = IntGauge::new(
+            "bootstrap_topology_revision",
+            "Changes to the worker table since the server started",
+        )
+        .expect("valid metric");
+        for collector in [
+            Box::new(http_requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(http_duration.clone()),
+            Box::new(request_lookups.clone()),
+            Box::new(pruned_requests.clone()),
+            Box::new(workers.clone()),
+            Box::new(engines.clone()),
+            Box::new(live_requests.clone()),
+            Box::new(topology_revision.clone()),
+        ] {
+            registry
+                .register(collector)
+                .expect("metric names are unique");
+        }
+        Metrics {
+            registry,
+            http_requests,
+            http_duration,
+            request_lookups,
+            pruned_requests,
+            workers,
+            engines,
+            live_requests,
+            topology_revision,
+        }
+    }
+
+    /// Counts one answered HTTP request.
+    pub fn observe_http(&self, route: &str, method: &str, status: &str, elapsed: Duration) {
+        self.http_requests
+            .with_label_values(&[route, method, status])
+            .inc();
+        self.http_duration
+            .with_label_values(&[route])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts the results of one `/query_requests` call.
+    pub fn observe_lookups(&self, ok: u64, retry: u64, error: u64) {
+        for (result, count) in [("ok", ok), ("retry", retry), ("error", error)] {
+            if count > 0 {
+                self.request_lookups
+                    .with_label_values(&[result])
+                    .inc_by(count);
+            }
+        }
+    }
+
+    /// Counts request ids removed by expiry.
+    pub fn observe_pruned(&self, count: usize) {
+        self.pruned_requests.inc_by(count as u64);
+    }
+
+    /// Renders every metric in the Prometheus text format, with gauges taken from `stats`.
+    pub fn render(&self, stats: Stats) -> String {
+        self.workers.set(stats.workers as i64);
+        self.engines.set(stats.engines as i64);
+        self.live_requests.set(stats.live_requests as i64);
+        self.topology_revision.set(stats.revision as i64);
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding into a Vec cannot fail");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}

@@ -1,0 +1,528 @@
+//! The registry: one type that owns the worker table and the request-id table, validates every
+//! change, makes it durable through a [`Store`], and serves the HTTP routes.
+
+mod requests;
+mod workers;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use worker_client::protocol::{
+    validate_addr, validate_id, validate_rank, Deregister, FieldError, QueryRequests,
+    QueryRequestsResponse, Rank, RegisterLegacyWorker, RegisterRequest, RegisterWorker,
+    RequestLocation,
+};
+
+pub use requests::{Inserted, RequestConflict, RequestTable};
+pub use workers::{EngineConflictPolicy, RegisterOutcome, WorkerConflict, WorkerTable};
+
+use crate::store::{RequestRecord, Slot, Store, StoreError, WorkerChange};
+
+/// The most request ids one `POST /query_requests` may ask about.
+pub const MAX_QUERY_IDS: usize = 4096;
+
+/// How many expired ids one pruning step removes before it lets others take the lock.
+const PRUNE_BATCH: usize = 4096;
+
+/// The P deployment's expected shape; `GET /query` answers 503 until every rank has registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpectedTopology {
+    /// Number of dp ranks.
+    pub dp_size: Rank,
+    /// Number of tp ranks per dp rank.
+    pub tp_size: Rank,
+    /// Number of pp ranks per tp rank.
+    pub pp_size: Rank,
+}
+
+impl ExpectedTopology {
+    /// How many workers make the topology complete.
+    pub fn worker_count(&self) -> usize {
+        self.dp_size as usize * self.tp_size as usize * self.pp_size as usize
+    }
+}
+
+/// Registry settings.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    /// The expected topology, if the operator configured one.
+    pub expected: Option<ExpectedTopology>,
+    /// How long a request id lives after registration.
+    pub request_ttl: Duration,
+    /// The most live request ids held at once.
+    pub max_requests: usize,
+    /// What a new engine id for an owned dp rank does.
+    pub engine_conflict: EngineConflictPolicy,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        RegistryConfig {
+            expected: None,
+            request_ttl: Duration::from_secs(960),
+            max_requests: 2_000_000,
+            engine_conflict: EngineConflictPolicy::Reject,
+        }
+    }
+}
+
+/// Why the registry refused a call. The HTTP layer maps each kind to a status code.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// A field is malformed (422).
+    #[error(transparent)]
+    Invalid(#[from] FieldError),
+    /// A rank is not below the configured size (400, vLLM's wording).
+    #[error("{0}")]
+    OutOfRange(String),
+    /// A registration conflicts with what is on record (400, vLLM's wording).
+    #[error(transparent)]
+    Worker(#[from] WorkerConflict),
+    /// A request id conflicts, or the table is full.
+    #[error(transparent)]
+    Request(#[from] RequestConflict),
+    /// D's tp size differs from P's (400, vLLM's wording).
+    #[error(
+        "heterogeneous TP is not supported yet. TP size mismatch: expected {expected}, got {got}"
+    )]
+    TpSizeMismatch {
+        /// P's tp size.
+        expected: Rank,
+        /// The tp size D sent.
+        got: Rank,
+    },
+    /// The expected topology is incomplete (503).
+    #[error("Mooncake prefiller worker topology is not ready: {missing} of {expected} workers have not registered.")]
+    NotReady {
+        /// Workers still missing.
+        missing: usize,
+        /// Workers expected in all.
+        expected: usize,
+    },
+    /// No dp rank belongs to this engine (404).
+    #[error("engine_id {0:?} is not registered")]
+    UnknownEngine(String),
+    /// The store failed (503: retrying may help).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// How complete the registered topology is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readiness {
+    /// Registered workers.
+    pub registered: usize,
+    /// Expected workers, when a topology is configured.
+    pub expected: Option<usize>,
+    /// Expected workers not yet registered (0 without a configured topology).
+    pub missing: usize,
+}
+
+/// Counts for `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    /// Registered workers.
+    pub workers: usize,
+    /// Engines owning at least one dp rank.
+    pub engines: usize,
+    /// Live request ids.
+    pub live_requests: usize,
+    /// Changes to the worker table since start.
+    pub revision: u64,
+}
+
+/// The pre-rendered answers of `GET /query`, rebuilt lazily after a change.
+struct TopologyView {
+    all: Bytes,
+    by_engine: HashMap<String, Bytes>,
+    readiness: Readiness,
+    engines: usize,
+}
+
+struct WorkerState {
+    table: WorkerTable,
+    revision: u64,
+    view: Option<Arc<TopologyView>>,
+}
+
+/// The P/D registry shared by the HTTP routes and the storage backend.
+pub struct Registry {
+    config: RegistryConfig,
+    store: Arc<dyn Store>,
+    /// Serializes worker changes so that plan, commit and apply happen as one step.
+    write_gate: tokio::sync::Mutex<()>,
+    workers: RwLock<WorkerState>,
+    requests: Mutex<RequestTable>,
+}
+
+fn to_bytes<T: serde::Serialize>(value: &T) -> Bytes {
+    // Maps with integer or string keys and string values always serialize.
+    Bytes::from(serde_json::to_vec(value).expect("topology serializes"))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave these tables half-updated (each update is one
+    // map operation), so a poisoned lock is still safe to use.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Registry {
+    /// Loads the registry from `store`, dropping request ids that expired while it was down.
+    pub async fn open(store: Arc<dyn Store>, config: RegistryConfig) -> Result<Self, StoreError> {
+        let state = store.load().await?;
+        let table = WorkerTable::from_records(state.workers);
+        let mut requests = RequestTable::new(config.max_requests);
+        let expired = requests.load(state.requests, now_ms());
+        if !expired.is_empty() {
+            store.remove_requests(&expired).await?;
+        }
+        tracing::info!(
+            workers = table.worker_count(),
+            engines = table.engine_count(),
+            live_requests = requests.len(),
+            expired_on_load = expired.len(),
+            "registry loaded"
+        );
+        Ok(Registry {
+            config,
+            store,
+            write_gate: tokio::sync::Mutex::new(()),
+            workers: RwLock::new(WorkerState {
+                table,
+                revision: 0,
+                view: None,
+            }),
+            requests: Mutex::new(requests),
+        })
+    }
+
+    /// The settings the registry runs with.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.config
+    }
+
+    fn check_rank(
+        &self,
+        kind: &str,
+        rank: Rank,
+        size: impl Fn(&ExpectedTopology) -> Rank,
+    ) -> Result<(), RegistryError> {
+        match &self.config.expected {
+            Some(expected) if rank >= size(expected) => Err(RegistryError::OutOfRange(format!(
+                "{kind} rank {rank} must be less than {kind} size {}.",
+                size(expected)
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn check_slot(&self, slot: Slot) -> Result<(), RegistryError> {
+        validate_rank("dp_rank", slot.dp)?;
+        validate_rank("tp_rank", slot.tp)?;
+        validate_rank("pp_rank", slot.pp)?;
+        self.check_rank("DP", slot.dp, |e| e.dp_size)?;
+        self.check_rank("TP", slot.tp, |e| e.tp_size)?;
+        self.check_rank("PP", slot.pp, |e| e.pp_size)
+    }
+
+    /// `POST /register`: records one worker of an engine.
+    pub async fn register(&self, reg: &RegisterWorker) -> Result<RegisterOutcome, RegistryError> {
+        validate_id("engine_id", &reg.engine_id)?;
+        validate_addr("addr", &reg.addr)?;
+        let slot = Slot {
+            dp: reg.dp_rank,
+            tp: reg.tp_rank,
+            pp: reg.pp_rank,
+        };
+        self.check_slot(slot)?;
+        let _gate = self.write_gate.lock().await;
+        let plan = self.read_workers().table.plan_register(
+            &reg.engine_id,
+            slot,
+            &reg.addr,
+            reg.replace,
+            self.config.engine_conflict,
+        )?;
+        self.commit(&plan.change).await?;
+        match &plan.outcome {
+            RegisterOutcome::Created => {
+                tracing::info!(engine_id = %reg.engine_id, %slot, addr = %reg.addr, "worker registered")
+            }
+            RegisterOutcome::Replaced { previous_engine } => tracing::warn!(
+                engine_id = %reg.engine_id, %slot, addr = %reg.addr,
+                previous_engine = previous_engine.as_deref().unwrap_or("-"),
+                "worker registration replaced an earlier one"
+            ),
+            RegisterOutcome::Replayed => {}
+        }
+        Ok(plan.outcome)
+    }
+
+    /// `POST /register_worker`: records a worker of vLLM's request-keyed API (pp rank 0).
+    pub async fn register_legacy(&self, reg: &RegisterLegacyWorker) -> Result<(), RegistryError> {
+        validate_addr("worker_addr", &reg.worker_addr)?;
+        self.check_slot(Slot {
+            dp: reg.dp_rank,
+            tp: reg.tp_rank,
+            pp: 0,
+        })?;
+        let _gate = self.write_gate.lock().await;
+        let change = self.read_workers().table.plan_register_legacy(
+            reg.dp_rank,
+            reg.tp_rank,
+            &reg.worker_addr,
+        );
+        self.commit(&change).await
+    }
+
+    /// `DELETE /register`: removes matching workers; returns how many.
+    pub async fn deregister(&self, req: &Deregister) -> Result<usize, RegistryError> {
+        validate_id("engine_id", &req.engine_id)?;
+        let _gate = self.write_gate.lock().await;
+        let change = self.read_workers().table.plan_deregister(
+            &req.engine_id,
+            req.dp_rank,
+            req.tp_rank,
+            req.pp_rank,
+        );
+        self.commit(&change).await?;
+        if !change.remove.is_empty() {
+            tracing::info!(engine_id = %req.engine_id, removed = change.remove.len(), "workers deregistered");
+        }
+        Ok(change.remove.len())
+    }
+
+    /// Makes `change` durable, then applies it. Call with the write gate held.
+    async fn commit(&self, change: &WorkerChange) -> Result<(), RegistryError> {
+        if change.is_empty() {
+            return Ok(());
+        }
+        self.store.commit_workers(change).await?;
+        let mut state = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        state.table.apply(change);
+        state.revision += 1;
+        state.view = None;
+        Ok(())
+    }
+
+    fn read_workers(&self) -> std::sync::RwLockReadGuard<'_, WorkerState> {
+        self.workers.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn view(&self) -> Arc<TopologyView> {
+        if let Some(view) = &self.read_workers().view {
+            return view.clone();
+        }
+        let mut state = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        if state.view.is_none() {
+            state.view = Some(Arc::new(self.render(&state.table)));
+        }
+        state.view.clone().expect("view was just rendered")
+    }
+
+    fn render(&self, table: &WorkerTable) -> TopologyView {
+        let topology = table.topology(None);
+        let mut engines: BTreeMap<&str, BTreeMap<Rank, &worker_client::protocol::DpGroup>> =
+            BTreeMap::new();
+        for (dp, group) in &topology {
+            if let Some(engine) = group.engine_id.as_deref() {
+                engines.entry(engine).or_default().insert(*dp, group);
+            }
+        }
+        let by_engine = engines
+            .iter()
+            .map(|(engine, groups)| ((*engine).to_owned(), to_bytes(groups)))
+            .collect();
+        let registered = table.worker_count();
+        let readiness = match &self.config.expected {
+            Some(expected) => Readiness {
+                registered,
+                expected: Some(expected.worker_count()),
+                missing: expected.worker_count().saturating_sub(table.count_within(
+                    expected.dp_size,
+                    expected.tp_size,
+                    expected.pp_size,
+                )),
+            },
+            None => Readiness {
+                registered,
+                expected: None,
+                missing: 0,
+            },
+        };
+        TopologyView {
+            all: to_bytes(&topology),
+            by_engine,
+            readiness,
+            engines: engines.len(),
+        }
+    }
+
+    /// How complete the topology is.
+    pub fn readiness(&self) -> Readiness {
+        self.view().readiness
+    }
+
+    /// `GET /query`: the JSON of every dp group, or of one engine's.
+    pub fn query(&self, engine_id: Option<&str>) -> Result<Bytes, RegistryError> {
+        if let Some(engine) = engine_id {
+            validate_id("engine_id", engine)?;
+        }
+        let view = self.view();
+        if let Some(expected) = view.readiness.expected {
+            if view.readiness.missing > 0 {
+                return Err(RegistryError::NotReady {
+                    missing: view.readiness.missing,
+                    expected,
+                });
+            }
+        }
+        match engine_id {
+            None => Ok(view.all.clone()),
+            Some(engine) => view
+                .by_engine
+                .get(engine)
+                .cloned()
+                .ok_or_else(|| RegistryError::UnknownEngine(engine.to_owned())),
+        }
+    }
+
+    /// `POST /register_request`: maps a request id to the dp rank that holds its KV.
+    pub async fn register_request(&self, req: &RegisterRequest) -> Result<Inserted, RegistryError> {
+        validate_id("req_id", &req.req_id)?;
+        validate_rank("dp_rank", req.dp_rank)?;
+        self.check_rank("DP", req.dp_rank, |e| e.dp_size)?;
+        let now = now_ms();
+        let record = RequestRecord {
+            dp_rank: req.dp_rank,
+            expires_at_ms: now + self.config.request_ttl.as_millis() as u64,
+        };
+        let inserted =
+            lock(&self.requests).insert(&req.req_id, req.dp_rank, now, record.expires_at_ms)?;
+        if inserted == Inserted::New {
+            if let Err(err) = self.store.put_request(&req.req_id, record).await {
+                lock(&self.requests).remove_if(&req.req_id, record);
+                return Err(err.into());
+            }
+        }
+        Ok(inserted)
+    }
+
+    /// `POST /query_requests`: where the KV of each id lives, for D's tp rank.
+    pub fn query_requests(
+        &self,
+        query: &QueryRequests,
+    ) -> Result<QueryRequestsResponse, RegistryError> {
+        validate_rank("tp_rank", query.tp_rank)?;
+        validate_rank("tp_size", query.tp_size)?;
+        if query.req_ids.len() > MAX_QUERY_IDS {
+            return Err(FieldError {
+                field: "req_ids",
+                problem: format!("{} ids asked, at most {MAX_QUERY_IDS}", query.req_ids.len()),
+            }
+            .into());
+        }
+        for id in &query.req_ids {
+            validate_id("req_ids", id)?;
+        }
+        let workers = self.read_workers();
+        let p_tp_size = match &self.config.expected {
+            Some(expected) => Some(expected.tp_size),
+            None => workers.table.observed_tp_size(),
+        };
+        if let Some(expected) = p_tp_size {
+            if expected != query.tp_size {
+                return Err(RegistryError::TpSizeMismatch {
+                    expected,
+                    got: query.tp_size,
+                });
+            }
+        }
+        let now = now_ms();
+        let ranks: Vec<Option<Rank>> = {
+            let requests = lock(&self.requests);
+            query
+                .req_ids
+                .iter()
+                .map(|id| requests.get(id, now))
+                .collect()
+        };
+        let results = query
+            .req_ids
+            .iter()
+            .zip(ranks)
+            .map(|(id, rank)| {
+                let location = match rank {
+                    None => RequestLocation::Retry,
+                    Some(dp) if !workers.table.has_dp_group(dp) => {
+                        RequestLocation::Error(format!("Prefiller DP group {dp} not found"))
+                    }
+                    Some(dp) => match workers.table.addresses(dp, query.tp_rank) {
+                        addrs if addrs.is_empty() => RequestLocation::Error(format!(
+                            "Prefiller TP rank {} not matched in DP group {dp}",
+                            query.tp_rank
+                        )),
+                        addrs => RequestLocation::Ok(addrs),
+                    },
+                };
+                (id.clone(), location)
+            })
+            .collect();
+        Ok(QueryRequestsResponse { results })
+    }
+
+    /// `DELETE /requests/{req_id}`: forgets an id after its transfer; true when it was live.
+    pub async fn release_request(&self, req_id: &str) -> Result<bool, RegistryError> {
+        validate_id("req_id", req_id)?;
+        let removed = lock(&self.requests).remove(req_id);
+        if removed {
+            self.store.remove_requests(&[Arc::from(req_id)]).await?;
+        }
+        Ok(removed)
+    }
+
+    /// Removes every expired request id; returns how many.
+    pub async fn prune_expired(&self) -> usize {
+        let mut total = 0;
+        loop {
+            let batch = lock(&self.requests).pop_expired(now_ms(), PRUNE_BATCH);
+            if batch.is_empty() {
+                break;
+            }
+            total += batch.len();
+            if let Err(err) = self.store.remove_requests(&batch).await {
+                // The ids are gone from memory; on disk they are dropped as expired at next load.
+                tracing::warn!(error = %err, "could not delete pruned request ids from the store");
+            }
+        }
+        if total > 0 {
+            tracing::debug!(pruned = total, "expired request ids pruned");
+        }
+        total
+    }
+
+    /// Counts for `/metrics`.
+    pub fn stats(&self) -> Stats {
+        let view = self.view();
+        Stats {
+            workers: view.readiness.registered,
+            engines: view.engines,
+            live_requests: lock(&self.requests).len(),
+            revision: self.read_workers().revision,
+        }
+    }
+
+    /// Makes every buffered write durable (graceful shutdown).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.store.flush().await
+    }
+}

@@ -1,0 +1,195 @@
+//! Putting it together: open the store, load the registry, bind, serve, prune, shut down cleanly.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use crate::http::{self, AppState, AuthToken};
+use crate::metrics::Metrics;
+use crate::registry::{Registry, RegistryConfig};
+use crate::store::{SledStore, StoreError};
+
+/// Everything needed to start a server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where to listen (port 0 picks a free one).
+    pub addr: SocketAddr,
+    /// The sled database folder.
+    pub data_dir: PathBuf,
+    /// The bearer token for write routes, if any.
+    pub auth_token: Option<String>,
+    /// Registry settings.
+    pub registry: RegistryConfig,
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The store could not be opened or loaded.
+    #[error("cannot open the store in {dir}: {source}")]
+    Store {
+        /// The data folder.
+        dir: PathBuf,
+        /// What failed.
+        source: StoreError,
+    },
+    /// The listening socket could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("server failed: {0}")]
+    Serve(#[from] std::io::Error),
+}
+
+/// A bound, loaded server, ready to [`run`](Server::run).
+pub struct Server {
+    listener: TcpListener,
+    state: AppState,
+    auth: Option<AuthToken>,
+}
+
+impl Server {
+    /// Opens the store, loads the registry and binds the socket.
+    pub async fn bind(config: ServerConfig) -> Result<Self, ServerError> {
+        let store_error = |source| ServerError::Store {
+            dir: config.data_dir.clone(),
+            source,
+        };
+        let store = SledStore::open(&config.data_dir).map_err(store_error)?;
+        let registry = Registry::open(Arc::new(store), config.registry.clone())
+            .await
+            .map_err(store_error)?;
+        let listener =
+            TcpListener::bind(config.addr)
+                .await
+                .map_err(|source| ServerError::Bind {
+                    addr: config.addr,
+                    source,
+                })?;
+        Ok(Server {
+            listener,
+            state: AppState {
+                registry: Arc::new(registry),
+                metrics: Arc::new(Metrics::new()),
+            },
+            auth: config.auth_token.map(|t| AuthToken(Arc::from(t))),
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound TCP listener has an address")
+    }
+
+    /// The registry this server serves.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.state.registry.clone()
+    }
+
+    /// Runs the server on a background task of the current runtime.
+    pub fn spawn(self) -> ServerHandle {
+        let addr = self.local_addr();
+        let registry = self.state.registry.clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(self.run(async move {
+            let _ = stopped.await;
+        }));
+        ServerHandle {
+            addr,
+            registry,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, finishes in-flight requests and
+    /// flushes the store.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let Server {
+            listener,
+            state,
+            auth,
+        } = self;
+        if auth.is_none() {
+            tracing::warn!(
+                "no --auth-token set: anyone who can reach this port can register workers"
+            );
+        }
+        let registry = state.registry.clone();
+        let pruner = tokio::spawn(prune_forever(state.clone()));
+        tracing::info!(addr = %listener.local_addr()?, "bootstrap server listening");
+        let app = http::router(state, auth);
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await;
+        pruner.abort();
+        if let Err(err) = registry.flush().await {
+            tracing::error!(error = %err, "could not flush the store at shutdown");
+        }
+        tracing::info!("bootstrap server stopped");
+        served.map_err(ServerError::from)
+    }
+}
+
+/// A server running on a background task (see [`Server::spawn`]).
+pub struct ServerHandle {
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), ServerError>>,
+}
+
+impl ServerHandle {
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`, the base URL clients use.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The registry the server serves.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Shuts the server down gracefully and waits until it has flushed its store.
+    pub async fn shutdown(mut self) -> Result<(), ServerError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match (&mut self.task).await {
+            Ok(result) => result,
+            Err(join_error) => Err(ServerError::Serve(std::io::Error::other(join_error))),
+        }
+    }
+}
+
+/// Prunes expired request ids a few times per TTL (at least every second).
+async fn prune_forever(state: AppState) {
+    let ttl = state.registry.config().request_ttl;
+    let period = (ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let pruned = state.registry.prune_expired().await;
+        state.metrics.observe_pruned(pruned);
+    }
+}
