@@ -1,4 +1,25 @@
-//! Client library for the pd-bootstrap server: wire types and helpers shared by every binary.
+//! The worker side of pd-bootstrap: what P and D workers (and operators) use to talk to a
+//! bootstrap server, and the wire types every part of the project shares.
+//!
+//! - [`BootstrapClient`]: one server; P-side registration with bounded retries, request ids,
+//!   topology and readiness.
+//! - [`EngineDirectory`]: D side; where a remote engine's workers are, cached per bootstrap
+//!   address with shared (single-flight) lookups.
+//! - [`protocol`]: the JSON of every route.
+//! - [`service`]: logging and shutdown helpers for the project's binaries.
+//!
+//! Nothing here waits without a bound: every attempt has a timeout and every retry loop a
+//! deadline; errors say what failed, where, and whether retrying can help
+//! ([`ClientError::is_retryable`]).
 
+mod client;
+mod directory;
+mod error;
 pub mod protocol;
+mod retry;
 pub mod service;
+
+pub use client::{BootstrapClient, BootstrapClientBuilder, RequestOutcome};
+pub use directory::{EngineDirectory, EngineInfo};
+pub use error::ClientError;
+pub use retry::RetryPolicy;

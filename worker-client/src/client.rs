@@ -1,0 +1,527 @@
+//! [`BootstrapClient`]: every call a worker or an operator makes to one bootstrap server.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::ClientError;
+use crate::protocol::{
+    Deregister, DeregisterResponse, ErrorBody, QueryRequests, QueryRequestsResponse, Rank,
+    ReadyStatus, RegisterRequest, RegisterWorker, ReleaseResponse, RequestLocation, Status,
+    Topology,
+};
+use crate::retry::RetryPolicy;
+
+/// Settings shared by every call of a client.
+#[derive(Debug, Clone)]
+struct Settings {
+    request_timeout: Duration,
+    register_deadline: Duration,
+    call_deadline: Duration,
+    retry: RetryPolicy,
+    token: Option<String>,
+}
+
+/// Builds a [`BootstrapClient`]; every setting has a production default.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), worker_client::ClientError> {
+/// use std::time::Duration;
+/// let client = worker_client::BootstrapClient::builder("http://10.0.0.5:8998")
+///     .request_timeout(Duration::from_secs(2))
+///     .register_deadline(Duration::from_secs(300))
+///     .token("s3cret")
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct BootstrapClientBuilder {
+    url: String,
+    connect_timeout: Duration,
+    settings: Settings,
+}
+
+impl BootstrapClientBuilder {
+    /// Time allowed to open a TCP connection (default 3 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Time allowed for one attempt of one call, connection included (default 5 s).
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.request_timeout = timeout;
+        self
+    }
+
+    /// How long [`BootstrapClient::register_worker`] keeps retrying (default 10 minutes: rank 0
+    /// may start long after the other workers).
+    pub fn register_deadline(mut self, deadline: Duration) -> Self {
+        self.settings.register_deadline = deadline;
+        self
+    }
+
+    /// How long every other retried call keeps trying (default 30 s).
+    pub fn call_deadline(mut self, deadline: Duration) -> Self {
+        self.settings.call_deadline = deadline;
+        self
+    }
+
+    /// The backoff between retries.
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.settings.retry = policy;
+        self
+    }
+
+    /// The bearer token the server's write routes require (`--auth-token`).
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.settings.token = Some(token.into()).filter(|t| !t.is_empty());
+        self
+    }
+
+    /// Checks the URL and builds the client.
+    pub fn build(self) -> Result<BootstrapClient, ClientError> {
+        let base = normalize_url(&self.url)?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(self.connect_timeout)
+            .timeout(self.settings.request_timeout)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| ClientError::InvalidUrl {
+                url: self.url.clone(),
+                reason: format!("cannot build an HTTP client: {e}"),
+            })?;
+        Ok(BootstrapClient {
+            http,
+            base,
+            settings: self.settings,
+        })
+    }
+}
+
+/// Checks that `url` is an http(s) URL with a host and returns it without a trailing slash.
+pub(crate) fn normalize_url(url: &str) -> Result<String, ClientError> {
+    let invalid = |reason: &str| ClientError::InvalidUrl {
+        url: url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let parsed = url::Url::parse(url).map_err(|e| invalid(&e.to_string()))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(invalid("the scheme must be http or https"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("the URL has no host"));
+    }
+    Ok(url.trim_end_matches('/').to_owned())
+}
+
+/// What became of one request id asked about with [`BootstrapClient::query_requests`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestOutcome {
+    /// The P worker addresses (one per pp rank) holding D's share of the KV.
+    Ready(Vec<String>),
+    /// The server knows the id but cannot serve it; the text says why.
+    Failed(String),
+    /// P had not registered the id before the deadline.
+    TimedOut,
+}
+
+impl From<RequestOutcome> for RequestLocation {
+    fn from(outcome: RequestOutcome) -> Self {
+        match outcome {
+            RequestOutcome::Ready(addrs) => RequestLocation::Ok(addrs),
+            RequestOutcome::Failed(text) => RequestLocation::Error(text),
+            RequestOutcome::TimedOut => RequestLocation::Retry,
+        }
+    }
+}
+
+/// A client of one bootstrap server. Cheap to clone (clones share the connection pool).
+///
+/// Every call has a per-attempt timeout, and every retrying call a deadline: nothing waits
+/// without a bound.
+#[derive(Debug, Clone)]
+pub struct BootstrapClient {
+    http: reqwest::Client,
+    base: String,
+    settings: Settings,
+}
+
+impl BootstrapClient {
+    /// A builder for the server at `url` (e.g. `http://10.0.0.5:8998`).
+    pub fn builder(url: impl Into<String>) -> BootstrapClientBuilder {
+        BootstrapClientBuilder {
+            url: url.into(),
+            connect_timeout: Duration::from_secs(3),
+            settings: Settings {
+                request_timeout: Duration::from_secs(5),
+                register_deadline: Duration::from_secs(600),
+                call_deadline: Duration::from_secs(30),
+                retry: RetryPolicy::default(),
+                token: None,
+            },
+        }
+    }
+
+    /// A client with default settings for the server at `url`.
+    pub fn new(url: &str) -> Result<Self, ClientError> {
+        Self::builder(url).build()
+    }
+
+    /// The same client (settings, connection pool) pointed at another server.
+    pub fn at(&self, url: &str) -> Result<Self, ClientError> {
+        Ok(BootstrapClient {
+            http: self.http.clone(),
+            base: normalize_url(url)?,
+            settings: self.settings.clone(),
+        })
+    }
+
+    /// The server's base URL.
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    /// The deadline of retried calls other than registration.
+    pub fn call_deadline(&self) -> Duration {
+        self.settings.call_deadline
+    }
+
+    async fn call<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<(StatusCode, T), ClientError> {
+        let url = format!("{}{path}", self.base);
+        let mut request = self.http.request(method, &url);
+        if let Some(token) = &self.settings.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let transport = |err: reqwest::Error| {
+            if err.is_timeout() {
+                ClientError::Timeout {
+                    url: url.clone(),
+                    timeout: self.settings.request_timeout,
+                }
+            } else if err.is_connect() {
+                ClientError::Connect {
+                    url: url.clone(),
+                    reason: error_chain(&err),
+                }
+            } else {
+                ClientError::Transport {
+                    url: url.clone(),
+                    reason: error_chain(&err),
+                }
+            }
+        };
+        let response = request.send().await.map_err(transport)?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(transport)?;
+        if status.is_success() || status == StatusCode::SERVICE_UNAVAILABLE {
+            if let Ok(value) = serde_json::from_slice::<T>(&bytes) {
+                return Ok((status, value));
+            }
+        }
+        let detail = serde_json::from_slice::<ErrorBody>(&bytes)
+            .map(|e| e.detail)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).chars().take(500).collect());
+        let code = status.as_u16();
+        Err(if status.is_success() {
+            ClientError::InvalidResponse {
+                url,
+                reason: format!("unexpected body: {detail}"),
+            }
+        } else if status.is_server_error()
+            || status == StatusCode::REQUEST_TIMEOUT
+            || status == StatusCode::TOO_MANY_REQUESTS
+        {
+            ClientError::Unavailable {
+                url,
+                status: code,
+                detail,
+            }
+        } else {
+            ClientError::Rejected {
+                url,
+                status: code,
+                detail,
+            }
+        })
+    }
+
+    /// One attempt of a call whose success is a 2xx (a 503 body is an error even if it parses).
+    async fn call_ok<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        match self
+            .call::<B, serde_json::Value>(method, path, body)
+            .await?
+        {
+            (status, value) if status.is_success() => {
+                serde_json::from_value(value).map_err(|e| ClientError::InvalidResponse {
+                    url: format!("{}{path}", self.base),
+                    reason: e.to_string(),
+                })
+            }
+            (status, value) => Err(ClientError::Unavailable {
+                url: format!("{}{path}", self.base),
+                status: status.as_u16(),
+                detail: value["detail"].as_str().unwrap_or_default().to_owned(),
+            }),
+        }
+    }
+
+    /// Registers one P worker (`POST /register`), retrying connection failures, timeouts and
+    /// 5xx/503 with backoff until the register deadline. A conflict (4xx) is returned at once as
+    /// [`ClientError::Rejected`] with the server's text. Registration is idempotent, so retries
+    /// are safe.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), worker_client::ClientError> {
+    /// use worker_client::{protocol::RegisterWorker, BootstrapClient};
+    /// let client = BootstrapClient::new("http://10.0.0.5:8998")?;
+    /// client
+    ///     .register_worker(&RegisterWorker {
+    ///         engine_id: "engine-7f3a".into(),
+    ///         dp_rank: 0,
+    ///         tp_rank: 1,
+    ///         pp_rank: 0,
+    ///         addr: "tcp://10.0.0.5:41232".into(),
+    ///         replace: false,
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[tracing::instrument(skip_all, fields(url = %self.base, engine_id = %worker.engine_id, dp = worker.dp_rank, tp = worker.tp_rank, pp = worker.pp_rank))]
+    pub async fn register_worker(&self, worker: &RegisterWorker) -> Result<(), ClientError> {
+        self.settings
+            .retry
+            .run(&self.base, self.settings.register_deadline, || {
+                self.call_ok::<_, Status>(Method::POST, "/register", Some(worker))
+            })
+            .await?;
+        tracing::info!("worker registered");
+        Ok(())
+    }
+
+    /// Removes registrations (`DELETE /register`): a whole engine, or the ranks given. Returns
+    /// how many worker slots went. Retried until the call deadline.
+    #[tracing::instrument(skip_all, fields(url = %self.base, engine_id = %selection.engine_id))]
+    pub async fn deregister(&self, selection: &Deregister) -> Result<usize, ClientError> {
+        let answer: DeregisterResponse = self
+            .settings
+            .retry
+            .run(&self.base, self.settings.call_deadline, || {
+                self.call_ok(Method::DELETE, "/register", Some(selection))
+            })
+            .await?;
+        Ok(answer.removed)
+    }
+
+    /// P side: maps a request id to the dp rank holding its KV (`POST /register_request`),
+    /// retried until the call deadline.
+    #[tracing::instrument(skip(self), fields(url = %self.base))]
+    pub async fn register_request(&self, req_id: &str, dp_rank: Rank) -> Result<(), ClientError> {
+        let body = RegisterRequest {
+            req_id: req_id.to_owned(),
+            dp_rank,
+        };
+        self.settings
+            .retry
+            .run(&self.base, self.settings.call_deadline, || {
+                self.call_ok::<_, Status>(Method::POST, "/register_request", Some(&body))
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// P side: forgets a request id once its KV was pulled (`DELETE /requests/{id}`). Returns
+    /// whether it was live. One attempt: a lost release only means the id expires by TTL.
+    #[tracing::instrument(skip(self), fields(url = %self.base))]
+    pub async fn release_request(&self, req_id: &str) -> Result<bool, ClientError> {
+        let path = format!("/requests/{}", percent_encode(req_id));
+        let answer: ReleaseResponse = self.call_ok::<(), _>(Method::DELETE, &path, None).await?;
+        Ok(answer.released)
+    }
+
+    /// The registered topology (`GET /query`), optionally one engine's; one attempt. A 503
+    /// (topology incomplete) is [`ClientError::Unavailable`].
+    #[tracing::instrument(skip(self), fields(url = %self.base))]
+    pub async fn topology(&self, engine_id: Option<&str>) -> Result<Topology, ClientError> {
+        let path = match engine_id {
+            Some(engine) => format!("/query?engine_id={}", percent_encode(engine)),
+            None => "/query".to_owned(),
+        };
+        self.call_ok::<(), _>(Method::GET, &path, None).await
+    }
+
+    /// The topology, retried (connection failures, 503 "not ready") until the call deadline.
+    pub async fn topology_with_retry(&self) -> Result<Topology, ClientError> {
+        self.settings
+            .retry
+            .run(&self.base, self.settings.call_deadline, || {
+                self.topology(None)
+            })
+            .await
+    }
+
+    /// One `POST /query_requests` round: the raw answer for every id.
+    #[tracing::instrument(skip(self, req_ids), fields(url = %self.base, ids = req_ids.len()))]
+    pub async fn query_requests_once(
+        &self,
+        req_ids: &[String],
+        tp_rank: Rank,
+        tp_size: Rank,
+    ) -> Result<QueryRequestsResponse, ClientError> {
+        let body = QueryRequests {
+            req_ids: req_ids.to_vec(),
+            tp_rank,
+            tp_size,
+        };
+        self.call_ok(Method::POST, "/query_requests", Some(&body))
+            .await
+    }
+
+    /// D side: resolves a batch of request ids, asking again (with backoff) for those P has not
+    /// registered yet, until each is resolved or failed, or `deadline` has passed (those are
+    /// [`RequestOutcome::TimedOut`]). Transport failures are retried within the same deadline; a
+    /// 4xx (e.g. a tp size mismatch) ends the call with an error.
+    #[tracing::instrument(skip(self, req_ids), fields(url = %self.base, ids = req_ids.len()))]
+    pub async fn query_requests(
+        &self,
+        req_ids: &[String],
+        tp_rank: Rank,
+        tp_size: Rank,
+        deadline: Duration,
+    ) -> Result<BTreeMap<String, RequestOutcome>, ClientError> {
+        let started = Instant::now();
+        let mut outcomes = BTreeMap::new();
+        let mut pending: Vec<String> = req_ids.to_vec();
+        let mut pauses = self.settings.retry.schedule();
+        let mut first_round = true;
+        while !pending.is_empty() {
+            let mut left = deadline.saturating_sub(started.elapsed());
+            if first_round {
+                // Always ask once, even with a zero deadline.
+                left = left.max(self.settings.request_timeout);
+                first_round = false;
+            } else if left.is_zero() {
+                break;
+            }
+            let round = self.settings.retry.run(&self.base, left, || {
+                self.query_requests_once(&pending, tp_rank, tp_size)
+            });
+            let answer = match round.await {
+                Ok(answer) => answer,
+                Err(ClientError::DeadlineExceeded { .. }) => break,
+                Err(err) => return Err(err),
+            };
+            let mut still_pending = Vec::new();
+            for id in pending {
+                match answer.results.get(&id) {
+                    Some(RequestLocation::Ok(addrs)) => {
+                        outcomes.insert(id, RequestOutcome::Ready(addrs.clone()));
+                    }
+                    Some(RequestLocation::Error(text)) => {
+                        outcomes.insert(id, RequestOutcome::Failed(text.clone()));
+                    }
+                    Some(RequestLocation::Retry) | None => still_pending.push(id),
+                }
+            }
+            pending = still_pending;
+            let left = deadline.saturating_sub(started.elapsed());
+            if !pending.is_empty() && !left.is_zero() {
+                let pause = pauses.next().unwrap_or(self.settings.retry.max_backoff);
+                tokio::time::sleep(pause.min(left)).await;
+            }
+        }
+        for id in pending {
+            outcomes.insert(id, RequestOutcome::TimedOut);
+        }
+        Ok(outcomes)
+    }
+
+    /// Readiness of the configured topology (`GET /ready`; a 503 answer is a not-ready status,
+    /// not an error); one attempt.
+    pub async fn ready(&self) -> Result<ReadyStatus, ClientError> {
+        self.call::<(), ReadyStatus>(Method::GET, "/ready", None)
+            .await
+            .map(|(_, status)| status)
+    }
+
+    /// Waits until the topology is complete or `timeout` has passed; returns the last status
+    /// seen (check its `status` field) or the error if the server was never reachable.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<ReadyStatus, ClientError> {
+        let started = Instant::now();
+        let mut pauses = self.settings.retry.schedule();
+        let mut last = Err(ClientError::Timeout {
+            url: format!("{}/ready", self.base),
+            timeout,
+        });
+        loop {
+            let left = timeout.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return last;
+            }
+            match tokio::time::timeout(left, self.ready()).await {
+                Ok(Ok(status)) if status.status == "ready" => return Ok(status),
+                Ok(Ok(status)) => last = Ok(status),
+                // Keep the last status seen over a later transport error.
+                Ok(Err(err)) if last.is_err() => last = Err(err),
+                Ok(Err(_)) | Err(_) => {}
+            }
+            let left = timeout.saturating_sub(started.elapsed());
+            let pause = pauses.next().unwrap_or(self.settings.retry.max_backoff);
+            tokio::time::sleep(pause.min(left)).await;
+        }
+    }
+}
+
+/// Percent-encodes everything but unreserved characters, for ids in paths and queries.
+fn percent_encode(text: &str) -> String {
+    url::form_urlencoded::byte_serialize(text.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+/// The error and its sources, joined (reqwest's top-level message alone says little).
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_and_normalized() {
+        assert_eq!(normalize_url("http://h:8998/").unwrap(), "http://h:8998");
+        assert!(normalize_url("tcp://h:8998").is_err());
+        assert!(normalize_url("h:8998").is_err());
+        assert!(normalize_url("").is_err());
+    }
+
+    #[test]
+    fn ids_are_encoded_for_paths() {
+        assert_eq!(percent_encode("a b/c?d"), "a%20b%2Fc%3Fd");
+        assert_eq!(percent_encode("xfer-1"), "xfer-1");
+    }
+}

@@ -1,0 +1,230 @@
+//! The `worker-client` binary: output and exit code of every subcommand.
+
+use std::time::Duration;
+
+use bootstrap_server::registry::{ExpectedTopology, RegistryConfig};
+use bootstrap_server::server::ServerHandle;
+use bootstrap_server::{Server, ServerConfig};
+
+async fn start(dir: &std::path::Path, expected: Option<ExpectedTopology>) -> ServerHandle {
+    let config = ServerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.to_path_buf(),
+        auth_token: None,
+        registry: RegistryConfig {
+            expected,
+            ..RegistryConfig::default()
+        },
+    };
+    Server::bind(config).await.unwrap().spawn()
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the CLI against `url` (the server keeps serving: the child runs asynchronously).
+async fn cli(url: &str, args: &[&str]) -> Run {
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_worker-client"))
+            .arg("--url")
+            .arg(url)
+            .args(args)
+            .env_remove("PD_BOOTSTRAP_TOKEN")
+            .output(),
+    )
+    .await
+    .expect("the CLI finishes")
+    .unwrap();
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+#[tokio::test]
+async fn register_query_and_deregister() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), None).await;
+    let url = server.url();
+    let register = |engine: &'static str, tp: &'static str| {
+        let url = url.clone();
+        async move {
+            cli(
+                &url,
+                &[
+                    "register",
+                    "--engine-id",
+                    engine,
+                    "--dp-rank",
+                    "0",
+                    "--tp-rank",
+                    tp,
+                    "--addr",
+                    "tcp://10.0.0.5:4000",
+                ],
+            )
+            .await
+        }
+    };
+    let run = register("engine-a", "0").await;
+    assert_eq!(
+        (run.code, run.stdout.trim()),
+        (0, "registered"),
+        "{}",
+        run.stderr
+    );
+
+    let run = register("engine-b", "1").await;
+    assert_eq!(run.code, 1, "a conflict exits 1");
+    assert!(
+        run.stderr
+            .contains("Engine ID mismatch for dp_rank=0: expected engine-a, got engine-b"),
+        "{}",
+        run.stderr
+    );
+
+    let run = cli(&url, &["query"]).await;
+    assert_eq!(run.code, 0);
+    assert!(
+        run.stdout.contains("DP")
+            && run.stdout.contains("engine-a")
+            && run.stdout.contains("tcp://10.0.0.5:4000"),
+        "{}",
+        run.stdout
+    );
+
+    let run = cli(&url, &["query", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(json["0"]["worker_addr"]["0"]["0"], "tcp://10.0.0.5:4000");
+
+    let run = cli(&url, &["query", "--engine-id", "nope"]).await;
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("404"), "{}", run.stderr);
+
+    let run = cli(&url, &["deregister", "--engine-id", "engine-a"]).await;
+    assert_eq!((run.code, run.stdout.trim()), (0, "removed 1 worker(s)"));
+    let run = cli(&url, &["query"]).await;
+    assert_eq!(run.stdout.trim(), "no workers registered");
+}
+
+#[tokio::test]
+async fn request_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), None).await;
+    let url = server.url();
+    cli(
+        &url,
+        &["register", "--engine-id", "e", "--addr", "tcp://p:1"],
+    )
+    .await;
+    let run = cli(
+        &url,
+        &["requests", "register", "--req-id", "r1", "--dp-rank", "0"],
+    )
+    .await;
+    assert_eq!(
+        (run.code, run.stdout.trim()),
+        (0, "registered r1 -> dp rank 0")
+    );
+
+    let run = cli(&url, &["requests", "query", "r1", "r2"]).await;
+    assert_eq!(run.code, 1, "r2 did not resolve");
+    assert_eq!(run.stdout, "r1\tok\ttcp://p:1\nr2\tretry\n");
+
+    let run = cli(&url, &["requests", "query", "--json", "r1"]).await;
+    assert_eq!(run.code, 0);
+    let json: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({"results": {"r1": ["ok", ["tcp://p:1"]]}})
+    );
+
+    let run = cli(&url, &["requests", "release", "r1"]).await;
+    assert_eq!((run.code, run.stdout.trim()), (0, "released"));
+    let run = cli(&url, &["requests", "release", "r1"]).await;
+    assert_eq!((run.code, run.stdout.trim()), (0, "not live"));
+}
+
+#[tokio::test]
+async fn wait_ready_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected = ExpectedTopology {
+        dp_size: 1,
+        tp_size: 2,
+        pp_size: 1,
+    };
+    let server = start(dir.path(), Some(expected)).await;
+    let url = server.url();
+    let run = cli(&url, &["wait-ready", "--wait-timeout", "0.5"]).await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("2 of 2 workers have not registered"),
+        "{}",
+        run.stderr
+    );
+
+    for tp in ["0", "1"] {
+        cli(
+            &url,
+            &[
+                "register",
+                "--engine-id",
+                "e",
+                "--tp-rank",
+                tp,
+                "--addr",
+                &format!("tcp://p:{}", 10 + tp.len()),
+            ],
+        )
+        .await;
+    }
+    let run = cli(&url, &["wait-ready", "--wait-timeout", "5"]).await;
+    assert_eq!(
+        (run.code, run.stdout.trim()),
+        (0, "ready: 2/2 workers registered")
+    );
+}
+
+#[tokio::test]
+async fn unreachable_server_and_bad_usage() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let run = cli(&url, &["query", "--timeout", "0.5"]).await;
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert!(run.stderr.contains("cannot connect"), "{}", run.stderr);
+
+    let run = cli(
+        &url,
+        &[
+            "register",
+            "--engine-id",
+            "e",
+            "--addr",
+            "tcp://p:1",
+            "--deadline",
+            "0.5",
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 3);
+    assert!(run.stderr.contains("gave up"), "{}", run.stderr);
+
+    let run = cli(&url, &["register", "--addr", "tcp://p:1"]).await;
+    assert_eq!(run.code, 2, "missing --engine-id is a usage error");
+    let run = cli("not a url", &["query"]).await;
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains("invalid bootstrap URL"),
+        "{}",
+        run.stderr
+    );
+}

@@ -1,0 +1,362 @@
+//! The library against the real bootstrap server on 127.0.0.1: happy paths and failure paths.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bootstrap_server::registry::RegistryConfig;
+use bootstrap_server::server::ServerHandle;
+use bootstrap_server::{Server, ServerConfig};
+use futures_util::future::join_all;
+use worker_client::protocol::{Deregister, RegisterWorker};
+use worker_client::{BootstrapClient, ClientError, EngineDirectory, RequestOutcome, RetryPolicy};
+
+async fn start_at(addr: SocketAddr, dir: &std::path::Path) -> ServerHandle {
+    let config = ServerConfig {
+        addr,
+        data_dir: dir.to_path_buf(),
+        auth_token: None,
+        registry: RegistryConfig::default(),
+    };
+    Server::bind(config).await.unwrap().spawn()
+}
+
+async fn start(dir: &std::path::Path) -> ServerHandle {
+    start_at("127.0.0.1:0".parse().unwrap(), dir).await
+}
+
+fn fast_client(url: &str) -> BootstrapClient {
+    BootstrapClient::builder(url)
+        .request_timeout(Duration::from_secs(2))
+        .retry_policy(RetryPolicy {
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(200),
+        })
+        .register_deadline(Duration::from_secs(20))
+        .call_deadline(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+fn worker(engine: &str, dp: u32, tp: u32, port: u16) -> RegisterWorker {
+    RegisterWorker {
+        engine_id: engine.into(),
+        dp_rank: dp,
+        tp_rank: tp,
+        pp_rank: 0,
+        addr: format!("tcp://127.0.0.1:{port}"),
+        replace: false,
+    }
+}
+
+/// The value of one metric line of the server, 0 when absent.
+async fn metric(url: &str, line_prefix: &str) -> u64 {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_prefix))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+const QUERY_200: &str =
+    r#"bootstrap_http_requests_total{method="GET",route="/query",status="200"}"#;
+
+#[tokio::test]
+async fn every_call_works_against_the_real_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    let client = fast_client(&server.url());
+
+    client
+        .register_worker(&worker("e", 0, 0, 1000))
+        .await
+        .unwrap();
+    client
+        .register_worker(&worker("e", 0, 1, 1001))
+        .await
+        .unwrap();
+    client
+        .register_worker(&worker("e", 0, 1, 1001))
+        .await
+        .unwrap(); // replay
+    let topology = client.topology(None).await.unwrap();
+    assert_eq!(topology[&0].worker_addr.len(), 2);
+    assert_eq!(client.topology(Some("e")).await.unwrap(), topology);
+    assert_eq!(client.ready().await.unwrap().status, "ready");
+    assert_eq!(
+        client
+            .wait_ready(Duration::from_secs(1))
+            .await
+            .unwrap()
+            .registered,
+        2
+    );
+
+    client.register_request("xfer-1", 0).await.unwrap();
+    let ids = vec!["xfer-1".to_owned()];
+    let outcomes = client
+        .query_requests(&ids, 1, 2, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes["xfer-1"],
+        RequestOutcome::Ready(vec!["tcp://127.0.0.1:1001".into()])
+    );
+    assert!(client.release_request("xfer-1").await.unwrap());
+    assert!(!client.release_request("xfer-1").await.unwrap());
+
+    let removed = client
+        .deregister(&Deregister {
+            engine_id: "e".into(),
+            dp_rank: None,
+            tp_rank: Some(1),
+            pp_rank: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(removed, 1);
+    assert_eq!(
+        client.topology(None).await.unwrap()[&0].worker_addr.len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn registration_waits_for_a_server_that_is_not_up_yet() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let client = fast_client(&format!("http://{addr}"));
+    let started = Instant::now();
+    let registering =
+        tokio::spawn(async move { client.register_worker(&worker("e", 0, 0, 1)).await });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        !registering.is_finished(),
+        "registration must keep retrying"
+    );
+    let server = start_at(addr, dir.path()).await;
+    registering.await.unwrap().unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(700));
+    let topology = fast_client(&server.url()).topology(None).await.unwrap();
+    assert_eq!(topology[&0].engine_id.as_deref(), Some("e"));
+}
+
+#[tokio::test]
+async fn cache_and_retries_recover_when_the_server_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = start(dir.path()).await;
+    let addr = first.addr();
+    let url = first.url();
+    let client = fast_client(&url);
+    client
+        .register_worker(&worker("old", 0, 0, 1))
+        .await
+        .unwrap();
+    let directory = EngineDirectory::new(client.clone());
+    assert_eq!(
+        directory.engine(&url, "old").await.unwrap().engine_id,
+        "old"
+    );
+
+    first.shutdown().await.unwrap();
+    // While the server is down, a cached engine still resolves without a call...
+    assert_eq!(
+        directory.engine(&url, "old").await.unwrap().worker(0, 0),
+        Some(vec!["tcp://127.0.0.1:1"])
+    );
+    // ...and a registration keeps retrying until the server is back.
+    let mut restarted = worker("new", 0, 0, 2);
+    restarted.replace = true;
+    let registering = {
+        let client = client.clone();
+        tokio::spawn(async move { client.register_worker(&restarted).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _second = start_at(addr, dir.path()).await;
+    registering.await.unwrap().unwrap();
+    // The new engine id is not cached: one refetch finds it.
+    let engine = directory.engine(&url, "new").await.unwrap();
+    assert_eq!(engine.worker(0, 0), Some(vec!["tcp://127.0.0.1:2"]));
+    // That refetch replaced the address's whole cache: the replaced engine is gone.
+    let gone = directory.engine(&url, "old").await;
+    assert!(
+        matches!(gone, Err(ClientError::UnknownEngine { .. })),
+        "{gone:?}"
+    );
+}
+
+#[tokio::test]
+async fn conflicts_are_typed_and_not_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    let client = fast_client(&server.url());
+    client.register_worker(&worker("A", 0, 0, 1)).await.unwrap();
+    let started = Instant::now();
+    let err = client
+        .register_worker(&worker("B", 0, 0, 1))
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(1));
+    match &err {
+        ClientError::Rejected {
+            status: 400,
+            detail,
+            ..
+        } => {
+            assert_eq!(
+                detail,
+                "Engine ID mismatch for dp_rank=0: expected A, got B"
+            )
+        }
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    assert!(!err.is_retryable());
+    let line = r#"bootstrap_http_requests_total{method="POST",route="/register",status="400"}"#;
+    assert_eq!(metric(&server.url(), line).await, 1, "exactly one attempt");
+}
+
+#[tokio::test]
+async fn concurrent_lookups_share_one_fetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    let url = server.url();
+    let client = fast_client(&url);
+    for dp in 0..4 {
+        client
+            .register_worker(&worker("e", dp, 0, 1000 + dp as u16))
+            .await
+            .unwrap();
+    }
+    let directory = Arc::new(EngineDirectory::new(client));
+    let lookups = (0..50).map(|_| {
+        let directory = directory.clone();
+        let url = url.clone();
+        async move { directory.engine(&url, "e").await.unwrap() }
+    });
+    for engine in join_all(lookups).await {
+        assert_eq!(engine.dp_ranks.len(), 4);
+    }
+    assert_eq!(
+        metric(&url, QUERY_200).await,
+        1,
+        "50 lookups, one GET /query"
+    );
+
+    // An unknown engine costs exactly one refetch, and the error is not cached.
+    let err = directory.engine(&url, "ghost").await.unwrap_err();
+    assert!(matches!(err, ClientError::UnknownEngine { .. }), "{err:?}");
+    assert_eq!(metric(&url, QUERY_200).await, 2);
+
+    // After an explicit invalidation the next lookup fetches again.
+    directory.engine(&url, "e").await.unwrap();
+    assert_eq!(metric(&url, QUERY_200).await, 2, "served from the cache");
+    directory.invalidate(&url);
+    directory.engine(&url, "e").await.unwrap();
+    assert_eq!(metric(&url, QUERY_200).await, 3);
+}
+
+#[tokio::test]
+async fn retry_ids_are_asked_again_until_resolved_or_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    let client = fast_client(&server.url());
+    client.register_worker(&worker("e", 0, 0, 1)).await.unwrap();
+    let late = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            client.register_request("late", 0).await.unwrap();
+        })
+    };
+    let ids = vec!["late".to_owned(), "never".to_owned()];
+    let started = Instant::now();
+    let outcomes = client
+        .query_requests(&ids, 0, 1, Duration::from_millis(1500))
+        .await
+        .unwrap();
+    late.await.unwrap();
+    assert_eq!(
+        outcomes["late"],
+        RequestOutcome::Ready(vec!["tcp://127.0.0.1:1".into()])
+    );
+    assert_eq!(outcomes["never"], RequestOutcome::TimedOut);
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(1400) && elapsed < Duration::from_secs(3),
+        "{elapsed:?}"
+    );
+}
+
+/// A server that accepts connections and never answers.
+async fn silent_server() -> SocketAddr {
+    let app = axum::Router::new().fallback(|| async {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+#[tokio::test]
+async fn a_slow_server_cannot_make_calls_hang() {
+    let addr = silent_server().await;
+    let client = BootstrapClient::builder(format!("http://{addr}"))
+        .request_timeout(Duration::from_millis(200))
+        .register_deadline(Duration::from_secs(1))
+        .call_deadline(Duration::from_millis(600))
+        .build()
+        .unwrap();
+
+    let started = Instant::now();
+    let err = client.topology(None).await.unwrap_err();
+    assert!(matches!(err, ClientError::Timeout { .. }), "{err:?}");
+    assert!(started.elapsed() < Duration::from_millis(800));
+
+    let started = Instant::now();
+    let err = client
+        .register_worker(&worker("e", 0, 0, 1))
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    match err {
+        ClientError::DeadlineExceeded { attempts, last, .. } => {
+            assert!(attempts >= 2, "retried: {attempts}");
+            assert!(matches!(*last, ClientError::Timeout { .. }), "{last:?}");
+        }
+        other => panic!("expected DeadlineExceeded, got {other:?}"),
+    }
+    assert!(
+        elapsed >= Duration::from_millis(900) && elapsed < Duration::from_millis(1500),
+        "{elapsed:?}"
+    );
+
+    let started = Instant::now();
+    let directory = EngineDirectory::new(client.clone());
+    let err = directory
+        .engine(&format!("http://{addr}"), "e")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ClientError::DeadlineExceeded { .. }),
+        "{err:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    let ids = vec!["r".to_owned()];
+    let started = Instant::now();
+    let outcomes = client
+        .query_requests(&ids, 0, 1, Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert_eq!(outcomes["r"], RequestOutcome::TimedOut);
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
