@@ -6,6 +6,7 @@
 //! - [`EngineDirectory`]: D side; where a remote engine's workers are, cached per bootstrap
 //!   address with shared (single-flight) lookups.
 //! - [`protocol`]: the JSON of every route.
+//! - [`transfer`]: the KV data path over TCP (P exports, D pulls).
 //! - [`service`]: logging and shutdown helpers for the project's binaries.
 //!
 //! Nothing here waits without a bound: every attempt has a timeout and every retry loop a
@@ -18,6 +19,7 @@ mod error;
 pub mod protocol;
 mod retry;
 pub mod service;
+pub mod transfer;
 
 pub use client::{BootstrapClient, BootstrapClientBuilder, RequestOutcome};
 pub use directory::{EngineDirectory, EngineInfo};
