@@ -263,7 +263,8 @@ impl WorkerTable {
                 });
             }
         }
-        let outcome = match self.check_slot(group, slot, addr, replace)? {
+        let takeover = replace || policy == EngineConflictPolicy::Replace;
+        let outcome = match self.check_slot(group, slot, addr, takeover)? {
             SlotState::Free => RegisterOutcome::Created,
             SlotState::Same => {
                 return Ok(Plan {
