@@ -144,6 +144,8 @@ struct TopologyView {
 struct WorkerState {
     table: WorkerTable,
     revision: u64,
+    /// P's tp size as the table shows it, kept current on every change (lookups read it).
+    observed_tp_size: Option<Rank>,
     view: Option<Arc<TopologyView>>,
 }
 
@@ -197,6 +199,7 @@ impl Registry {
             store,
             write_gate: tokio::sync::Mutex::new(()),
             workers: RwLock::new(WorkerState {
+                observed_tp_size: table.observed_tp_size(),
                 table,
                 revision: 0,
                 view: None,
@@ -309,6 +312,7 @@ impl Registry {
         self.store.commit_workers(change).await?;
         let mut state = self.workers.write().unwrap_or_else(|e| e.into_inner());
         state.table.apply(change);
+        state.observed_tp_size = state.table.observed_tp_size();
         state.revision += 1;
         state.view = None;
         Ok(())
@@ -437,7 +441,7 @@ impl Registry {
         let workers = self.read_workers();
         let p_tp_size = match &self.config.expected {
             Some(expected) => Some(expected.tp_size),
-            None => workers.table.observed_tp_size(),
+            None => workers.observed_tp_size,
         };
         if let Some(expected) = p_tp_size {
             if expected != query.tp_size {
