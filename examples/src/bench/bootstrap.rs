@@ -1,0 +1,360 @@
+//! Bootstrap-server scenarios: registration, topology queries, request ids, and behaviour at
+//! scale (memory, lookup latency, restart time). Each scenario runs against a fresh
+//! `bootstrap-server` process so that its CPU and memory readings are its own.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use serde_json::json;
+use worker_client::protocol::RegisterWorker;
+use worker_client::BootstrapClient;
+
+use super::loadgen::{self, LoadConfig, ProcessUsage, RequestFactory};
+use super::report::Row;
+use crate::cluster::{free_port, spawn, wait_for, Process};
+
+/// A bootstrap server started for one scenario.
+pub struct BenchServer {
+    process: Process,
+    addr: SocketAddr,
+    client: BootstrapClient,
+}
+
+impl BenchServer {
+    /// Starts `bootstrap-server` from `bin_dir` with its database in `data_dir`.
+    pub async fn start(bin_dir: &Path, data_dir: &Path, name: &str) -> Result<Self, String> {
+        let port = free_port();
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let args = vec![
+            "--host".to_owned(),
+            "127.0.0.1".to_owned(),
+            "--port".to_owned(),
+            port.to_string(),
+            "--data-dir".to_owned(),
+            data_dir.display().to_string(),
+            "--max-requests".to_owned(),
+            "5000000".to_owned(),
+        ];
+        let log_dir = data_dir.parent().unwrap_or(data_dir);
+        let mut process = spawn(
+            log_dir,
+            name,
+            &bin_dir.join("bootstrap-server"),
+            &args,
+            format!("http://{addr}"),
+        )
+        .map_err(|e| e.to_string())?;
+        wait_for(&mut process, "/health", Duration::from_secs(600))
+            .await
+            .map_err(|e| e.to_string())?;
+        let client = BootstrapClient::builder(process.url.clone())
+            .request_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(BenchServer {
+            process,
+            addr,
+            client,
+        })
+    }
+
+    /// The server's CPU and memory so far.
+    pub fn usage(&self) -> Option<ProcessUsage> {
+        ProcessUsage::read(self.process.pid()?)
+    }
+
+    /// Registers `workers` workers: 64 tp ranks per dp rank, one engine per dp rank.
+    pub async fn register_workers(&self, workers: u32) -> Result<(), String> {
+        for chunk_start in (0..workers).step_by(64) {
+            let chunk = (chunk_start..(chunk_start + 64).min(workers)).map(|i| {
+                let worker = RegisterWorker {
+                    engine_id: format!("bench-engine-{}", i / 64),
+                    dp_rank: i / 64,
+                    tp_rank: i % 64,
+                    pp_rank: 0,
+                    addr: format!(
+                        "tcp://10.0.{}.{}:{}",
+                        i / 250 % 250,
+                        i % 250,
+                        20000 + i % 40000
+                    ),
+                    replace: false,
+                };
+                let client = self.client.clone();
+                async move { client.register_worker(&worker).await }
+            });
+            for result in join_all(chunk).await {
+                result.map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers request ids `req-0 .. req-{count}` on dp rank 0, `parallel` at a time.
+    pub async fn register_request_ids(&self, count: u64) -> Result<(), String> {
+        let report =
+            loadgen::run_count(self.addr, request_registration(self.addr, "req"), count, 64).await;
+        if report.errors > 0 {
+            return Err(format!("{} request-id registrations failed", report.errors));
+        }
+        Ok(())
+    }
+
+    /// Stops the server gracefully.
+    pub async fn stop(mut self) {
+        self.process.stop(Duration::from_secs(30)).await;
+    }
+}
+
+fn request_registration(addr: SocketAddr, prefix: &'static str) -> RequestFactory {
+    let host = addr.to_string();
+    Arc::new(move |seq| {
+        let body = serde_json::to_vec(&json!({"req_id": format!("{prefix}-{seq}"), "dp_rank": 0}))
+            .expect("json");
+        loadgen::post_json(&host, "/register_request", body)
+    })
+}
+
+fn query_requests(addr: SocketAddr, ids_per_call: u64, live_ids: u64) -> RequestFactory {
+    let host = addr.to_string();
+    Arc::new(move |seq| {
+        let ids: Vec<String> = (0..ids_per_call)
+            .map(|k| {
+                format!(
+                    "req-{}",
+                    (seq * ids_per_call + k).wrapping_mul(2_654_435_761) % live_ids
+                )
+            })
+            .collect();
+        let body = serde_json::to_vec(&json!({"req_ids": ids, "tp_rank": 0, "tp_size": 64}))
+            .expect("json");
+        loadgen::post_json(&host, "/query_requests", body)
+    })
+}
+
+fn registration(addr: SocketAddr) -> RequestFactory {
+    let host = addr.to_string();
+    Arc::new(move |seq| {
+        let body = serde_json::to_vec(&json!({
+            "engine_id": format!("reg-engine-{}", seq / 1024), "dp_rank": seq / 1024, "tp_rank": seq % 1024,
+            "pp_rank": 0, "addr": format!("tcp://10.1.0.1:{}", 1024 + seq % 60000)
+        }))
+        .expect("json");
+        loadgen::post_json(&host, "/register", body)
+    })
+}
+
+fn topology_query(addr: SocketAddr) -> RequestFactory {
+    let host = addr.to_string();
+    Arc::new(move |_| loadgen::get(&host, "/query"))
+}
+
+/// Where and how long to run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Folder holding the release binaries.
+    pub bin_dir: PathBuf,
+    /// Scratch folder for databases and logs.
+    pub work_dir: PathBuf,
+    /// Measured seconds per run.
+    pub duration: Duration,
+    /// Concurrency levels.
+    pub concurrency: Vec<usize>,
+}
+
+impl Settings {
+    fn config(&self, concurrency: usize) -> LoadConfig {
+        LoadConfig {
+            concurrency,
+            duration: self.duration,
+            warmup: Duration::from_millis(500),
+        }
+    }
+
+    fn data_dir(&self, name: &str) -> PathBuf {
+        self.work_dir.join(format!("{name}-data"))
+    }
+}
+
+async fn measure(
+    server: &BenchServer,
+    settings: &Settings,
+    scenario: &str,
+    make: RequestFactory,
+    rows: &mut Vec<Row>,
+) {
+    for &concurrency in &settings.concurrency {
+        let before = server.usage();
+        let report = loadgen::run(server.addr, make.clone(), settings.config(concurrency)).await;
+        let row = Row::new(
+            scenario,
+            "pd-bootstrap",
+            concurrency,
+            &report,
+            before,
+            server.usage(),
+        );
+        eprintln!("{}", row.markdown());
+        rows.push(row);
+    }
+}
+
+/// The per-route scenarios, each at every concurrency level.
+pub async fn routes(settings: &Settings) -> Result<Vec<Row>, String> {
+    let mut rows = Vec::new();
+
+    let server = BenchServer::start(
+        &settings.bin_dir,
+        &settings.data_dir("register"),
+        "bench-register",
+    )
+    .await?;
+    measure(
+        &server,
+        settings,
+        "POST /register (durable, new slot per call)",
+        registration(server.addr),
+        &mut rows,
+    )
+    .await;
+    server.stop().await;
+
+    for workers in [64, 4096] {
+        let name = format!("bench-query-{workers}");
+        let server =
+            BenchServer::start(&settings.bin_dir, &settings.data_dir(&name), &name).await?;
+        server.register_workers(workers).await?;
+        let scenario = format!("GET /query ({workers} workers)");
+        measure(
+            &server,
+            settings,
+            &scenario,
+            topology_query(server.addr),
+            &mut rows,
+        )
+        .await;
+        server.stop().await;
+    }
+
+    let server = BenchServer::start(
+        &settings.bin_dir,
+        &settings.data_dir("requests"),
+        "bench-requests",
+    )
+    .await?;
+    server.register_workers(64).await?;
+    measure(
+        &server,
+        settings,
+        "POST /register_request (unique ids)",
+        request_registration(server.addr, "fresh"),
+        &mut rows,
+    )
+    .await;
+    let live = 100_000;
+    server.register_request_ids(live).await?;
+    for ids in [1, 32] {
+        let scenario = format!(
+            "POST /query_requests ({ids} id{})",
+            if ids == 1 { "" } else { "s" }
+        );
+        measure(
+            &server,
+            settings,
+            &scenario,
+            query_requests(server.addr, ids, live),
+            &mut rows,
+        )
+        .await;
+    }
+    server.stop().await;
+    Ok(rows)
+}
+
+/// What the scale scenario found.
+#[derive(Debug, Clone)]
+pub struct ScaleReport {
+    /// Live request ids.
+    pub live_ids: u64,
+    /// Registered workers.
+    pub workers: u32,
+    /// Server RSS with all of it loaded.
+    pub rss_mib: f64,
+    /// Peak RSS while loading it.
+    pub peak_rss_mib: f64,
+    /// `POST /query_requests` (1 id) at this size, concurrency 16.
+    pub lookup: Row,
+    /// `GET /query` at this size, concurrency 16.
+    pub topology: Row,
+    /// Time from process start to a served `/health`, after a graceful restart.
+    pub restart: Duration,
+}
+
+/// 10,000 workers and `live_ids` live request ids: memory, lookup latency, restart time.
+pub async fn scale(settings: &Settings, live_ids: u64) -> Result<ScaleReport, String> {
+    let data_dir = settings.data_dir(&format!("scale-{live_ids}"));
+    let name = format!("bench-scale-{live_ids}");
+    let server = BenchServer::start(&settings.bin_dir, &data_dir, &name).await?;
+    let workers = 10_000;
+    server.register_workers(workers).await?;
+    server.register_request_ids(live_ids).await?;
+    let usage = server.usage().ok_or("cannot read the server's usage")?;
+    let config = settings.config(16);
+    let before = server.usage();
+    let report = loadgen::run(
+        server.addr,
+        query_requests(server.addr, 1, live_ids),
+        config,
+    )
+    .await;
+    let lookup = Row::new(
+        "POST /query_requests (1 id) at scale",
+        "pd-bootstrap",
+        16,
+        &report,
+        before,
+        server.usage(),
+    );
+    let before = server.usage();
+    let report = loadgen::run(server.addr, topology_query(server.addr), config).await;
+    let topology = Row::new(
+        "GET /query (10,000 workers) at scale",
+        "pd-bootstrap",
+        16,
+        &report,
+        before,
+        server.usage(),
+    );
+    server.stop().await;
+
+    let started = Instant::now();
+    let restarted =
+        BenchServer::start(&settings.bin_dir, &data_dir, &format!("{name}-restart")).await?;
+    let restart = started.elapsed();
+    let reloaded = restarted
+        .client
+        .query_requests_once(&["req-0".to_owned()], 0, 64)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !matches!(
+        reloaded.results.get("req-0"),
+        Some(worker_client::protocol::RequestLocation::Ok(_))
+    ) {
+        return Err(format!(
+            "request ids were not reloaded after the restart: {reloaded:?}"
+        ));
+    }
+    restarted.stop().await;
+    Ok(ScaleReport {
+        live_ids,
+        workers,
+        rss_mib: usage.rss as f64 / (1024.0 * 1024.0),
+        peak_rss_mib: usage.peak_rss as f64 / (1024.0 * 1024.0),
+        lookup,
+        topology,
+        restart,
+    })
+}

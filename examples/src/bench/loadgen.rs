@@ -1,0 +1,306 @@
+//! A closed-loop HTTP load generator: N connections, each sending its next request as soon as
+//! the previous answer has been read in full, for a fixed time. Built on raw hyper HTTP/1.1
+//! connections so that the generator costs as little CPU as possible on the machine it shares
+//! with the server under test.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+
+/// Builds the `n`-th request of a run (so that ids can be unique per call).
+pub type RequestFactory = Arc<dyn Fn(u64) -> Request<Full<Bytes>> + Send + Sync>;
+
+/// How hard and how long to push.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadConfig {
+    /// Concurrent connections, each with one request in flight.
+    pub concurrency: usize,
+    /// How long to measure.
+    pub duration: Duration,
+    /// Time to run before measuring (connections warm, caches filled).
+    pub warmup: Duration,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone)]
+pub struct LoadReport {
+    /// Answers with a 2xx status inside the measured window.
+    pub ok: u64,
+    /// Non-2xx answers and transport errors inside the measured window.
+    pub errors: u64,
+    /// The measured window.
+    pub elapsed: Duration,
+    /// Latency of successful requests, in microseconds.
+    pub latency_us: Histogram<u64>,
+}
+
+impl LoadReport {
+    /// Successful requests per second.
+    pub fn rps(&self) -> f64 {
+        self.ok as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// A latency quantile (0.5, 0.99, 0.999) in milliseconds.
+    pub fn quantile_ms(&self, q: f64) -> f64 {
+        self.latency_us.value_at_quantile(q) as f64 / 1000.0
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+struct WorkerResult {
+    ok: u64,
+    errors: u64,
+    latency_us: Histogram<u64>,
+}
+
+async fn connect(addr: SocketAddr) -> Option<Connection> {
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream.set_nodelay(true).ok()?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .ok()?;
+    tokio::spawn(connection);
+    Some(sender)
+}
+
+type Connection = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// Sends one request and reads the whole answer: `Some(true)` for a 2xx, `Some(false)` for
+/// another status, `None` when the connection failed.
+async fn send(conn: &mut Connection, request: Request<Full<Bytes>>) -> Option<bool> {
+    conn.ready().await.ok()?;
+    let response = conn.send_request(request).await.ok()?;
+    let status = response.status();
+    response.into_body().collect().await.ok()?;
+    Some(status.is_success())
+}
+
+async fn worker(
+    addr: SocketAddr,
+    make: RequestFactory,
+    first: u64,
+    stride: u64,
+    measure_from: Instant,
+    stop_at: Instant,
+) -> WorkerResult {
+    let mut result = WorkerResult {
+        ok: 0,
+        errors: 0,
+        latency_us: histogram(),
+    };
+    let mut sender = None;
+    let mut seq = first;
+    while Instant::now() < stop_at {
+        let Some(conn) = sender.as_mut() else {
+            sender = connect(addr).await;
+            if sender.is_none() {
+                result.errors += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            continue;
+        };
+        let request = make(seq);
+        seq += stride;
+        let started = Instant::now();
+        let outcome = send(conn, request).await;
+        let measured = started >= measure_from;
+        match outcome {
+            Some(true) => {
+                if measured {
+                    result.ok += 1;
+                    let us = started.elapsed().as_micros().max(1) as u64;
+                    let _ = result.latency_us.record(us.min(60_000_000));
+                }
+            }
+            Some(false) => result.errors += u64::from(measured),
+            None => {
+                result.errors += u64::from(measured);
+                sender = None;
+            }
+        }
+    }
+    result
+}
+
+/// Runs `config.concurrency` closed loops against `addr` and merges what they measured.
+pub async fn run(addr: SocketAddr, make: RequestFactory, config: LoadConfig) -> LoadReport {
+    let measure_from = Instant::now() + config.warmup;
+    let stop_at = measure_from + config.duration;
+    let workers: Vec<_> = (0..config.concurrency)
+        .map(|i| {
+            tokio::spawn(worker(
+                addr,
+                make.clone(),
+                i as u64,
+                config.concurrency as u64,
+                measure_from,
+                stop_at,
+            ))
+        })
+        .collect();
+    let mut report = LoadReport {
+        ok: 0,
+        errors: 0,
+        elapsed: config.duration,
+        latency_us: histogram(),
+    };
+    for handle in workers {
+        if let Ok(result) = handle.await {
+            report.ok += result.ok;
+            report.errors += result.errors;
+            let _ = report.latency_us.add(&result.latency_us);
+        }
+    }
+    report
+}
+
+/// Sends requests `0..count` over `concurrency` connections as fast as they are answered (to
+/// fill a server with state); returns how many succeeded and failed.
+pub async fn run_count(
+    addr: SocketAddr,
+    make: RequestFactory,
+    count: u64,
+    concurrency: usize,
+) -> LoadReport {
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (make, next) = (make.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut result = WorkerResult {
+                    ok: 0,
+                    errors: 0,
+                    latency_us: histogram(),
+                };
+                let mut conn = None;
+                loop {
+                    let seq = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if seq >= count {
+                        break result;
+                    }
+                    if conn.is_none() {
+                        conn = connect(addr).await;
+                    }
+                    let outcome = match conn.as_mut() {
+                        Some(c) => send(c, make(seq)).await,
+                        None => None,
+                    };
+                    match outcome {
+                        Some(true) => result.ok += 1,
+                        Some(false) => result.errors += 1,
+                        None => {
+                            result.errors += 1;
+                            conn = None;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut report = LoadReport {
+        ok: 0,
+        errors: 0,
+        elapsed: Duration::ZERO,
+        latency_us: histogram(),
+    };
+    for handle in workers {
+        if let Ok(result) = handle.await {
+            report.ok += result.ok;
+            report.errors += result.errors;
+        }
+    }
+    report.elapsed = started.elapsed();
+    report
+}
+
+/// A JSON POST request to `path`.
+pub fn post_json(host: &str, path: &str, body: Vec<u8>) -> Request<Full<Bytes>> {
+    Request::post(path)
+        .header(hyper::header::HOST, host)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("a valid request")
+}
+
+/// A GET request to `path`.
+pub fn get(host: &str, path: &str) -> Request<Full<Bytes>> {
+    Request::get(path)
+        .header(hyper::header::HOST, host)
+        .body(Full::new(Bytes::new()))
+        .expect("a valid request")
+}
+
+/// CPU time and peak memory of a process, read from `/proc`.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessUsage {
+    /// User plus system CPU time so far.
+    pub cpu: Duration,
+    /// Peak resident set size (VmHWM), in bytes.
+    pub peak_rss: u64,
+    /// Current resident set size (VmRSS), in bytes.
+    pub rss: u64,
+}
+
+impl ProcessUsage {
+    /// Reads the usage of process `pid`.
+    pub fn read(pid: u32) -> Option<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+        let after_name = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = after_name.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // SAFETY: sysconf has no memory effects.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let kb = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024
+        };
+        Some(ProcessUsage {
+            cpu: Duration::from_secs_f64(ticks as f64 / per_second as f64),
+            peak_rss: kb("VmHWM:"),
+            rss: kb("VmRSS:"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn measures_a_local_server() {
+        let app = axum::Router::new().route("/x", axum::routing::get(|| async { "ok" }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let host = addr.to_string();
+        let make: RequestFactory = Arc::new(move |_| get(&host, "/x"));
+        let config = LoadConfig {
+            concurrency: 4,
+            duration: Duration::from_millis(300),
+            warmup: Duration::from_millis(50),
+        };
+        let report = run(addr, make, config).await;
+        assert!(report.ok > 10, "{report:?}");
+        assert_eq!(report.errors, 0);
+        assert!(report.quantile_ms(0.5) > 0.0);
+        let usage = ProcessUsage::read(std::process::id()).unwrap();
+        assert!(usage.peak_rss > 0 && usage.cpu > Duration::ZERO);
+    }
+}

@@ -1,0 +1,5 @@
+//! The benchmark suite: a closed-loop load generator, the scenarios, and the Markdown report.
+
+pub mod bootstrap;
+pub mod loadgen;
+pub mod report;

@@ -1,0 +1,126 @@
+//! `pd-bench`: the benchmark suite. Prints a Markdown table (and writes it with `--out`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use pd_examples::bench::bootstrap::{self, Settings};
+use pd_examples::bench::report::{ms, table, Row};
+
+/// Measure the bootstrap server (and, with the peers installed, the proxy against them).
+#[derive(Debug, Parser)]
+#[command(name = "pd-bench", version, about)]
+struct Args {
+    /// Measured seconds per run.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Concurrency levels.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    concurrency: Vec<usize>,
+    /// The folder holding the release binaries (default: this program's folder).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Write the Markdown report here too.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(subcommand)]
+    suite: Suite,
+}
+
+#[derive(Debug, Subcommand)]
+enum Suite {
+    /// Every bootstrap-server route at every concurrency.
+    Bootstrap,
+    /// 10,000 workers and many live request ids: memory, lookups, restart time.
+    Scale {
+        /// Live request ids to load (repeatable sizes, comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
+        ids: Vec<u64>,
+    },
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores ({cpu}), load generator on the same machine")
+}
+
+async fn run(args: &Args, settings: &Settings) -> Result<String, String> {
+    let mut out = format!("Machine: {}\n\n", machine());
+    match &args.suite {
+        Suite::Bootstrap => {
+            let rows: Vec<Row> = bootstrap::routes(settings).await?;
+            out.push_str(&table(&rows));
+        }
+        Suite::Scale { ids } => {
+            out.push_str("| live request ids | workers | RSS MiB | peak RSS MiB | lookup p50 / p99 ms (c=16) | lookup req/s | GET /query p50 / p99 ms | restart to first answer |\n|---|---|---|---|---|---|---|---|\n");
+            for &live in ids {
+                let r = bootstrap::scale(settings, live).await?;
+                let line = format!(
+                    "| {} | {} | {:.0} | {:.0} | {:.3} / {:.3} | {:.0} | {:.3} / {:.3} | {} |\n",
+                    r.live_ids,
+                    r.workers,
+                    r.rss_mib,
+                    r.peak_rss_mib,
+                    r.lookup.p50_ms,
+                    r.lookup.p99_ms,
+                    r.lookup.rps,
+                    r.topology.p50_ms,
+                    r.topology.p99_ms,
+                    ms(r.restart)
+                );
+                eprint!("{line}");
+                out.push_str(&line);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let bin_dir = args.bin_dir.clone().unwrap_or_else(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(PathBuf::from))
+            .unwrap_or_default()
+    });
+    let work = match tempfile::Builder::new().prefix("pd-bench-").tempdir() {
+        Ok(dir) => dir,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let settings = Settings {
+        bin_dir,
+        work_dir: work.path().to_path_buf(),
+        duration: Duration::from_secs_f64(args.seconds),
+        concurrency: args.concurrency.clone(),
+    };
+    match run(&args, &settings).await {
+        Ok(report) => {
+            println!("{report}");
+            if let Some(path) = &args.out {
+                if let Err(err) = std::fs::write(path, &report) {
+                    eprintln!("error: cannot write {}: {err}", path.display());
+                    return std::process::ExitCode::FAILURE;
+                }
+            }
+            std::process::ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

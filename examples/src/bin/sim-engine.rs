@@ -1,0 +1,23 @@
+use clap::Parser;
+use pd_examples::sim::{SimArgs, SimEngine};
+use worker_client::service::{init_logging, shutdown_signal};
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = SimArgs::parse();
+    init_logging(args.log_format);
+    let engine = match SimEngine::start(args).await {
+        Ok(engine) => engine,
+        Err(err) => {
+            tracing::error!("{err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match engine.run(shutdown_signal()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("server failed: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

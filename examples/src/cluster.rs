@@ -1,0 +1,393 @@
+//! A whole P/D deployment on one machine, from the real binaries: one bootstrap server per
+//! prefill engine (as on real rank-0 hosts), simulated prefill and decode engines, and the proxy.
+//! Used by the `pd-cluster` launcher and by the end-to-end tests.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+
+/// Why the cluster could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A binary is missing from the binary folder.
+    #[error("{path} not found: build the workspace binaries first (cargo build --release --bins)")]
+    MissingBinary {
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// A process could not be started.
+    #[error("cannot start {name}: {source}")]
+    Spawn {
+        /// Which process.
+        name: String,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// A process did not become ready in time.
+    #[error("{name} was not ready at {url} within {timeout:?} (log: {log})")]
+    NotReady {
+        /// Which process.
+        name: String,
+        /// The URL polled.
+        url: String,
+        /// How long it was given.
+        timeout: Duration,
+        /// Its log file.
+        log: String,
+    },
+    /// A process exited during start-up.
+    #[error("{name} exited during start-up with {status} (log: {log})")]
+    Exited {
+        /// Which process.
+        name: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// Its log file.
+        log: String,
+    },
+    /// The run folder could not be prepared.
+    #[error("cannot prepare {path}: {source}")]
+    RunDir {
+        /// The folder.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+/// One prefill engine's parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillShape {
+    /// Data-parallel size.
+    pub dp: u32,
+    /// Tensor-parallel size.
+    pub tp: u32,
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    /// The folder holding `bootstrap-server`, `sim-engine` and `pd-proxy`.
+    pub bin_dir: PathBuf,
+    /// Where logs and databases go.
+    pub run_dir: PathBuf,
+    /// The prefill engines.
+    pub prefills: Vec<PrefillShape>,
+    /// How many decode engines.
+    pub decodes: usize,
+    /// The proxy's port (0: any free port).
+    pub proxy_port: u16,
+    /// sim-engine's prefill time per prompt token, in µs.
+    pub prefill_us_per_token: u64,
+    /// sim-engine's decode time per token, in ms.
+    pub decode_ms_per_token: u64,
+    /// Extra flags for the proxy.
+    pub proxy_args: Vec<String>,
+}
+
+impl ClusterSpec {
+    /// The demo deployment: prefills with dp=2,tp=2 and dp=1,tp=2, two decodes.
+    pub fn demo(bin_dir: PathBuf, run_dir: PathBuf) -> Self {
+        ClusterSpec {
+            bin_dir,
+            run_dir,
+            prefills: vec![PrefillShape { dp: 2, tp: 2 }, PrefillShape { dp: 1, tp: 2 }],
+            decodes: 2,
+            proxy_port: 0,
+            prefill_us_per_token: 500,
+            decode_ms_per_token: 10,
+            proxy_args: Vec::new(),
+        }
+    }
+}
+
+/// One started process.
+pub struct Process {
+    /// A short name (`bootstrap-0`, `prefill-1`, `proxy`...).
+    pub name: String,
+    /// Its base URL.
+    pub url: String,
+    /// Its log file.
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl Process {
+    /// Sends SIGTERM, waits up to `grace`, then SIGKILL.
+    pub async fn stop(&mut self, grace: Duration) {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: kill(2) with a pid we spawned and a valid signal has no memory effects.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            if tokio::time::timeout(grace, self.child.wait()).await.is_ok() {
+                return;
+            }
+        }
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+
+    /// The operating system's process id (None once it has been reaped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// SIGKILL at once (a crash).
+    pub async fn kill(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+}
+
+/// A running cluster. Dropping it kills every process; [`Cluster::shutdown`] stops them
+/// gracefully.
+pub struct Cluster {
+    /// The bootstrap servers, one per prefill engine.
+    pub bootstraps: Vec<Process>,
+    /// The prefill engines.
+    pub prefills: Vec<Process>,
+    /// The decode engines.
+    pub decodes: Vec<Process>,
+    /// The proxy.
+    pub proxy: Process,
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("the loopback interface can bind an ephemeral port")
+}
+
+fn binary(spec: &ClusterSpec, name: &str) -> Result<PathBuf, ClusterError> {
+    let path = spec.bin_dir.join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(ClusterError::MissingBinary { path })
+    }
+}
+
+/// Starts `program` with `args`, logging to `<run_dir>/<name>.log`; `url` is its base URL.
+pub fn spawn(
+    run_dir: &Path,
+    name: &str,
+    program: &Path,
+    args: &[String],
+    url: String,
+) -> Result<Process, ClusterError> {
+    let log = run_dir.join(format!("{name}.log"));
+    let file = std::fs::File::create(&log).map_err(|source| ClusterError::RunDir {
+        path: log.clone(),
+        source,
+    })?;
+    let stderr = file.try_clone().map_err(|source| ClusterError::RunDir {
+        path: log.clone(),
+        source,
+    })?;
+    let child = Command::new(program)
+        .args(args)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| ClusterError::Spawn {
+            name: name.to_owned(),
+            source,
+        })?;
+    Ok(Process {
+        name: name.to_owned(),
+        url,
+        log,
+        child,
+    })
+}
+
+/// Polls `path` of the process until it answers 200, the process exits, or `timeout` passes.
+pub async fn wait_for(
+    process: &mut Process,
+    path: &str,
+    timeout: Duration,
+) -> Result<(), ClusterError> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("a plain HTTP client builds");
+    let url = format!("{}{path}", process.url);
+    let started = Instant::now();
+    while started.elapsed() < timeout {
+        if let Ok(Some(status)) = process.child.try_wait() {
+            return Err(ClusterError::Exited {
+                name: process.name.clone(),
+                status,
+                log: process.log.display().to_string(),
+            });
+        }
+        if let Ok(response) = http.get(&url).send().await {
+            if response.status().is_success() {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(ClusterError::NotReady {
+        name: process.name.clone(),
+        url,
+        timeout,
+        log: process.log.display().to_string(),
+    })
+}
+
+impl Cluster {
+    /// Starts everything on 127.0.0.1 and waits until the proxy is ready to serve.
+    pub async fn start(spec: &ClusterSpec) -> Result<Cluster, ClusterError> {
+        std::fs::create_dir_all(&spec.run_dir).map_err(|source| ClusterError::RunDir {
+            path: spec.run_dir.clone(),
+            source,
+        })?;
+        let bootstrap_bin = binary(spec, "bootstrap-server")?;
+        let sim_bin = binary(spec, "sim-engine")?;
+        let proxy_bin = binary(spec, "pd-proxy")?;
+        let ready_timeout = Duration::from_secs(60);
+        let s = |v: &dyn ToString| v.to_string();
+
+        let mut bootstraps = Vec::new();
+        let mut prefills = Vec::new();
+        for (i, shape) in spec.prefills.iter().enumerate() {
+            let port = free_port();
+            let data_dir = spec.run_dir.join(format!("bootstrap-{i}-data"));
+            let args = vec![
+                s(&"--host"),
+                s(&"127.0.0.1"),
+                s(&"--port"),
+                s(&port),
+                s(&"--data-dir"),
+                data_dir.display().to_string(),
+                s(&"--dp-size"),
+                s(&shape.dp),
+                s(&"--tp-size"),
+                s(&shape.tp),
+            ];
+            let url = format!("http://127.0.0.1:{port}");
+            bootstraps.push(spawn(
+                &spec.run_dir,
+                &format!("bootstrap-{i}"),
+                &bootstrap_bin,
+                &args,
+                url,
+            )?);
+        }
+        for process in &mut bootstraps {
+            wait_for(process, "/health", ready_timeout).await?;
+        }
+        let sim_args = |role: &str, port: u16| {
+            vec![
+                s(&"--role"),
+                s(&role),
+                s(&"--port"),
+                s(&port),
+                s(&"--prefill-us-per-token"),
+                s(&spec.prefill_us_per_token),
+                s(&"--decode-ms-per-token"),
+                s(&spec.decode_ms_per_token),
+            ]
+        };
+        for (i, shape) in spec.prefills.iter().enumerate() {
+            let port = free_port();
+            let mut args = sim_args("prefill", port);
+            args.extend([
+                s(&"--engine-id"),
+                format!("prefill-{i}"),
+                s(&"--dp-size"),
+                s(&shape.dp),
+                s(&"--tp-size"),
+                s(&shape.tp),
+                s(&"--bootstrap"),
+                bootstraps[i].url.clone(),
+            ]);
+            prefills.push(spawn(
+                &spec.run_dir,
+                &format!("prefill-{i}"),
+                &sim_bin,
+                &args,
+                format!("http://127.0.0.1:{port}"),
+            )?);
+        }
+        let mut decodes = Vec::new();
+        for i in 0..spec.decodes {
+            let port = free_port();
+            let mut args = sim_args("decode", port);
+            args.extend([s(&"--engine-id"), format!("decode-{i}")]);
+            decodes.push(spawn(
+                &spec.run_dir,
+                &format!("decode-{i}"),
+                &sim_bin,
+                &args,
+                format!("http://127.0.0.1:{port}"),
+            )?);
+        }
+        for process in prefills.iter_mut().chain(decodes.iter_mut()) {
+            wait_for(process, "/health", ready_timeout).await?;
+        }
+        for process in &mut bootstraps {
+            wait_for(process, "/ready", ready_timeout).await?;
+        }
+
+        let proxy_port = if spec.proxy_port == 0 {
+            free_port()
+        } else {
+            spec.proxy_port
+        };
+        let mut args = vec![s(&"--host"), s(&"127.0.0.1"), s(&"--port"), s(&proxy_port)];
+        for (prefill, bootstrap) in prefills.iter().zip(&bootstraps) {
+            let bootstrap_port = bootstrap
+                .url
+                .rsplit(':')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            args.extend([s(&"--prefill"), prefill.url.clone(), bootstrap_port]);
+        }
+        for decode in &decodes {
+            args.extend([s(&"--decode"), decode.url.clone()]);
+        }
+        args.extend(spec.proxy_args.iter().cloned());
+        let mut proxy = spawn(
+            &spec.run_dir,
+            "proxy",
+            &proxy_bin,
+            &args,
+            format!("http://127.0.0.1:{proxy_port}"),
+        )?;
+        wait_for(&mut proxy, "/ready", ready_timeout).await?;
+        Ok(Cluster {
+            bootstraps,
+            prefills,
+            decodes,
+            proxy,
+        })
+    }
+
+    /// Every process, proxy first (the order to stop them in).
+    pub fn processes(&mut self) -> impl Iterator<Item = &mut Process> {
+        std::iter::once(&mut self.proxy)
+            .chain(self.decodes.iter_mut())
+            .chain(self.prefills.iter_mut())
+            .chain(self.bootstraps.iter_mut())
+    }
+
+    /// Stops every process gracefully (SIGTERM, then SIGKILL after 5 s).
+    pub async fn shutdown(mut self) {
+        for process in self.processes() {
+            process.stop(Duration::from_secs(5)).await;
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! Examples of pd-bootstrap: a simulated engine ([`sim`]), the launcher of a local P/D cluster
+//! ([`cluster`]) and the small OpenAI client they are exercised with ([`openai_client`]).
+
+pub mod bench;
+pub mod cluster;
+pub mod openai_client;
+pub mod sim;

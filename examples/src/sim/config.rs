@@ -1,0 +1,76 @@
+//! Flags of `sim-engine`.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use worker_client::service::LogFormat;
+
+/// The role a simulated engine plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Role {
+    /// Computes KV and exports it to decoders.
+    Prefill,
+    /// Pulls KV from prefillers and generates tokens.
+    Decode,
+}
+
+/// A stand-in for a vLLM engine with the Mooncake connector: real registration, real lookups,
+/// real KV transfers, simulated model.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "sim-engine", version, about)]
+pub struct SimArgs {
+    /// Prefill or decode.
+    #[arg(long, env = "SIM_ROLE", value_enum)]
+    pub role: Role,
+    /// The engine id (default: a fresh UUID, as vLLM does). With dp > 1 each dp rank registers
+    /// as `<id>_dp<rank>`.
+    #[arg(long, env = "SIM_ENGINE_ID")]
+    pub engine_id: Option<String>,
+    /// Data-parallel size.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub dp_size: u32,
+    /// Tensor-parallel size.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub tp_size: u32,
+    /// Pipeline-parallel size.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub pp_size: u32,
+    /// Address for the OpenAI API and the transfer listeners.
+    #[arg(long, env = "SIM_HOST", default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Port of the OpenAI API (0 picks a free one).
+    #[arg(long, env = "SIM_PORT", default_value_t = 8100)]
+    pub port: u16,
+    /// The bootstrap server prefill workers register with (prefill role).
+    #[arg(long, env = "SIM_BOOTSTRAP", default_value = "http://127.0.0.1:8998")]
+    pub bootstrap: String,
+    /// The model name served.
+    #[arg(long, default_value = "sim-model")]
+    pub model: String,
+    /// Prefill compute time per prompt token, in microseconds.
+    #[arg(long, default_value_t = 200)]
+    pub prefill_us_per_token: u64,
+    /// Decode time per generated token, in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    pub decode_ms_per_token: u64,
+    /// KV bytes per prompt token (split over the tp x pp workers).
+    #[arg(long, default_value_t = 16 * 1024)]
+    pub kv_bytes_per_token: usize,
+    /// Seconds P holds published KV for D to pull before dropping it.
+    #[arg(long, default_value = "60", value_parser = parse_seconds)]
+    pub kv_hold: Duration,
+    /// Seconds D waits for P's KV before failing the request.
+    #[arg(long, default_value = "30", value_parser = parse_seconds)]
+    pub kv_wait: Duration,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s < 1e6 => Ok(Duration::from_secs_f64(s)),
+        _ => Err(format!("{text:?} is not a positive number of seconds")),
+    }
+}

@@ -1,0 +1,250 @@
+//! The OpenAI request fields the simulator reads and the response shapes it writes (completions
+//! and chat completions, whole or as Server-Sent Events chunks).
+
+use serde_json::{json, Value};
+
+/// Which OpenAI route a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /v1/chat/completions`.
+    Chat,
+}
+
+/// What the simulator needs from a request body.
+#[derive(Debug, Clone)]
+pub struct Prompt {
+    /// The prompt text (chat messages' contents joined by newlines).
+    pub text: String,
+    /// Tokens to generate.
+    pub max_tokens: u32,
+    /// Whether to answer with SSE chunks.
+    pub stream: bool,
+    /// Whether the last SSE chunk before `[DONE]` carries usage.
+    pub include_usage: bool,
+}
+
+/// The default number of tokens to generate when the request does not say.
+pub const DEFAULT_MAX_TOKENS: u32 = 16;
+
+fn text_of(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => Some(
+            parts
+                .iter()
+                .filter_map(|p| p.as_str().or_else(|| p.get("text").and_then(Value::as_str)))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        _ => None,
+    }
+}
+
+/// Reads the prompt and generation settings, naming the field that is wrong.
+pub fn parse_prompt(api: Api, body: &Value) -> Result<Prompt, String> {
+    let text = match api {
+        Api::Completions => text_of(body.get("prompt").ok_or("missing field `prompt`")?)
+            .ok_or("`prompt` must be a string or a list of strings")?,
+        Api::Chat => {
+            let messages = body
+                .get("messages")
+                .and_then(Value::as_array)
+                .ok_or("`messages` must be a list of messages")?;
+            messages
+                .iter()
+                .filter_map(|m| m.get("content").and_then(text_of))
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
+    };
+    let limit = |field: &str| -> Result<Option<u32>, String> {
+        match body.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .filter(|n| (1..=1_000_000).contains(n))
+                .map(|n| Some(n as u32))
+                .ok_or_else(|| format!("`{field}` must be an integer from 1 to 1000000")),
+        }
+    };
+    let max_tokens = limit("max_completion_tokens")?
+        .or(limit("max_tokens")?)
+        .unwrap_or(DEFAULT_MAX_TOKENS);
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(v) => v.as_bool().ok_or("`stream` must be a boolean")?,
+    };
+    let include_usage = body
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Ok(Prompt {
+        text,
+        max_tokens,
+        stream,
+        include_usage,
+    })
+}
+
+/// How many tokens a text counts as (whitespace-separated words, at least one).
+pub fn count_tokens(text: &str) -> u32 {
+    (text.split_whitespace().count() as u32).max(1)
+}
+
+/// Identity of one response: the id, creation time and model shared by all its chunks.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    /// The response id (`cmpl-…` or `chatcmpl-…`).
+    pub id: String,
+    /// Seconds since the epoch.
+    pub created: u64,
+    /// The model name.
+    pub model: String,
+    /// The route.
+    pub api: Api,
+}
+
+impl ResponseMeta {
+    /// Fresh metadata for one response.
+    pub fn new(api: Api, model: &str) -> Self {
+        let prefix = match api {
+            Api::Completions => "cmpl",
+            Api::Chat => "chatcmpl",
+        };
+        ResponseMeta {
+            id: format!("{prefix}-{}", uuid::Uuid::new_v4().simple()),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            model: model.to_owned(),
+            api,
+        }
+    }
+
+    fn usage(prompt_tokens: u32, completion_tokens: u32) -> Value {
+        json!({
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        })
+    }
+
+    /// A whole (non-streamed) response.
+    pub fn full(&self, text: &str, prompt_tokens: u32, completion_tokens: u32, kv: Value) -> Value {
+        let (object, choice) = match self.api {
+            Api::Completions => (
+                "text_completion",
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}),
+            ),
+            Api::Chat => (
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "length"}),
+            ),
+        };
+        json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.model,
+            "choices": [choice],
+            "usage": Self::usage(prompt_tokens, completion_tokens),
+            "kv_transfer_params": kv,
+        })
+    }
+
+    /// One SSE chunk carrying `piece` (or, with `finish`, the closing chunk).
+    pub fn chunk(&self, piece: Option<&str>, first: bool, finish: bool) -> Value {
+        let finish_reason = if finish { json!("length") } else { Value::Null };
+        let (object, choice) = match self.api {
+            Api::Completions => (
+                "text_completion",
+                json!({"index": 0, "text": piece.unwrap_or(""), "logprobs": null, "finish_reason": finish_reason}),
+            ),
+            Api::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), json!("assistant"));
+                }
+                if let Some(piece) = piece {
+                    delta.insert("content".into(), json!(piece));
+                }
+                (
+                    "chat.completion.chunk",
+                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}),
+                )
+            }
+        };
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice]})
+    }
+
+    /// The usage-only chunk sent last when `stream_options.include_usage` is set.
+    pub fn usage_chunk(&self, prompt_tokens: u32, completion_tokens: u32) -> Value {
+        let object = match self.api {
+            Api::Completions => "text_completion",
+            Api::Chat => "chat.completion.chunk",
+        };
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
+               "choices": [], "usage": Self::usage(prompt_tokens, completion_tokens)})
+    }
+}
+
+/// An OpenAI-style error body.
+pub fn error_body(message: &str, kind: &str) -> Value {
+    json!({"error": {"message": message, "type": kind, "param": null, "code": null}})
+}
+
+/// Frames a JSON value as one SSE event.
+pub fn sse_event(value: &Value) -> bytes::Bytes {
+    bytes::Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// The SSE end-of-stream marker.
+pub const SSE_DONE: &[u8] = b"data: [DONE]\n\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_and_limits_are_read() {
+        let body = json!({"prompt": "a b c", "max_tokens": 4, "stream": true,
+                          "stream_options": {"include_usage": true}});
+        let prompt = parse_prompt(Api::Completions, &body).unwrap();
+        assert_eq!(
+            (prompt.max_tokens, prompt.stream, prompt.include_usage),
+            (4, true, true)
+        );
+        assert_eq!(count_tokens(&prompt.text), 3);
+        let chat = json!({"messages": [{"role": "user", "content": "hi there"}], "max_completion_tokens": 2});
+        let prompt = parse_prompt(Api::Chat, &chat).unwrap();
+        assert_eq!((prompt.text.as_str(), prompt.max_tokens), ("hi there", 2));
+        assert!(parse_prompt(Api::Completions, &json!({"max_tokens": 1}))
+            .unwrap_err()
+            .contains("prompt"));
+        assert!(
+            parse_prompt(Api::Completions, &json!({"prompt": "x", "max_tokens": 0}))
+                .unwrap_err()
+                .contains("max_tokens")
+        );
+        assert!(parse_prompt(Api::Chat, &json!({"messages": "x"}))
+            .unwrap_err()
+            .contains("messages"));
+    }
+
+    #[test]
+    fn chunks_have_the_openai_shape() {
+        let meta = ResponseMeta::new(Api::Chat, "m");
+        let first = meta.chunk(Some("Hi"), true, false);
+        assert_eq!(first["object"], "chat.completion.chunk");
+        assert_eq!(
+            first["choices"][0]["delta"],
+            json!({"role": "assistant", "content": "Hi"})
+        );
+        let last = meta.chunk(None, false, true);
+        assert_eq!(last["choices"][0]["delta"], json!({}));
+        assert_eq!(last["choices"][0]["finish_reason"], "length");
+        let text = ResponseMeta::new(Api::Completions, "m").full("x", 2, 1, Value::Null);
+        assert_eq!(text["usage"]["total_tokens"], 3);
+        assert_eq!(text["choices"][0]["text"], "x");
+    }
+}

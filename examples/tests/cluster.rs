@@ -1,0 +1,152 @@
+//! End to end: the real binaries (bootstrap servers, sim engines, proxy) on 127.0.0.1.
+//!
+//! Needs the workspace binaries in the test's target folder, which `cargo test --workspace`
+//! builds.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use pd_examples::cluster::{Cluster, ClusterSpec, PrefillShape};
+use pd_examples::openai_client::send;
+use serde_json::{json, Value};
+
+fn spec(name: &str) -> (ClusterSpec, tempfile::TempDir) {
+    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let run_dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
+    let mut spec = ClusterSpec::demo(bin_dir, run_dir.path().to_path_buf());
+    spec.prefills = vec![PrefillShape { dp: 2, tp: 2 }, PrefillShape { dp: 1, tp: 2 }];
+    spec.prefill_us_per_token = 100;
+    spec.decode_ms_per_token = 2;
+    (spec, run_dir)
+}
+
+async fn stats(url: &str) -> Value {
+    reqwest::get(format!("{url}/stats"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+fn stream_body(i: usize) -> Value {
+    json!({"model": "sim-model", "prompt": format!("request number {i} asks for a streamed answer"),
+           "max_tokens": 8, "stream": true})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_streams_complete_with_verified_kv() {
+    let (spec, _dir) = spec("e2e-fifty-");
+    let cluster = Cluster::start(&spec).await.expect("the cluster starts");
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/completions", cluster.proxy.url);
+    let answers = join_all((0..50).map(|i| {
+        let (http, url) = (&http, &url);
+        async move {
+            send(http, url, &stream_body(i), Duration::from_secs(30))
+                .await
+                .unwrap()
+        }
+    }))
+    .await;
+    for (i, answer) in answers.iter().enumerate() {
+        assert_eq!(answer.status, 200, "request {i}: {}", answer.text);
+        assert!(answer.done, "request {i} ended with [DONE]");
+        assert_eq!(answer.stream_error, None, "request {i}");
+        assert_eq!(
+            answer.text.split_whitespace().count(),
+            8,
+            "request {i}: {:?}",
+            answer.text
+        );
+    }
+    let (mut verified, mut failed) = (0, 0);
+    for decode in &cluster.decodes {
+        let s = stats(&decode.url).await;
+        verified += s["kv_transfers_verified"].as_u64().unwrap();
+        failed += s["kv_transfers_failed"].as_u64().unwrap();
+    }
+    assert_eq!(
+        (verified, failed),
+        (50, 0),
+        "every transfer pulled and verified"
+    );
+    // Both prefill engines and both decode engines took part.
+    for process in cluster.prefills.iter().chain(&cluster.decodes) {
+        assert!(
+            stats(&process.url).await["requests"].as_u64().unwrap() > 0,
+            "{} got no traffic",
+            process.name
+        );
+    }
+    // A chat request, whole, goes the same way.
+    let chat = json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let answer = send(
+        &http,
+        &format!("{}/v1/chat/completions", cluster.proxy.url),
+        &chat,
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (answer.status, answer.text.split_whitespace().count()),
+        (200, 3),
+        "{}",
+        answer.text
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_prefill_fails_fast_while_the_others_keep_serving() {
+    let (spec, _dir) = spec("e2e-kill-");
+    let mut cluster = Cluster::start(&spec).await.expect("the cluster starts");
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/completions", cluster.proxy.url);
+    // Warm up: everything works.
+    for i in 0..4 {
+        assert_eq!(
+            send(&http, &url, &stream_body(i), Duration::from_secs(10))
+                .await
+                .unwrap()
+                .status,
+            200
+        );
+    }
+    cluster.prefills[0].kill().await;
+
+    let mut ok = 0;
+    let mut failed = 0;
+    for i in 0..30 {
+        let started = Instant::now();
+        let answer = send(&http, &url, &stream_body(100 + i), Duration::from_secs(10))
+            .await
+            .unwrap();
+        let elapsed = started.elapsed();
+        if answer.status == 200 && answer.stream_error.is_none() {
+            assert_eq!(answer.text.split_whitespace().count(), 8);
+            ok += 1;
+        } else {
+            failed += 1;
+            assert!(
+                elapsed < Duration::from_secs(3),
+                "a failure took {elapsed:?}"
+            );
+            let message = answer.stream_error.unwrap_or(answer.text);
+            assert!(
+                message.to_lowercase().contains("prefill"),
+                "unclear error: {message}"
+            );
+        }
+    }
+    assert!(
+        ok >= 15,
+        "the live prefill keeps serving: {ok} ok, {failed} failed"
+    );
+    cluster.shutdown().await;
+}
