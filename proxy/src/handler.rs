@@ -29,7 +29,7 @@ use crate::config::{Config, Mode};
 use crate::error::ApiError;
 use crate::metrics::{CallOutcome, Metrics, Outcome, RouteMetrics};
 use crate::policy::Picker;
-use crate::relay::{Failure, PrefillCall, Relay, Tracker};
+use crate::relay::{detach, Failure, PrefillCall, Relay, Tracker};
 use crate::upstream::{DecodeStart, Upstream, UpstreamError};
 
 /// `X-Request-Id`: kept from the client or made up, sent to P and D and back to the client.
@@ -330,9 +330,18 @@ async fn serve(
                 .as_ref()
                 .is_some_and(|value| value.as_bytes().starts_with(b"text/event-stream"));
             let metrics = tracker.metrics().clone();
-            let mut response = Response::new(ResponseBody::from_stream(Relay::new(
-                decode, prefill, sse, tracker,
-            )));
+            let body = if decode.complete {
+                // D's whole answer is in (the usual non-streamed case): send it with its length.
+                decode.call.finish(CallOutcome::Ok);
+                if let Some(prefill) = prefill {
+                    detach(prefill);
+                }
+                tracker.finish(Outcome::Ok);
+                ResponseBody::from(decode.first.unwrap_or_default())
+            } else {
+                ResponseBody::from_stream(Relay::new(decode, prefill, sse, tracker))
+            };
+            let mut response = Response::new(body);
             *response.status_mut() = status;
             if let Some(content_type) = content_type {
                 response.headers_mut().insert(CONTENT_TYPE, content_type);

@@ -23,6 +23,15 @@ pub type Failure = (ApiError, Outcome);
 /// P's call: its whole answer, or the failure it means for the request.
 pub type PrefillCall = BoxFuture<'static, Result<Bytes, Failure>>;
 
+/// Lets P's call, still running when D's answer is complete, finish in the background (bounded
+/// by the prefill timeout) instead of cutting it: D has the KV, so P's answer no longer matters,
+/// and cutting the call would also throw its kept-alive connection away.
+pub fn detach(prefill: PrefillCall) {
+    tokio::spawn(async move {
+        let _ = prefill.await;
+    });
+}
+
 /// Counts one client request from its arrival to its end; dropped unfinished, it counts as
 /// `client_disconnected`.
 pub struct Tracker {
@@ -170,8 +179,9 @@ impl Stream for Relay {
                 if let Some((_, call)) = this.decode.take() {
                     call.finish(CallOutcome::Ok);
                 }
-                // D is done; P, if somehow still running, is no longer needed.
-                this.prefill = None;
+                if let Some(prefill) = this.prefill.take() {
+                    detach(prefill);
+                }
                 this.tracker.finish(Outcome::Ok);
                 Poll::Ready(None)
             }

@@ -127,6 +127,8 @@ pub struct DecodeStart {
     pub content_type: Option<HeaderValue>,
     /// The first chunk of the body (`None` for an empty body).
     pub first: Option<Bytes>,
+    /// Whether `first` is the whole body (its length is what D announced).
+    pub complete: bool,
     /// When the first chunk (or the end) arrived.
     pub first_at: Instant,
     /// The rest of the body.
@@ -235,6 +237,7 @@ impl Upstream {
         };
         let status = response.status();
         let content_type = response.headers().get(CONTENT_TYPE).cloned();
+        let content_length = response.content_length();
         let mut stream = response.bytes_stream();
         if !status.is_success() {
             let mut body = Vec::new();
@@ -266,10 +269,16 @@ impl Upstream {
                 None => break None,
             }
         };
+        let complete = match (&first, content_length) {
+            (None, _) => true,
+            (Some(chunk), Some(length)) => chunk.len() as u64 == length,
+            (Some(_), None) => false,
+        };
         Ok(DecodeStart {
             status,
             content_type,
             first,
+            complete,
             first_at: Instant::now(),
             rest: stream.boxed(),
             call,
