@@ -51,11 +51,6 @@ impl Tracker {
         }
     }
 
-    /// When the request arrived.
-    pub fn start(&self) -> Instant {
-        self.start
-    }
-
     /// The route's metrics.
     pub fn metrics(&self) -> &RouteMetrics {
         &self.metrics
