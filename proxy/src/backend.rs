@@ -1,0 +1,317 @@
+//! What the proxy knows about each backend: health, load, and for prefills the dp ranks and
+//! engine ids discovered on their bootstrap servers.
+//!
+//! Everything a request reads is an atomic or a snapshot behind a lock held for a pointer copy;
+//! no lock is ever held across an await.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use reqwest::header::HeaderValue;
+use reqwest::Url;
+use tokio::sync::Notify;
+use worker_client::protocol::Rank;
+
+use crate::config::{Config, HealthConfig};
+use crate::metrics::{BackendMetrics, CallOutcome, DiscoveryMetrics, Metrics};
+
+/// Whether a backend prefills or decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A prefill (P) server.
+    Prefill,
+    /// A decode (D) server.
+    Decode,
+}
+
+impl Role {
+    /// The `role` metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+/// One P or D server.
+pub struct Backend {
+    url: String,
+    role: Role,
+    /// `{url}/v1/completions`.
+    pub completions_url: Url,
+    /// `{url}/v1/chat/completions`.
+    pub chat_completions_url: Url,
+    /// `{url}/v1/models`.
+    pub models_url: Url,
+    /// `{url}/health`.
+    pub health_url: Url,
+    healthy: AtomicBool,
+    failures: AtomicU32,
+    successes: AtomicU32,
+    outstanding: AtomicUsize,
+    metrics: BackendMetrics,
+}
+
+impl Backend {
+    /// A backend at `url` (a base URL without trailing slash), healthy until checks say otherwise.
+    pub fn new(role: Role, url: &str, metrics: &Metrics) -> Self {
+        let join = |path: &str| {
+            Url::parse(&format!("{url}{path}")).expect("a checked base URL plus a path is a URL")
+        };
+        let metrics = metrics.backend(role.as_str(), url);
+        metrics.healthy.set(1);
+        Backend {
+            url: url.to_owned(),
+            role,
+            completions_url: join("/v1/completions"),
+            chat_completions_url: join("/v1/chat/completions"),
+            models_url: join("/v1/models"),
+            health_url: join("/health"),
+            healthy: AtomicBool::new(true),
+            failures: AtomicU32::new(0),
+            successes: AtomicU32::new(0),
+            outstanding: AtomicUsize::new(0),
+            metrics,
+        }
+    }
+
+    /// The base URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Prefill or decode.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Whether the backend passes its health checks (true until enough checks failed).
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Calls through this proxy not yet finished.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// Records one health check; returns the new state when it changed. Only the backend's one
+    /// health-check task calls this, so the streak counters have a single writer.
+    pub fn record_check(&self, passed: bool, config: &HealthConfig) -> Option<bool> {
+        let healthy = self.is_healthy();
+        if passed {
+            self.failures.store(0, Ordering::Relaxed);
+            let streak = self.successes.fetch_add(1, Ordering::Relaxed) + 1;
+            if !healthy && streak >= config.success_threshold {
+                self.set_healthy(true);
+                return Some(true);
+            }
+        } else {
+            self.successes.store(0, Ordering::Relaxed);
+            let streak = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+            if healthy && streak >= config.failure_threshold {
+                self.set_healthy(false);
+                return Some(false);
+            }
+        }
+        None
+    }
+
+    fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::Relaxed);
+        self.metrics.healthy.set(i64::from(healthy));
+    }
+
+    /// Starts a call: counts it as outstanding and in flight until the guard is finished or
+    /// dropped (a dropped guard counts as cancelled).
+    pub fn call(self: &Arc<Self>) -> Call {
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+        self.metrics.in_flight.inc();
+        Call {
+            backend: self.clone(),
+            pair: None,
+            finished: false,
+        }
+    }
+}
+
+/// One call to a backend in flight; see [`Backend::call`].
+pub struct Call {
+    backend: Arc<Backend>,
+    pair: Option<Arc<Pair>>,
+    finished: bool,
+}
+
+impl Call {
+    /// Counts the call as ended with `outcome`.
+    pub fn finish(mut self, outcome: CallOutcome) {
+        self.finished = true;
+        self.backend.metrics.call(outcome);
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.backend.metrics.call(CallOutcome::Cancelled);
+        }
+        self.backend.outstanding.fetch_sub(1, Ordering::Relaxed);
+        self.backend.metrics.in_flight.dec();
+        if let Some(pair) = &self.pair {
+            pair.outstanding.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One dp rank of one prefill: what a request's P half is sent to.
+pub struct Pair {
+    /// The index of the prefill in [`Pool::prefills`].
+    pub prefill_index: usize,
+    /// The prefill server.
+    pub backend: Arc<Backend>,
+    /// Its bootstrap server (`remote_bootstrap_addr`).
+    pub bootstrap_addr: Arc<str>,
+    /// The dp rank.
+    pub dp_rank: Rank,
+    /// The dp rank as the `X-data-parallel-rank` header value.
+    pub rank_header: HeaderValue,
+    /// The engine id of that dp rank (`remote_engine_id`).
+    pub engine_id: Arc<str>,
+    outstanding: AtomicUsize,
+}
+
+impl Pair {
+    /// P calls to this dp rank not yet finished.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// Starts a P call to this dp rank (counted on the pair and on the prefill).
+    pub fn call(self: &Arc<Self>) -> Call {
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+        let mut call = self.backend.call();
+        call.pair = Some(self.clone());
+        call
+    }
+}
+
+/// One prefill server and what discovery learnt about it.
+pub struct Prefill {
+    /// The server.
+    pub backend: Arc<Backend>,
+    /// Its bootstrap server, e.g. `http://10.0.0.5:8998`.
+    pub bootstrap_addr: Arc<str>,
+    /// Woken to make discovery run now (D reported an unknown engine, or P came back).
+    pub refresh: Notify,
+    /// Discovery metrics.
+    pub discovery_metrics: DiscoveryMetrics,
+    pairs: Mutex<Vec<Arc<Pair>>>,
+}
+
+impl Prefill {
+    /// The dp ranks and engine ids currently known, by rank.
+    pub fn ranks(&self) -> Vec<(Rank, Arc<str>)> {
+        lock(&self.pairs)
+            .iter()
+            .map(|pair| (pair.dp_rank, pair.engine_id.clone()))
+            .collect()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Every backend, and the snapshot of (prefill, dp rank) pairs requests choose from.
+pub struct Pool {
+    /// The prefills, in flag order.
+    pub prefills: Vec<Arc<Prefill>>,
+    /// The decodes, in flag order.
+    pub decodes: Vec<Arc<Backend>>,
+    pairs: RwLock<Arc<[Arc<Pair>]>>,
+}
+
+impl Pool {
+    /// The backends of `config`, with no dp rank discovered yet.
+    pub fn new(config: &Config, metrics: &Metrics) -> Self {
+        let prefills = config
+            .prefills
+            .iter()
+            .map(|target| {
+                Arc::new(Prefill {
+                    backend: Arc::new(Backend::new(Role::Prefill, &target.url, metrics)),
+                    bootstrap_addr: Arc::from(target.bootstrap_addr.as_str()),
+                    refresh: Notify::new(),
+                    discovery_metrics: metrics.discovery(&target.url),
+                    pairs: Mutex::new(Vec::new()),
+                })
+            })
+            .collect();
+        let decodes = config
+            .decodes
+            .iter()
+            .map(|url| Arc::new(Backend::new(Role::Decode, url, metrics)))
+            .collect();
+        Pool {
+            prefills,
+            decodes,
+            pairs: RwLock::new(Arc::from(Vec::new())),
+        }
+    }
+
+    /// The current (prefill, dp rank) pairs, healthy or not.
+    pub fn pairs(&self) -> Arc<[Arc<Pair>]> {
+        self.pairs
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces what is known about prefill `index` with `ranks` (dp rank -> engine id, sorted by
+    /// rank). Pairs whose rank and engine id did not change are kept, with their load counters.
+    /// Returns whether anything changed.
+    pub fn set_ranks(&self, index: usize, ranks: &[(Rank, &str)]) -> bool {
+        let prefill = &self.prefills[index];
+        {
+            let mut pairs = lock(&prefill.pairs);
+            let unchanged = pairs.len() == ranks.len()
+                && pairs.iter().zip(ranks).all(|(pair, (rank, engine))| {
+                    pair.dp_rank == *rank && &*pair.engine_id == *engine
+                });
+            if unchanged {
+                return false;
+            }
+            let updated = ranks
+                .iter()
+                .map(|&(rank, engine)| {
+                    pairs
+                        .iter()
+                        .find(|pair| pair.dp_rank == rank && &*pair.engine_id == engine)
+                        .cloned()
+                        .unwrap_or_else(|| {
+                            Arc::new(Pair {
+                                prefill_index: index,
+                                backend: prefill.backend.clone(),
+                                bootstrap_addr: prefill.bootstrap_addr.clone(),
+                                dp_rank: rank,
+                                rank_header: HeaderValue::from(rank),
+                                engine_id: Arc::from(engine),
+                                outstanding: AtomicUsize::new(0),
+                            })
+                        })
+                })
+                .collect();
+            *pairs = updated;
+            prefill.discovery_metrics.dp_ranks.set(ranks.len() as i64);
+        }
+        let mut snapshot = self.pairs.write().unwrap_or_else(PoisonError::into_inner);
+        let all: Vec<Arc<Pair>> = self
+            .prefills
+            .iter()
+            .flat_map(|prefill| lock(&prefill.pairs).clone())
+            .collect();
+        *snapshot = Arc::from(all);
+        true
+    }
+}

@@ -1,0 +1,142 @@
+//! What P and D receive: the client's JSON body with the few fields vLLM's Mooncake proxy changes,
+//! every other field passed through untouched.
+
+use serde_json::{Map, Value};
+use worker_client::protocol::KvTransferParams;
+
+use crate::backend::Pair;
+
+/// A client's request body: a JSON object.
+pub type Body = Map<String, Value>;
+
+/// The body field P and D read their transfer instructions from.
+pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
+
+/// Why a client's body cannot be forwarded.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// Not JSON at all.
+    #[error("the request body is not valid JSON: {0}")]
+    NotJson(serde_json::Error),
+    /// JSON, but not an object.
+    #[error("the request body must be a JSON object")]
+    NotObject,
+}
+
+/// Parses the client's body.
+pub fn parse(bytes: &[u8]) -> Result<Body, BodyError> {
+    match serde_json::from_slice(bytes).map_err(BodyError::NotJson)? {
+        Value::Object(map) => Ok(map),
+        _ => Err(BodyError::NotObject),
+    }
+}
+
+/// Whether the client asked for a streamed (SSE) answer.
+pub fn is_stream(body: &Body) -> bool {
+    body.get("stream").and_then(Value::as_bool).unwrap_or(false)
+}
+
+/// `kv_transfer_params` for P: compute the KV for a remote decoder.
+pub fn prefill_params(transfer_id: &str, sequential: bool) -> Value {
+    let mut params = KvTransferParams {
+        do_remote_decode: true,
+        do_remote_prefill: false,
+        transfer_id: Some(transfer_id.to_owned()),
+        ..KvTransferParams::default()
+    };
+    if sequential {
+        // What vLLM's NIXL proxy sends P: the fields P fills in, as nulls.
+        for field in [
+            "remote_engine_id",
+            "remote_block_ids",
+            "remote_host",
+            "remote_port",
+        ] {
+            params.extra.insert(field.to_owned(), Value::Null);
+        }
+    }
+    serde_json::to_value(params).expect("KvTransferParams serializes")
+}
+
+/// `kv_transfer_params` for D in concurrent mode: pull the KV of `transfer_id` from `pair`.
+pub fn decode_params(transfer_id: &str, pair: &Pair) -> Value {
+    serde_json::to_value(KvTransferParams {
+        do_remote_decode: false,
+        do_remote_prefill: true,
+        remote_bootstrap_addr: Some(pair.bootstrap_addr.to_string()),
+        remote_engine_id: Some(pair.engine_id.to_string()),
+        transfer_id: Some(transfer_id.to_owned()),
+        extra: Map::new(),
+    })
+    .expect("KvTransferParams serializes")
+}
+
+/// D's body: the client's, with `kv_transfer_params` set to `params`.
+pub fn decode_body(body: &mut Body, params: Value) -> Vec<u8> {
+    body.insert(KV_TRANSFER_PARAMS.to_owned(), params);
+    serde_json::to_vec(body).expect("a JSON map serializes")
+}
+
+/// P's body, made by changing the client's in place: `stream: false`, `max_tokens: 1`,
+/// `max_completion_tokens: 1` when present, no `stream_options`, and `kv_transfer_params` set to
+/// `params`.
+pub fn prefill_body(body: &mut Body, params: Value) -> Vec<u8> {
+    body.insert("stream".to_owned(), Value::Bool(false));
+    body.insert("max_tokens".to_owned(), Value::from(1));
+    if let Some(value) = body.get_mut("max_completion_tokens") {
+        *value = Value::from(1);
+    }
+    body.remove("stream_options");
+    body.insert(KV_TRANSFER_PARAMS.to_owned(), params);
+    serde_json::to_vec(body).expect("a JSON map serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn prefill_body_changes_only_what_vllm_changes() {
+        let mut body = parse(
+            br#"{"model":"m","prompt":"hi","stream":true,"max_tokens":50,"max_completion_tokens":50,
+                 "stream_options":{"include_usage":true},"temperature":0.7,"extra_field":{"a":[1,2]}}"#,
+        )
+        .unwrap();
+        assert!(is_stream(&body));
+        let bytes = prefill_body(&mut body, prefill_params("xfer-1", false));
+        let sent: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            sent,
+            json!({"model":"m","prompt":"hi","stream":false,"max_tokens":1,"max_completion_tokens":1,
+                   "temperature":0.7,"extra_field":{"a":[1,2]},
+                   "kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"transfer_id":"xfer-1"}})
+        );
+    }
+
+    #[test]
+    fn max_completion_tokens_is_added_only_when_present() {
+        let mut body = parse(br#"{"prompt":"hi"}"#).unwrap();
+        assert!(!is_stream(&body));
+        let sent: Value = serde_json::from_slice(&prefill_body(&mut body, Value::Null)).unwrap();
+        assert_eq!(sent["max_tokens"], 1);
+        assert!(sent.get("max_completion_tokens").is_none());
+    }
+
+    #[test]
+    fn sequential_prefill_params_carry_nixl_nulls() {
+        let params = prefill_params("xfer-2", true);
+        assert_eq!(
+            params,
+            json!({"do_remote_decode":true,"do_remote_prefill":false,"transfer_id":"xfer-2",
+                   "remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null})
+        );
+    }
+
+    #[test]
+    fn bodies_must_be_objects() {
+        assert!(matches!(parse(b"[1]"), Err(BodyError::NotObject)));
+        assert!(matches!(parse(b"{"), Err(BodyError::NotJson(_))));
+    }
+}

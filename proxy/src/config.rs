@@ -1,0 +1,517 @@
+//! Command-line flags of the `pd-proxy` binary (each with a `PD_PROXY_*` environment fallback) and
+//! their validation into a [`Config`].
+//!
+//! The prefill and decode flags are vLLM's Mooncake proxy's: `--prefill URL [BOOTSTRAP_PORT|none]`
+//! (repeatable; `none` or no port means 8998, the bootstrap host is the prefill URL's host) and
+//! `--decode URL` (repeatable).
+
+use std::time::Duration;
+
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
+use reqwest::Url;
+use worker_client::service::LogFormat;
+
+/// vLLM's default bootstrap port (`VLLM_MOONCAKE_BOOTSTRAP_PORT`).
+pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
+
+/// The environment variable read when no `--prefill` flag is given.
+pub const PREFILL_ENV: &str = "PD_PROXY_PREFILL";
+
+/// How backends are chosen for each request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Policy {
+    /// Take the (prefill, dp rank) pairs and the decodes in turn.
+    #[default]
+    #[value(name = "round_robin", alias = "round-robin")]
+    RoundRobin,
+    /// Power of two random choices: of two random backends, take the one with fewer requests
+    /// outstanding through this proxy.
+    #[value(name = "least_loaded", alias = "least-loaded")]
+    LeastLoaded,
+}
+
+/// How P and D are called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Mode {
+    /// Send to P and D at the same time (Mooncake connector): D pulls the KV through the
+    /// bootstrap server as soon as P has it.
+    #[default]
+    Concurrent,
+    /// Await P's answer and hand the `kv_transfer_params` it returns to D (NIXL connector).
+    Sequential,
+}
+
+/// The pd-proxy: an OpenAI-compatible front door that sends each request to a prefill and a
+/// decode server at the same time.
+#[derive(Debug, Parser)]
+#[command(name = "pd-proxy", version, about)]
+pub struct Args {
+    /// Address (IP or host name) to listen on.
+    #[arg(long, env = "PD_PROXY_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on.
+    #[arg(long, env = "PD_PROXY_PORT", default_value_t = 8000)]
+    pub port: u16,
+    /// A prefill server: its URL and, optionally, its bootstrap port (`none` or omitted: 8998).
+    /// Repeatable. Without the flag, PD_PROXY_PREFILL is read: comma-separated `URL[ PORT]` entries.
+    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append)]
+    pub prefill: Vec<String>,
+    /// The `--prefill` values grouped by occurrence (filled by [`Args::parse_from`]).
+    #[arg(skip)]
+    pub prefill_groups: Vec<Vec<String>>,
+    /// A decode server's URL. Repeatable (or comma-separated).
+    #[arg(long, env = "PD_PROXY_DECODE", value_delimiter = ',')]
+    pub decode: Vec<String>,
+    /// How backends are chosen.
+    #[arg(long, env = "PD_PROXY_POLICY", value_enum, default_value_t = Policy::RoundRobin)]
+    pub policy: Policy,
+    /// Whether D starts with P (concurrent) or after P answered (sequential, for NIXL).
+    #[arg(long, env = "PD_PROXY_MODE", value_enum, default_value_t = Mode::Concurrent)]
+    pub mode: Mode,
+    /// Seconds a whole request to D may take, streaming included.
+    #[arg(long, env = "PD_PROXY_REQUEST_TIMEOUT", default_value = "600", value_parser = parse_seconds)]
+    pub request_timeout: Duration,
+    /// Seconds P may take to answer (default: the request timeout).
+    #[arg(long, env = "PD_PROXY_PREFILL_TIMEOUT", value_parser = parse_seconds)]
+    pub prefill_timeout: Option<Duration>,
+    /// Seconds to wait for a TCP connection to any backend.
+    #[arg(long, env = "PD_PROXY_CONNECT_TIMEOUT", default_value = "5", value_parser = parse_seconds)]
+    pub connect_timeout: Duration,
+    /// Seconds between two health checks (`GET /health`) of each backend.
+    #[arg(long, env = "PD_PROXY_HEALTH_CHECK_INTERVAL", default_value = "5", value_parser = parse_seconds)]
+    pub health_check_interval: Duration,
+    /// Seconds one health check may take.
+    #[arg(long, env = "PD_PROXY_HEALTH_CHECK_TIMEOUT", default_value = "2", value_parser = parse_seconds)]
+    pub health_check_timeout: Duration,
+    /// Consecutive failed health checks that mark a backend unhealthy.
+    #[arg(long, env = "PD_PROXY_HEALTH_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub health_failure_threshold: u32,
+    /// Consecutive passed health checks that mark an unhealthy backend healthy again.
+    #[arg(long, env = "PD_PROXY_HEALTH_SUCCESS_THRESHOLD", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub health_success_threshold: u32,
+    /// Seconds between two re-discoveries of each prefill's dp ranks and engine ids.
+    #[arg(long, env = "PD_PROXY_DISCOVERY_INTERVAL", default_value = "30", value_parser = parse_seconds)]
+    pub discovery_interval: Duration,
+    /// Key clients must send as `Authorization: Bearer <key>` on the /v1 routes.
+    #[arg(long, env = "PD_PROXY_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Log format.
+    #[arg(long, env = "PD_PROXY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// One prefill server, as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefillTarget {
+    /// Its base URL, without a trailing slash, e.g. `http://10.0.0.5:8100`.
+    pub url: String,
+    /// Its bootstrap server, e.g. `http://10.0.0.5:8998` (what D receives as `remote_bootstrap_addr`).
+    pub bootstrap_addr: String,
+}
+
+/// Active health checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// Time between two checks of one backend.
+    pub interval: Duration,
+    /// How long one check may take.
+    pub timeout: Duration,
+    /// Consecutive failures that mark a backend unhealthy.
+    pub failure_threshold: u32,
+    /// Consecutive successes that mark it healthy again.
+    pub success_threshold: u32,
+}
+
+/// How each prefill's dp ranks are (re)discovered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryConfig {
+    /// Time between two discoveries once one succeeded.
+    pub interval: Duration,
+    /// First retry delay after a failed discovery (doubling, with jitter).
+    pub backoff_min: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// How long one `/health` or `/query` call may take.
+    pub timeout: Duration,
+}
+
+/// Everything the proxy needs, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Host to listen on.
+    pub host: String,
+    /// Port to listen on (0 picks a free one).
+    pub port: u16,
+    /// The prefill servers.
+    pub prefills: Vec<PrefillTarget>,
+    /// The decode servers' base URLs, without trailing slashes.
+    pub decodes: Vec<String>,
+    /// How backends are chosen.
+    pub policy: Policy,
+    /// Concurrent or sequential P and D.
+    pub mode: Mode,
+    /// Time limit of one request to D, streaming included.
+    pub request_timeout: Duration,
+    /// Time limit of one request to P.
+    pub prefill_timeout: Duration,
+    /// Time limit of a TCP connect to any backend.
+    pub connect_timeout: Duration,
+    /// Health checks.
+    pub health: HealthConfig,
+    /// Discovery.
+    pub discovery: DiscoveryConfig,
+    /// The key clients must present, if any.
+    pub api_key: Option<String>,
+}
+
+impl Config {
+    /// A configuration with the binary's defaults for everything but the backends, listening on
+    /// 127.0.0.1 with an OS-chosen port (handy for tests and benchmarks).
+    pub fn new(prefills: Vec<PrefillTarget>, decodes: Vec<String>) -> Self {
+        Config {
+            host: "127.0.0.1".to_owned(),
+            port: 0,
+            prefills,
+            decodes,
+            policy: Policy::RoundRobin,
+            mode: Mode::Concurrent,
+            request_timeout: Duration::from_secs(600),
+            prefill_timeout: Duration::from_secs(600),
+            connect_timeout: Duration::from_secs(5),
+            health: HealthConfig {
+                interval: Duration::from_secs(5),
+                timeout: Duration::from_secs(2),
+                failure_threshold: 3,
+                success_threshold: 2,
+            },
+            discovery: DiscoveryConfig {
+                interval: Duration::from_secs(30),
+                backoff_min: Duration::from_millis(100),
+                backoff_max: Duration::from_secs(5),
+                timeout: Duration::from_secs(5),
+            },
+            api_key: None,
+        }
+    }
+}
+
+/// Why the flags cannot make a configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// No prefill server was given.
+    #[error("no prefill server: pass --prefill URL [BOOTSTRAP_PORT] at least once (or set {PREFILL_ENV})")]
+    NoPrefill,
+    /// No decode server was given.
+    #[error("no decode server: pass --decode URL at least once (or set PD_PROXY_DECODE)")]
+    NoDecode,
+    /// A URL is not an absolute http(s) URL.
+    #[error("invalid {flag} URL {url:?}: {reason}")]
+    BadUrl {
+        /// `--prefill` or `--decode`.
+        flag: &'static str,
+        /// The text given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A bootstrap port is neither `none` nor an integer in 1..=65535.
+    #[error("Invalid bootstrap port {port:?} for prefill {url}: expected an integer in 1..=65535 or `none`")]
+    BadBootstrapPort {
+        /// The prefill URL it follows.
+        url: String,
+        /// The text given.
+        port: String,
+    },
+    /// An entry of the prefill environment variable has more than two words.
+    #[error("invalid {PREFILL_ENV} entry {0:?}: expected `URL` or `URL BOOTSTRAP_PORT`")]
+    BadPrefillEntry(String),
+}
+
+/// Parses a positive number of seconds, fractions allowed.
+pub fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(seconds.is_finite() && seconds > 0.0 && seconds < 1e9) {
+        return Err(format!("{text:?} must be a positive number of seconds"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// Checks a backend URL and returns it without a trailing slash.
+pub fn parse_backend_url(flag: &'static str, text: &str) -> Result<Url, ConfigError> {
+    let bad = |reason: &str| ConfigError::BadUrl {
+        flag,
+        url: text.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let url = Url::parse(text.trim()).map_err(|err| bad(&err.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(bad("the scheme must be http or https"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(bad("it has no host"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("it must not have a query or a fragment"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(bad("it must not carry credentials"));
+    }
+    Ok(url)
+}
+
+fn base_url(url: &Url) -> String {
+    url.as_str().trim_end_matches('/').to_owned()
+}
+
+/// Turns one `--prefill URL [BOOTSTRAP_PORT|none]` into a target, as vLLM's proxy does: the
+/// bootstrap host is the URL's host (IPv6 stays bracketed), the port defaults to 8998.
+pub fn parse_prefill(url_text: &str, port: Option<&str>) -> Result<PrefillTarget, ConfigError> {
+    let url = parse_backend_url("--prefill", url_text)?;
+    let port = match port.map(str::trim) {
+        None => DEFAULT_BOOTSTRAP_PORT,
+        Some(text) if text.eq_ignore_ascii_case("none") => DEFAULT_BOOTSTRAP_PORT,
+        Some(text) => match text.parse::<u16>() {
+            Ok(port) if port != 0 => port,
+            _ => {
+                return Err(ConfigError::BadBootstrapPort {
+                    url: url_text.to_owned(),
+                    port: text.to_owned(),
+                })
+            }
+        },
+    };
+    // `host_str` keeps the brackets of an IPv6 literal, which is what a URL needs.
+    let host = url.host_str().expect("checked by parse_backend_url");
+    Ok(PrefillTarget {
+        url: base_url(&url),
+        bootstrap_addr: format!("http://{host}:{port}"),
+    })
+}
+
+/// Parses [`PREFILL_ENV`]: comma-separated entries, each `URL` or `URL BOOTSTRAP_PORT`.
+pub fn parse_prefill_env(text: &str) -> Result<Vec<PrefillTarget>, ConfigError> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| {
+            let words: Vec<&str> = entry.split_whitespace().collect();
+            match words.as_slice() {
+                [url] => parse_prefill(url, None),
+                [url, port] => parse_prefill(url, Some(port)),
+                _ => Err(ConfigError::BadPrefillEntry(entry.to_owned())),
+            }
+        })
+        .collect()
+}
+
+impl Args {
+    /// Parses a command line, keeping each `--prefill` occurrence's one or two values together
+    /// (clap's derive flattens them).
+    pub fn try_parse_args<I, T>(argv: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let matches = Self::command().try_get_matches_from(argv)?;
+        let mut args = Self::from_arg_matches(&matches)?;
+        args.prefill_groups = matches
+            .get_occurrences::<String>("prefill")
+            .map(|occurrences| {
+                occurrences
+                    .map(|values| values.cloned().collect())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(args)
+    }
+
+    /// Parses the process's command line, exiting with clap's message on an error.
+    pub fn parse_args() -> Self {
+        Self::try_parse_args(std::env::args_os()).unwrap_or_else(|err| err.exit())
+    }
+
+    /// Validates the flags into a configuration. `prefill_env` is the value of [`PREFILL_ENV`],
+    /// used only when no `--prefill` flag was given.
+    pub fn into_config(self, prefill_env: Option<&str>) -> Result<Config, ConfigError> {
+        let prefills = if self.prefill_groups.is_empty() {
+            parse_prefill_env(prefill_env.unwrap_or(""))?
+        } else {
+            self.prefill_groups
+                .iter()
+                .map(|values| parse_prefill(&values[0], values.get(1).map(String::as_str)))
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        if prefills.is_empty() {
+            return Err(ConfigError::NoPrefill);
+        }
+        let decodes = self
+            .decode
+            .iter()
+            .filter(|text| !text.trim().is_empty())
+            .map(|text| parse_backend_url("--decode", text).map(|url| base_url(&url)))
+            .collect::<Result<Vec<_>, _>>()?;
+        if decodes.is_empty() {
+            return Err(ConfigError::NoDecode);
+        }
+        let mut config = Config::new(prefills, decodes);
+        config.host = self.host;
+        config.port = self.port;
+        config.policy = self.policy;
+        config.mode = self.mode;
+        config.request_timeout = self.request_timeout;
+        config.prefill_timeout = self.prefill_timeout.unwrap_or(self.request_timeout);
+        config.connect_timeout = self.connect_timeout;
+        config.health = HealthConfig {
+            interval: self.health_check_interval,
+            timeout: self.health_check_timeout,
+            failure_threshold: self.health_failure_threshold,
+            success_threshold: self.health_success_threshold,
+        };
+        config.discovery.interval = self.discovery_interval;
+        config.discovery.backoff_max = self.discovery_interval.min(Duration::from_secs(5));
+        config.discovery.timeout = self.health_check_timeout.max(Duration::from_secs(5));
+        // An empty key would be "no key"; treat it so rather than demanding `Bearer `.
+        config.api_key = self.api_key.filter(|key| !key.is_empty());
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(argv: &[&str]) -> Result<Config, ConfigError> {
+        let argv = std::iter::once("pd-proxy").chain(argv.iter().copied());
+        Args::try_parse_args(argv).unwrap().into_config(None)
+    }
+
+    #[test]
+    fn prefill_takes_an_optional_bootstrap_port() {
+        let config = config(&[
+            "--prefill",
+            "http://10.0.0.5:8100",
+            "--prefill",
+            "http://10.0.0.6:8100/",
+            "9000",
+            "--prefill",
+            "http://[fd00::1]:8100",
+            "none",
+            "--decode",
+            "http://10.0.0.7:8200/",
+        ])
+        .unwrap();
+        assert_eq!(
+            config.prefills,
+            vec![
+                PrefillTarget {
+                    url: "http://10.0.0.5:8100".into(),
+                    bootstrap_addr: "http://10.0.0.5:8998".into()
+                },
+                PrefillTarget {
+                    url: "http://10.0.0.6:8100".into(),
+                    bootstrap_addr: "http://10.0.0.6:9000".into()
+                },
+                PrefillTarget {
+                    url: "http://[fd00::1]:8100".into(),
+                    bootstrap_addr: "http://[fd00::1]:8998".into()
+                },
+            ]
+        );
+        assert_eq!(config.decodes, vec!["http://10.0.0.7:8200".to_owned()]);
+        assert_eq!(config.prefill_timeout, config.request_timeout);
+    }
+
+    #[test]
+    fn missing_backends_are_refused() {
+        assert_eq!(
+            config(&["--decode", "http://d:1"]).unwrap_err(),
+            ConfigError::NoPrefill
+        );
+        assert_eq!(
+            config(&["--prefill", "http://p:1"]).unwrap_err(),
+            ConfigError::NoDecode
+        );
+    }
+
+    #[test]
+    fn bad_urls_and_ports_are_refused() {
+        for (argv, needle) in [
+            (
+                &["--prefill", "p:8100", "--decode", "http://d:1"][..],
+                "--prefill",
+            ),
+            (
+                &["--prefill", "http://p:1", "--decode", "ftp://d:1"],
+                "--decode",
+            ),
+            (
+                &["--prefill", "http://p:1", "--decode", "nonsense"],
+                "--decode",
+            ),
+            (
+                &["--prefill", "http://p:1", "abc", "--decode", "http://d:1"],
+                "Invalid bootstrap port",
+            ),
+            (
+                &["--prefill", "http://p:1", "70000", "--decode", "http://d:1"],
+                "Invalid bootstrap port",
+            ),
+            (
+                &["--prefill", "http://p:1", "0", "--decode", "http://d:1"],
+                "Invalid bootstrap port",
+            ),
+        ] {
+            let err = config(argv).unwrap_err().to_string();
+            assert!(err.contains(needle), "{argv:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn prefill_env_lists_entries() {
+        let targets = parse_prefill_env("http://a:1 9000, http://b:2 ,").unwrap();
+        assert_eq!(targets.len(), 2);
+        assert_eq!(targets[0].bootstrap_addr, "http://a:9000");
+        assert_eq!(targets[1].bootstrap_addr, "http://b:8998");
+        assert!(parse_prefill_env("http://a:1 2 3").is_err());
+        let args = Args::try_parse_args(["pd-proxy", "--decode", "http://d:1"]).unwrap();
+        assert_eq!(
+            args.into_config(Some("http://a:1")).unwrap().prefills.len(),
+            1
+        );
+    }
+
+    #[test]
+    fn flags_parse() {
+        let config = config(&[
+            "--prefill",
+            "http://p:1",
+            "--decode",
+            "http://d:1,http://d:2",
+            "--policy",
+            "least_loaded",
+            "--mode",
+            "sequential",
+            "--request-timeout",
+            "1.5",
+            "--api-key",
+            "",
+        ])
+        .unwrap();
+        assert_eq!(config.decodes.len(), 2);
+        assert_eq!(config.policy, Policy::LeastLoaded);
+        assert_eq!(config.mode, Mode::Sequential);
+        assert_eq!(config.request_timeout, Duration::from_millis(1500));
+        assert_eq!(config.api_key, None);
+        for bad in [
+            &["--policy", "random"][..],
+            &["--request-timeout", "0"],
+            &["--health-failure-threshold", "0"],
+            &["--prefill", "http://p:1", "2", "3"],
+        ] {
+            let argv = std::iter::once("pd-proxy").chain(bad.iter().copied());
+            assert!(Args::try_parse_args(argv).is_err(), "{bad:?} was accepted");
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! Learning each prefill's dp ranks and their engine ids: wait for P's `/health`, then
+//! `GET {bootstrap}/query`. Retried with backoff forever in the background, repeated periodically
+//! and on demand (D reported an unknown engine, or P came back healthy), so a restarted P with a
+//! new engine id is picked up and one failure never makes the proxy unusable.
+
+use std::sync::Arc;
+
+use backon::{ExponentialBuilder, Retryable};
+use worker_client::protocol::{ErrorBody, Rank, Topology};
+
+use crate::backend::Pool;
+use crate::config::DiscoveryConfig;
+
+/// Why one discovery attempt failed (it is retried).
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    /// P's `/health` did not answer 2xx.
+    #[error("prefill {url} is not healthy yet: {reason}")]
+    NotHealthy {
+        /// The prefill.
+        url: String,
+        /// What happened.
+        reason: String,
+    },
+    /// The bootstrap server's `/query` failed or answered something else than a topology.
+    #[error("bootstrap server {addr} cannot be queried: {reason}")]
+    Query {
+        /// The bootstrap server.
+        addr: String,
+        /// What happened.
+        reason: String,
+    },
+    /// `/query` answered, but no dp rank with an engine id is registered.
+    #[error("bootstrap server {addr} has no dp rank with an engine id registered yet")]
+    Empty {
+        /// The bootstrap server.
+        addr: String,
+    },
+}
+
+/// One attempt for prefill `index`: `/health`, then `/query`, then the pool is updated.
+/// Returns whether the dp ranks or engine ids changed.
+pub async fn discover_once(
+    pool: &Pool,
+    index: usize,
+    client: &reqwest::Client,
+    config: &DiscoveryConfig,
+) -> Result<bool, DiscoveryError> {
+    let prefill = &pool.prefills[index];
+    let url = prefill.backend.url();
+    let not_healthy = |reason: String| DiscoveryError::NotHealthy {
+        url: url.to_owned(),
+        reason,
+    };
+    let health = client
+        .get(prefill.backend.health_url.clone())
+        .timeout(config.timeout)
+        .send()
+        .await
+        .map_err(|err| not_healthy(error_chain(&err)))?;
+    if !health.status().is_success() {
+        return Err(not_healthy(format!("/health answered {}", health.status())));
+    }
+    let addr = &*prefill.bootstrap_addr;
+    let query_failed = |reason: String| DiscoveryError::Query {
+        addr: addr.to_owned(),
+        reason,
+    };
+    let response = client
+        .get(format!("{addr}/query"))
+        .timeout(config.timeout)
+        .send()
+        .await
+        .map_err(|err| query_failed(error_chain(&err)))?;
+    let status = response.status();
+    let body = response
+        .bytes()
+        .await
+        .map_err(|err| query_failed(error_chain(&err)))?;
+    if !status.is_success() {
+        let detail = serde_json::from_slice::<ErrorBody>(&body)
+            .map(|error| error.detail)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
+        return Err(query_failed(format!("/query answered {status}: {detail}")));
+    }
+    let topology: Topology = serde_json::from_slice(&body)
+        .map_err(|err| query_failed(format!("/query answered an unexpected body: {err}")))?;
+    let ranks: Vec<(Rank, &str)> = topology
+        .iter()
+        .filter_map(|(rank, group)| group.engine_id.as_deref().map(|engine| (*rank, engine)))
+        .collect();
+    if ranks.len() < topology.len() {
+        tracing::warn!(
+            bootstrap = addr,
+            "some dp ranks have no engine id (registered through /register_worker); they are not used"
+        );
+    }
+    if ranks.is_empty() {
+        return Err(DiscoveryError::Empty {
+            addr: addr.to_owned(),
+        });
+    }
+    Ok(pool.set_ranks(index, &ranks))
+}
+
+/// The error and its sources on one line (reqwest's top-level message alone hides the cause).
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Discovers prefill `index` forever: retries with exponential backoff until an attempt
+/// succeeds, then waits for the refresh interval or a refresh request, and starts again.
+pub async fn run(pool: Arc<Pool>, index: usize, client: reqwest::Client, config: DiscoveryConfig) {
+    let prefill = pool.prefills[index].clone();
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(config.backoff_min)
+        .with_max_delay(config.backoff_max)
+        .with_jitter()
+        .without_max_times();
+    loop {
+        let attempt = || discover_once(&pool, index, &client, &config);
+        let result = attempt
+            .retry(backoff)
+            .sleep(tokio::time::sleep)
+            .notify(|err, delay| {
+                prefill.discovery_metrics.discovery(false);
+                tracing::warn!(prefill = prefill.backend.url(), retry_in = ?delay, "discovery failed: {err}");
+            })
+            .await;
+        match result {
+            Ok(changed) => {
+                prefill.discovery_metrics.discovery(true);
+                if changed {
+                    let ranks = prefill.ranks();
+                    tracing::info!(
+                        prefill = prefill.backend.url(),
+                        bootstrap = &*prefill.bootstrap_addr,
+                        ?ranks,
+                        "discovered dp ranks and engine ids"
+                    );
+                }
+            }
+            Err(err) => {
+                prefill.discovery_metrics.discovery(false);
+                tracing::warn!(prefill = prefill.backend.url(), "discovery failed: {err}");
+            }
+        }
+        // Never rediscover more often than the first backoff step, however often it is asked.
+        tokio::time::sleep(config.backoff_min).await;
+        tokio::select! {
+            () = tokio::time::sleep(config.interval) => {}
+            () = prefill.refresh.notified() => {}
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! What a client sees when the proxy itself fails a request: OpenAI's error shape
+//! `{"error": {"message", "type", "code"}}` (what OpenAI client libraries parse), or, once an SSE
+//! stream has begun, the same object as an SSE event followed by `data: [DONE]`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde::Serialize;
+
+/// An error answer made by the proxy.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The OpenAI error type, e.g. `invalid_request_error`.
+    pub kind: &'static str,
+    /// What went wrong, for a person.
+    pub message: String,
+}
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    error: Inner<'a>,
+}
+
+#[derive(Serialize)]
+struct Inner<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    code: u16,
+}
+
+impl ApiError {
+    /// An error with the given status, type and message.
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// 400: the client's body is unusable.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    /// 503: nothing to send the request to.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            message,
+        )
+    }
+
+    /// 502: a backend failed.
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, "upstream_error", message)
+    }
+
+    /// 504: a backend did not answer in time.
+    pub fn gateway_timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message)
+    }
+
+    /// The JSON body.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&Envelope {
+            error: Inner {
+                message: &self.message,
+                kind: self.kind,
+                code: self.status.as_u16(),
+            },
+        })
+        .expect("the error envelope serializes")
+    }
+
+    /// The error as the last events of an SSE stream: `data: {"error": ...}` then `data: [DONE]`.
+    pub fn to_sse(&self) -> Bytes {
+        let mut out = b"data: ".to_vec();
+        out.extend_from_slice(&self.to_json());
+        out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+        Bytes::from(out)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, self.to_json()).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_are_openai_like() {
+        let err = ApiError::bad_gateway("P failed \"badly\"");
+        let json: serde_json::Value = serde_json::from_slice(&err.to_json()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"error": {"message": "P failed \"badly\"", "type": "upstream_error", "code": 502}})
+        );
+        let sse = err.to_sse();
+        let text = std::str::from_utf8(&sse).unwrap();
+        assert!(text.starts_with("data: {\"error\":"));
+        assert!(text.ends_with("\n\ndata: [DONE]\n\n"));
+    }
+}

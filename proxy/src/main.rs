@@ -1,0 +1,33 @@
+use std::process::ExitCode;
+
+use pd_proxy::config::{Args, PREFILL_ENV};
+use pd_proxy::Proxy;
+use worker_client::service::{init_logging, shutdown_signal};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse_args();
+    init_logging(args.log_format);
+    let prefill_env = std::env::var(PREFILL_ENV).ok();
+    let config = match args.into_config(prefill_env.as_deref()) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("pd-proxy: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let proxy = match Proxy::bind(config).await {
+        Ok(proxy) => proxy,
+        Err(err) => {
+            eprintln!("pd-proxy: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match proxy.run(shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("pd-proxy: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,387 @@
+//! Prometheus metrics of the proxy, served on `GET /metrics`.
+//!
+//! Label sets that the hot path touches are resolved once (per backend, per route) so a request
+//! only bumps atomics.
+
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, TextEncoder,
+};
+
+/// How a client request ended (the `outcome` label of `pd_proxy_requests_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// D's answer was relayed to its end with a 2xx status.
+    Ok,
+    /// The body was not a JSON object.
+    BadRequest,
+    /// The API key was missing or wrong.
+    Unauthorized,
+    /// No ready (prefill, dp rank) pair or no healthy decode.
+    Unavailable,
+    /// P failed (connect error, bad status or broken body).
+    PrefillError,
+    /// P did not answer in time.
+    PrefillTimeout,
+    /// D failed, after the one retry.
+    DecodeError,
+    /// D did not answer in time.
+    DecodeTimeout,
+    /// D refused the request (4xx), relayed as is.
+    DecodeRejected,
+    /// D's stream broke after it had begun.
+    StreamError,
+    /// The client went away before the answer was complete.
+    ClientDisconnected,
+}
+
+impl Outcome {
+    /// Every outcome, in label order.
+    pub const ALL: [Outcome; 11] = [
+        Outcome::Ok,
+        Outcome::BadRequest,
+        Outcome::Unauthorized,
+        Outcome::Unavailable,
+        Outcome::PrefillError,
+        Outcome::PrefillTimeout,
+        Outcome::DecodeError,
+        Outcome::DecodeTimeout,
+        Outcome::DecodeRejected,
+        Outcome::StreamError,
+        Outcome::ClientDisconnected,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::BadRequest => "bad_request",
+            Outcome::Unauthorized => "unauthorized",
+            Outcome::Unavailable => "unavailable",
+            Outcome::PrefillError => "prefill_error",
+            Outcome::PrefillTimeout => "prefill_timeout",
+            Outcome::DecodeError => "decode_error",
+            Outcome::DecodeTimeout => "decode_timeout",
+            Outcome::DecodeRejected => "decode_rejected",
+            Outcome::StreamError => "stream_error",
+            Outcome::ClientDisconnected => "client_disconnected",
+        }
+    }
+}
+
+/// How one call to a backend ended (the `outcome` label of `pd_proxy_backend_requests_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// A 2xx answer, read to its end.
+    Ok,
+    /// A non-2xx status.
+    HttpError,
+    /// No connection could be made.
+    ConnectError,
+    /// The time limit passed.
+    Timeout,
+    /// The connection broke or the answer was malformed.
+    Error,
+    /// The proxy dropped the call (client gone, or the other side failed).
+    Cancelled,
+}
+
+impl CallOutcome {
+    /// Every outcome, in label order.
+    pub const ALL: [CallOutcome; 6] = [
+        CallOutcome::Ok,
+        CallOutcome::HttpError,
+        CallOutcome::ConnectError,
+        CallOutcome::Timeout,
+        CallOutcome::Error,
+        CallOutcome::Cancelled,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallOutcome::Ok => "ok",
+            CallOutcome::HttpError => "http_error",
+            CallOutcome::ConnectError => "connect_error",
+            CallOutcome::Timeout => "timeout",
+            CallOutcome::Error => "error",
+            CallOutcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The metric handles of one backend.
+#[derive(Clone)]
+pub struct BackendMetrics {
+    calls: [IntCounter; CallOutcome::ALL.len()],
+    /// Calls to this backend in flight.
+    pub in_flight: IntGauge,
+    /// 1 when the backend passes its health checks.
+    pub healthy: IntGauge,
+}
+
+impl BackendMetrics {
+    /// Counts one finished call.
+    pub fn call(&self, outcome: CallOutcome) {
+        self.calls[outcome as usize].inc();
+    }
+}
+
+/// The discovery metric handles of one prefill.
+#[derive(Clone)]
+pub struct DiscoveryMetrics {
+    /// Discovered dp ranks.
+    pub dp_ranks: IntGauge,
+    discoveries_ok: IntCounter,
+    discoveries_failed: IntCounter,
+}
+
+impl DiscoveryMetrics {
+    /// Counts one discovery attempt.
+    pub fn discovery(&self, ok: bool) {
+        if ok {
+            self.discoveries_ok.inc();
+        } else {
+            self.discoveries_failed.inc();
+        }
+    }
+}
+
+/// The metric handles of one client-facing route.
+#[derive(Clone)]
+pub struct RouteMetrics {
+    outcomes: [IntCounter; Outcome::ALL.len()],
+    duration: Histogram,
+    ttft: Histogram,
+    overhead: Histogram,
+    in_flight: IntGauge,
+    retries: IntCounter,
+}
+
+impl RouteMetrics {
+    /// Counts a request as started.
+    pub fn start(&self) {
+        self.in_flight.inc();
+    }
+
+    /// Counts a request as finished.
+    pub fn finish(&self, outcome: Outcome, elapsed: Duration) {
+        self.in_flight.dec();
+        self.outcomes[outcome as usize].inc();
+        self.duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// Records the time from the request's arrival to D's first byte.
+    pub fn first_byte(&self, elapsed: Duration) {
+        self.ttft.observe(elapsed.as_secs_f64());
+    }
+
+    /// Records the proxy's own time on a request (see the metric's help).
+    pub fn overhead(&self, elapsed: Duration) {
+        self.overhead.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one retry of D on another decode.
+    pub fn retry(&self) {
+        self.retries.inc();
+    }
+}
+
+/// Every metric the proxy exports, in its own registry.
+pub struct Metrics {
+    registry: prometheus::Registry,
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    ttft: HistogramVec,
+    overhead: HistogramVec,
+    in_flight: IntGaugeVec,
+    retries: IntCounterVec,
+    calls: IntCounterVec,
+    backend_in_flight: IntGaugeVec,
+    healthy: IntGaugeVec,
+    dp_ranks: IntGaugeVec,
+    discoveries: IntCounterVec,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0, 600.0,
+];
+
+const OVERHEAD_BUCKETS: &[f64] = &[
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.05,
+];
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let registry = prometheus::Registry::new();
+        let route = &["route"];
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "pd_proxy_requests_total",
+                "Client requests by route and outcome",
+            ),
+            &["route", "outcome"],
+        )
+        .expect("valid metric");
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "pd_proxy_request_duration_seconds",
+                "Time from a client request's arrival to the end of its answer",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            route,
+        )
+        .expect("valid metric");
+        let ttft = HistogramVec::new(
+            HistogramOpts::new(
+                "pd_proxy_time_to_first_byte_seconds",
+                "Time from a client request's arrival to the first byte of D's answer (TTFT when streaming)",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            route,
+        )
+        .expect("valid metric");
+        let overhead = HistogramVec::new(
+            HistogramOpts::new(
+                "pd_proxy_overhead_seconds",
+                "The proxy's own time per request: from the request's arrival until D's call is issued, plus from D's first byte until the answer is handed to the client",
+            )
+            .buckets(OVERHEAD_BUCKETS.to_vec()),
+            route,
+        )
+        .expect("valid metric");
+        let in_flight = IntGaugeVec::new(
+            Opts::new(
+                "pd_proxy_requests_in_flight",
+                "Client requests being served",
+            ),
+            route,
+        )
+        .expect("valid metric");
+        let retries = IntCounterVec::new(
+            Opts::new(
+                "pd_proxy_decode_retries_total",
+                "Requests retried on another decode after D failed before its first byte",
+            ),
+            route,
+        )
+        .expect("valid metric");
+        let calls = IntCounterVec::new(
+            Opts::new(
+                "pd_proxy_backend_requests_total",
+                "Calls to backends by role, backend and outcome",
+            ),
+            &["role", "backend", "outcome"],
+        )
+        .expect("valid metric");
+        let backend_in_flight = IntGaugeVec::new(
+            Opts::new("pd_proxy_backend_in_flight", "Calls to a backend in flight"),
+            &["role", "backend"],
+        )
+        .expect("valid metric");
+        let healthy = IntGaugeVec::new(
+            Opts::new(
+                "pd_proxy_backend_healthy",
+                "1 when a backend passes its health checks, 0 otherwise",
+            ),
+            &["role", "backend"],
+        )
+        .expect("valid metric");
+        let dp_ranks = IntGaugeVec::new(
+            Opts::new(
+                "pd_proxy_prefill_dp_ranks",
+                "dp ranks discovered on a prefill's bootstrap server",
+            ),
+            &["backend"],
+        )
+        .expect("valid metric");
+        let discoveries = IntCounterVec::new(
+            Opts::new(
+                "pd_proxy_discoveries_total",
+                "Discovery attempts (/health then /query) by prefill and outcome",
+            ),
+            &["backend", "outcome"],
+        )
+        .expect("valid metric");
+        for collector in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(duration.clone()),
+            Box::new(ttft.clone()),
+            Box::new(overhead.clone()),
+            Box::new(in_flight.clone()),
+            Box::new(retries.clone()),
+            Box::new(calls.clone()),
+            Box::new(backend_in_flight.clone()),
+            Box::new(healthy.clone()),
+            Box::new(dp_ranks.clone()),
+            Box::new(discoveries.clone()),
+        ] {
+            registry
+                .register(collector)
+                .expect("metric names are unique");
+        }
+        Metrics {
+            registry,
+            requests,
+            duration,
+            ttft,
+            overhead,
+            in_flight,
+            retries,
+            calls,
+            backend_in_flight,
+            healthy,
+            dp_ranks,
+            discoveries,
+        }
+    }
+
+    /// The handles of one route.
+    pub fn route(&self, route: &str) -> RouteMetrics {
+        RouteMetrics {
+            outcomes: Outcome::ALL.map(|o| self.requests.with_label_values(&[route, o.as_str()])),
+            duration: self.duration.with_label_values(&[route]),
+            ttft: self.ttft.with_label_values(&[route]),
+            overhead: self.overhead.with_label_values(&[route]),
+            in_flight: self.in_flight.with_label_values(&[route]),
+            retries: self.retries.with_label_values(&[route]),
+        }
+    }
+
+    /// The handles of one backend (`role` is `prefill` or `decode`).
+    pub fn backend(&self, role: &str, url: &str) -> BackendMetrics {
+        BackendMetrics {
+            calls: CallOutcome::ALL.map(|o| self.calls.with_label_values(&[role, url, o.as_str()])),
+            in_flight: self.backend_in_flight.with_label_values(&[role, url]),
+            healthy: self.healthy.with_label_values(&[role, url]),
+        }
+    }
+
+    /// The discovery handles of one prefill.
+    pub fn discovery(&self, url: &str) -> DiscoveryMetrics {
+        DiscoveryMetrics {
+            dp_ranks: self.dp_ranks.with_label_values(&[url]),
+            discoveries_ok: self.discoveries.with_label_values(&[url, "ok"]),
+            discoveries_failed: self.discoveries.with_label_values(&[url, "error"]),
+        }
+    }
+
+    /// Renders every metric in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding into a Vec cannot fail");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}

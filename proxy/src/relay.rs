@@ -1,0 +1,186 @@
+//! Streaming D's answer to the client as it arrives, while P's call (when still running) is
+//! watched: if P fails once an SSE stream has begun, D is cancelled and the stream ends with an
+//! error event. Dropping the relay (the client went away) cancels both calls.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::stream::{BoxStream, Stream};
+use futures_util::StreamExt;
+
+use crate::backend::Call;
+use crate::error::ApiError;
+use crate::metrics::{CallOutcome, Outcome, RouteMetrics};
+use crate::upstream::DecodeStart;
+
+/// How a request failed: what the client is told, and how it is counted.
+pub type Failure = (ApiError, Outcome);
+
+/// P's call: its whole answer, or the failure it means for the request.
+pub type PrefillCall = BoxFuture<'static, Result<Bytes, Failure>>;
+
+/// Lets P's call, still running when D's answer is complete, finish in the background (bounded
+/// by the prefill timeout) instead of cutting it: D has the KV, so P's answer no longer matters,
+/// and cutting the call would also throw its kept-alive connection away.
+pub fn detach(prefill: PrefillCall) {
+    tokio::spawn(async move {
+        let _ = prefill.await;
+    });
+}
+
+/// Counts one client request from its arrival to its end; dropped unfinished, it counts as
+/// `client_disconnected`.
+pub struct Tracker {
+    metrics: Arc<RouteMetrics>,
+    start: Instant,
+    done: bool,
+}
+
+impl Tracker {
+    /// Starts counting a request that arrived at `start`.
+    pub fn new(metrics: Arc<RouteMetrics>, start: Instant) -> Self {
+        metrics.start();
+        Tracker {
+            metrics,
+            start,
+            done: false,
+        }
+    }
+
+    /// The route's metrics.
+    pub fn metrics(&self) -> &RouteMetrics {
+        &self.metrics
+    }
+
+    /// Counts the request as ended with `outcome` (only the first call counts).
+    pub fn finish(&mut self, outcome: Outcome) {
+        if !self.done {
+            self.done = true;
+            self.metrics.finish(outcome, self.start.elapsed());
+        }
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        self.finish(Outcome::ClientDisconnected);
+    }
+}
+
+/// The body stream of a relayed answer.
+pub struct Relay {
+    first: Option<Bytes>,
+    decode: Option<(BoxStream<'static, reqwest::Result<Bytes>>, Call)>,
+    decode_timeout: std::time::Duration,
+    prefill: Option<PrefillCall>,
+    sse: bool,
+    tracker: Tracker,
+}
+
+/// The error a broken non-SSE body ends with (the client sees the connection cut).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RelayError(String);
+
+impl Relay {
+    /// Relays `decode`'s answer; `prefill` is P's call when it has not ended yet. `sse` says the
+    /// answer is an event stream, where errors can be told in-band.
+    pub fn new(
+        decode: DecodeStart,
+        prefill: Option<PrefillCall>,
+        sse: bool,
+        tracker: Tracker,
+    ) -> Self {
+        Relay {
+            first: decode.first,
+            decode: Some((decode.rest, decode.call)),
+            decode_timeout: decode.timeout,
+            prefill,
+            sse,
+            tracker,
+        }
+    }
+
+    /// Ends the stream with `error`: an SSE error event, or a broken body.
+    fn fail(
+        &mut self,
+        error: ApiError,
+        outcome: Outcome,
+    ) -> Poll<Option<Result<Bytes, RelayError>>> {
+        self.decode = None;
+        self.prefill = None;
+        self.tracker.finish(outcome);
+        Poll::Ready(Some(if self.sse {
+            Ok(error.to_sse())
+        } else {
+            Err(RelayError(error.message))
+        }))
+    }
+}
+
+impl Stream for Relay {
+    type Item = Result<Bytes, RelayError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(Some(Ok(first)));
+        }
+        if let Some(prefill) = &mut this.prefill {
+            if let Poll::Ready(result) = prefill.as_mut().poll(cx) {
+                this.prefill = None;
+                if let Err((error, outcome)) = result {
+                    if this.sse {
+                        return this.fail(error, outcome);
+                    }
+                    // A non-streamed answer only starts once D has generated all of it, so D
+                    // already has the KV: P's late failure cannot spoil it.
+                }
+            }
+        }
+        let Some((stream, _)) = &mut this.decode else {
+            return Poll::Ready(None);
+        };
+        match stream.poll_next_unpin(cx) {
+            Poll::Ready(Some(Ok(chunk))) => Poll::Ready(Some(Ok(chunk))),
+            Poll::Ready(Some(Err(err))) => {
+                let (_, call) = this.decode.take().expect("decode is set");
+                let (error, outcome) = if err.is_timeout() {
+                    call.finish(CallOutcome::Timeout);
+                    (
+                        ApiError::gateway_timeout(format!(
+                            "decode did not finish within {:?}",
+                            this.decode_timeout
+                        )),
+                        Outcome::DecodeTimeout,
+                    )
+                } else {
+                    call.finish(CallOutcome::Error);
+                    (
+                        ApiError::bad_gateway(format!(
+                            "decode's answer broke off: {}",
+                            crate::discovery::error_chain(&err)
+                        )),
+                        Outcome::StreamError,
+                    )
+                };
+                this.fail(error, outcome)
+            }
+            Poll::Ready(None) => {
+                if let Some((_, call)) = this.decode.take() {
+                    call.finish(CallOutcome::Ok);
+                }
+                if let Some(prefill) = this.prefill.take() {
+                    detach(prefill);
+                }
+                this.tracker.finish(Outcome::Ok);
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

@@ -1,0 +1,579 @@
+//! Shared test helpers: mock P and D servers and a mock bootstrap server on 127.0.0.1:0 that
+//! record what they receive, and a real proxy started in-process.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::Router;
+use bytes::Bytes;
+use pd_proxy::config::PrefillTarget;
+use pd_proxy::{Config, Proxy, ProxyHandle};
+use serde_json::{json, Value};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Every wait in the tests is bounded by this.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+/// A listener that drops every connection while `down` is set (the server looks dead).
+struct Gate {
+    inner: TcpListener,
+    down: Arc<AtomicBool>,
+}
+
+impl axum::serve::Listener for Gate {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            if let Ok((stream, addr)) = self.inner.accept().await {
+                if !self.down.load(Ordering::SeqCst) {
+                    return (stream, addr);
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A server on 127.0.0.1:0 that can be made unreachable or stopped.
+pub struct Served {
+    pub addr: SocketAddr,
+    pub down: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Served {
+    async fn start(router: Router) -> Self {
+        let inner = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = inner.local_addr().unwrap();
+        let down = Arc::new(AtomicBool::new(false));
+        let gate = Gate {
+            inner,
+            down: down.clone(),
+        };
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(gate, router).await;
+        });
+        Served { addr, down, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Closes the listening socket: new connections are refused. (Mocks answer with
+    /// `Connection: close`, so no kept-alive connection survives.)
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+
+    /// While set, connections are accepted and dropped at once.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// How one call seen by a mock ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The mock sent its whole answer.
+    Finished(Instant),
+    /// The caller went away first.
+    Cancelled(Instant),
+}
+
+/// One request a mock received.
+#[derive(Clone)]
+pub struct Seen {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Value,
+    pub at: Instant,
+    end: Arc<Mutex<Option<End>>>,
+}
+
+impl Seen {
+    pub fn end(&self) -> Option<End> {
+        *self.end.lock().unwrap()
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .map(|value| value.to_str().unwrap().to_owned())
+    }
+
+    /// Waits until the call ended and returns how.
+    pub async fn wait_end(&self) -> End {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(end) = self.end() {
+                return end;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the call to {} never ended",
+                self.path
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Marks a call cancelled if dropped before [`EndGuard::finish`].
+struct EndGuard(Arc<Mutex<Option<End>>>);
+
+impl EndGuard {
+    fn finish(&self) {
+        self.0
+            .lock()
+            .unwrap()
+            .get_or_insert(End::Finished(Instant::now()));
+    }
+}
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        self.0
+            .lock()
+            .unwrap()
+            .get_or_insert(End::Cancelled(Instant::now()));
+    }
+}
+
+/// What a mock P or D answers to completion requests.
+#[derive(Clone, Debug)]
+pub struct Behavior {
+    /// Wait before the status line.
+    pub delay: Duration,
+    /// Status of the answer.
+    pub status: u16,
+    /// The answer to a non-streamed request (or to any request with a non-2xx status).
+    pub json: Value,
+    /// The `data:` payloads of a streamed answer (sent when the body says `"stream": true`).
+    pub chunks: Vec<String>,
+    /// Wait between two chunks (the first goes out with the headers).
+    pub chunk_gap: Duration,
+}
+
+impl Behavior {
+    pub fn ok(json: Value) -> Self {
+        Behavior {
+            delay: Duration::ZERO,
+            status: 200,
+            json,
+            chunks: vec![
+                r#"{"choices":[{"index":0,"text":"Hel"}]}"#.to_owned(),
+                r#"{"choices":[{"index":0,"text":"lo"}]}"#.to_owned(),
+                "[DONE]".to_owned(),
+            ],
+            chunk_gap: Duration::ZERO,
+        }
+    }
+
+    pub fn failing(status: u16, json: Value) -> Self {
+        Behavior {
+            status,
+            ..Behavior::ok(json)
+        }
+    }
+}
+
+/// A mock vLLM API server (P or D).
+pub struct Mock {
+    pub served: Served,
+    pub state: Arc<MockState>,
+}
+
+pub struct MockState {
+    pub behavior: Mutex<Behavior>,
+    pub seen: Mutex<Vec<Seen>>,
+    pub healthy: AtomicBool,
+    pub health_checks: AtomicUsize,
+}
+
+/// P's default answer: one token, and the `kv_transfer_params` a NIXL producer returns.
+pub fn prefill_answer() -> Value {
+    json!({
+        "id": "cmpl-p", "object": "text_completion",
+        "choices": [{"index": 0, "text": "H", "finish_reason": "length"}],
+        "kv_transfer_params": {"do_remote_prefill": true, "do_remote_decode": false,
+            "remote_block_ids": [1, 2, 3], "remote_engine_id": "nixl-engine",
+            "remote_host": "127.0.0.1", "remote_port": 5600, "tp_size": 1}
+    })
+}
+
+/// D's default answer.
+pub fn decode_answer() -> Value {
+    json!({"id": "cmpl-d", "object": "text_completion",
+           "choices": [{"index": 0, "text": "Hello", "finish_reason": "stop"}]})
+}
+
+impl Mock {
+    pub async fn prefill() -> Self {
+        Self::start(Behavior::ok(prefill_answer())).await
+    }
+
+    pub async fn decode() -> Self {
+        Self::start(Behavior::ok(decode_answer())).await
+    }
+
+    pub async fn start(behavior: Behavior) -> Self {
+        let state = Arc::new(MockState {
+            behavior: Mutex::new(behavior),
+            seen: Mutex::new(Vec::new()),
+            healthy: AtomicBool::new(true),
+            health_checks: AtomicUsize::new(0),
+        });
+        let router = Router::new()
+            .route("/health", get(mock_health))
+            .route("/v1/models", get(mock_models))
+            .route("/v1/completions", any(mock_completion))
+            .route("/v1/chat/completions", any(mock_completion))
+            .with_state(state.clone());
+        Mock {
+            served: Served::start(router).await,
+            state,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        self.served.url()
+    }
+
+    pub fn set(&self, edit: impl FnOnce(&mut Behavior)) {
+        edit(&mut self.state.behavior.lock().unwrap());
+    }
+
+    pub fn set_healthy(&self, healthy: bool) {
+        self.state.healthy.store(healthy, Ordering::SeqCst);
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.state.seen.lock().unwrap().clone()
+    }
+
+    /// Waits until the mock has received `n` completion requests and returns them.
+    pub async fn wait_seen(&self, n: usize) -> Vec<Seen> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let seen = self.seen();
+            if seen.len() >= n {
+                return seen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} saw {} requests, expected {n}",
+                self.url(),
+                seen.len()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+async fn mock_health(State(state): State<Arc<MockState>>) -> Response {
+    state.health_checks.fetch_add(1, Ordering::SeqCst);
+    let status = if state.healthy.load(Ordering::SeqCst) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, [(header::CONNECTION, "close")]).into_response()
+}
+
+async fn mock_models() -> Response {
+    (
+        [(header::CONNECTION, "close")],
+        axum::Json(json!({"object": "list", "data": [{"id": "mock-model", "object": "model"}]})),
+    )
+        .into_response()
+}
+
+async fn mock_completion(
+    State(state): State<Arc<MockState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let end = Arc::new(Mutex::new(None));
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let stream = body["stream"] == json!(true);
+    state.seen.lock().unwrap().push(Seen {
+        path: uri.path().to_owned(),
+        headers,
+        body,
+        at: Instant::now(),
+        end: end.clone(),
+    });
+    let guard = EndGuard(end);
+    let behavior = state.behavior.lock().unwrap().clone();
+    tokio::time::sleep(behavior.delay).await;
+    let status = StatusCode::from_u16(behavior.status).unwrap();
+    if !stream || !status.is_success() {
+        guard.finish();
+        return (
+            status,
+            [
+                (header::CONTENT_TYPE, "application/json"),
+                (header::CONNECTION, "close"),
+            ],
+            behavior.json.to_string(),
+        )
+            .into_response();
+    }
+    let chunks = behavior.chunks.clone();
+    let gap = behavior.chunk_gap;
+    let body = futures_util::stream::unfold((0usize, guard), move |(i, guard)| {
+        let chunks = chunks.clone();
+        async move {
+            if i == chunks.len() {
+                guard.finish();
+                return None;
+            }
+            if i > 0 {
+                tokio::time::sleep(gap).await;
+            }
+            let chunk = Bytes::from(format!("data: {}\n\n", chunks[i]));
+            Some((Ok::<_, Infallible>(chunk), (i + 1, guard)))
+        }
+    });
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CONNECTION, "close"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// A mock bootstrap server answering `GET /query` with whatever the test sets.
+pub struct Bootstrap {
+    pub served: Served,
+    pub state: Arc<BootstrapState>,
+}
+
+pub struct BootstrapState {
+    pub answer: Mutex<(u16, Value)>,
+    pub queries: AtomicUsize,
+}
+
+/// A `/query` answer: dp rank -> engine id, one tp and pp rank each.
+pub fn topology(ranks: &[(u32, &str)]) -> Value {
+    let mut map = serde_json::Map::new();
+    for (rank, engine) in ranks {
+        map.insert(
+            rank.to_string(),
+            json!({"engine_id": engine, "worker_addr": {"0": {"0": format!("tcp://127.0.0.1:{}", 41000 + rank)}}}),
+        );
+    }
+    Value::Object(map)
+}
+
+impl Bootstrap {
+    pub async fn start(answer: Value) -> Self {
+        let state = Arc::new(BootstrapState {
+            answer: Mutex::new((200, answer)),
+            queries: AtomicUsize::new(0),
+        });
+        let router = Router::new()
+            .route(
+                "/query",
+                get(|State(state): State<Arc<BootstrapState>>| async move {
+                    state.queries.fetch_add(1, Ordering::SeqCst);
+                    let (status, body) = state.answer.lock().unwrap().clone();
+                    (
+                        StatusCode::from_u16(status).unwrap(),
+                        [
+                            (header::CONTENT_TYPE, "application/json"),
+                            (header::CONNECTION, "close"),
+                        ],
+                        body.to_string(),
+                    )
+                }),
+            )
+            .with_state(state.clone());
+        Bootstrap {
+            served: Served::start(router).await,
+            state,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        self.served.url()
+    }
+
+    pub fn set(&self, status: u16, answer: Value) {
+        *self.state.answer.lock().unwrap() = (status, answer);
+    }
+
+    pub fn queries(&self) -> usize {
+        self.state.queries.load(Ordering::SeqCst)
+    }
+}
+
+/// A test configuration: health checks and periodic discovery effectively off (one check at
+/// start), fast discovery retries.
+pub fn config(prefills: Vec<PrefillTarget>, decodes: Vec<String>) -> Config {
+    let mut config = Config::new(prefills, decodes);
+    config.health.interval = Duration::from_secs(60);
+    config.health.timeout = Duration::from_secs(1);
+    config.discovery.interval = Duration::from_secs(60);
+    config.discovery.backoff_min = Duration::from_millis(20);
+    config.discovery.backoff_max = Duration::from_millis(200);
+    config.discovery.timeout = Duration::from_secs(1);
+    config
+}
+
+pub fn target(prefill: &Mock, bootstrap: &str) -> PrefillTarget {
+    PrefillTarget {
+        url: prefill.url(),
+        bootstrap_addr: bootstrap.to_owned(),
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+pub async fn start_proxy(config: Config) -> ProxyHandle {
+    Proxy::bind(config).await.unwrap().spawn()
+}
+
+/// Waits until `/ready` answers 200.
+pub async fn wait_ready(proxy: &ProxyHandle) {
+    let client = client();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let response = client
+            .get(format!("{}/ready", proxy.url()))
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 200 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the proxy never became ready: {}",
+            response.text().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One prefill with the given dp ranks, `decodes` decodes, and a ready proxy.
+pub struct Cluster {
+    pub prefill: Mock,
+    pub decodes: Vec<Mock>,
+    pub bootstrap: Bootstrap,
+    pub proxy: ProxyHandle,
+    pub client: reqwest::Client,
+}
+
+impl Cluster {
+    pub async fn start(
+        decodes: usize,
+        ranks: &[(u32, &str)],
+        edit: impl FnOnce(&mut Config),
+    ) -> Self {
+        let prefill = Mock::prefill().await;
+        let mut mocks = Vec::new();
+        for _ in 0..decodes {
+            mocks.push(Mock::decode().await);
+        }
+        let bootstrap = Bootstrap::start(topology(ranks)).await;
+        let mut config = config(
+            vec![target(&prefill, &bootstrap.url())],
+            mocks.iter().map(Mock::url).collect(),
+        );
+        edit(&mut config);
+        let proxy = start_proxy(config).await;
+        wait_ready(&proxy).await;
+        Cluster {
+            prefill,
+            decodes: mocks,
+            bootstrap,
+            proxy,
+            client: client(),
+        }
+    }
+
+    pub fn decode(&self) -> &Mock {
+        &self.decodes[0]
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.proxy.url())
+    }
+
+    /// Posts `body` to `path` and returns status, headers and body text.
+    pub async fn post(&self, path: &str, body: Value) -> (StatusCode, HeaderMap, String) {
+        let response = self
+            .client
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        (status, headers, response.text().await.unwrap())
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+/// The value of one Prometheus sample, matched by name and a label substring.
+pub fn sample(metrics: &str, name: &str, labels: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .find(|line| line.starts_with(name) && line.contains(labels))
+        .and_then(|line| line.rsplit(' ').next())
+        .map(|value| value.parse().unwrap())
+        .unwrap_or(0.0)
+}
+
+/// Polls `check` until it holds.
+pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -1,0 +1,269 @@
+//! Discovery: non-contiguous dp ranks, an empty or unreachable bootstrap server at first, engine
+//! ids that change (found on D's report or periodically), and the real bootstrap server.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bootstrap_server::registry::RegistryConfig;
+use bootstrap_server::{Server, ServerConfig};
+use common::*;
+use pd_proxy::config::parse_prefill;
+use pd_proxy::ProxyHandle;
+use serde_json::{json, Value};
+
+async fn post(proxy: &ProxyHandle) -> u16 {
+    client()
+        .post(format!("{}/v1/completions", proxy.url()))
+        .json(&json!({"prompt": "hi"}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// Sends requests until D receives `engine` as `remote_engine_id`.
+async fn wait_for_engine(proxy: &ProxyHandle, decode: &Mock, engine: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let before = decode.seen().len();
+        if post(proxy).await == 200 {
+            let seen = decode.seen();
+            if seen[before..]
+                .iter()
+                .any(|s| s.body["kv_transfer_params"]["remote_engine_id"] == engine)
+            {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{engine} was never used");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn ready_status(proxy: &ProxyHandle) -> u16 {
+    client()
+        .get(format!("{}/ready", proxy.url()))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn non_contiguous_dp_ranks_are_all_used_with_their_engine_ids() {
+    let cluster = Cluster::start(1, &[(0, "e0"), (3, "e3"), (7, "e7")], |_| {}).await;
+    for _ in 0..6 {
+        let (status, _, _) = cluster
+            .post("/v1/completions", json!({"prompt": "hi"}))
+            .await;
+        assert_eq!(status, 200);
+    }
+    let prefills = cluster.prefill.seen();
+    let decodes = cluster.decode().seen();
+    let mut per_rank: BTreeMap<String, usize> = BTreeMap::new();
+    for p in &prefills {
+        let rank = p.header("x-data-parallel-rank").unwrap();
+        let id = &p.body["kv_transfer_params"]["transfer_id"];
+        let d = decodes
+            .iter()
+            .find(|d| &d.body["kv_transfer_params"]["transfer_id"] == id)
+            .expect("D got the same transfer id");
+        assert_eq!(
+            d.body["kv_transfer_params"]["remote_engine_id"],
+            format!("e{rank}"),
+            "D must pull from the engine of the dp rank P computed on"
+        );
+        assert_eq!(
+            d.body["kv_transfer_params"]["remote_bootstrap_addr"],
+            cluster.bootstrap.url()
+        );
+        *per_rank.entry(rank).or_default() += 1;
+    }
+    assert_eq!(
+        per_rank,
+        BTreeMap::from([("0".into(), 2), ("3".into(), 2), ("7".into(), 2)])
+    );
+}
+
+#[tokio::test]
+async fn empty_query_answers_503_until_a_rank_registers() {
+    let prefill = Mock::prefill().await;
+    let decode = Mock::decode().await;
+    let bootstrap = Bootstrap::start(json!({})).await;
+    let proxy = start_proxy(config(
+        vec![target(&prefill, &bootstrap.url())],
+        vec![decode.url()],
+    ))
+    .await;
+    eventually("a few discovery attempts", || bootstrap.queries() >= 2).await;
+    assert_eq!(post(&proxy).await, 503);
+    assert_eq!(ready_status(&proxy).await, 503);
+    // A bootstrap server that says "not ready yet" is retried the same way.
+    bootstrap.set(503, json!({"detail": "topology is not ready."}));
+    let queries = bootstrap.queries();
+    eventually("another attempt", || bootstrap.queries() > queries).await;
+    assert_eq!(post(&proxy).await, 503);
+    bootstrap.set(200, topology(&[(0, "late-engine")]));
+    let registered = Instant::now();
+    wait_ready(&proxy).await;
+    assert!(registered.elapsed() < Duration::from_secs(2));
+    assert_eq!(post(&proxy).await, 200);
+    assert_eq!(
+        decode.seen()[0].body["kv_transfer_params"]["remote_engine_id"],
+        "late-engine"
+    );
+}
+
+#[tokio::test]
+async fn bootstrap_down_at_first_is_retried_until_it_answers() {
+    let prefill = Mock::prefill().await;
+    let decode = Mock::decode().await;
+    let bootstrap = Bootstrap::start(topology(&[(0, "e0")])).await;
+    bootstrap.served.set_down(true);
+    // Also through the real flag parser: `--prefill URL BOOTSTRAP_PORT`.
+    let target = parse_prefill(
+        &prefill.url(),
+        Some(&bootstrap.served.addr.port().to_string()),
+    )
+    .unwrap();
+    assert_eq!(target.bootstrap_addr, bootstrap.url());
+    let proxy = start_proxy(config(vec![target], vec![decode.url()])).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(ready_status(&proxy).await, 503);
+    assert_eq!(post(&proxy).await, 503);
+    bootstrap.served.set_down(false);
+    let up = Instant::now();
+    wait_ready(&proxy).await;
+    assert!(up.elapsed() < Duration::from_secs(2), "{:?}", up.elapsed());
+    assert_eq!(post(&proxy).await, 200);
+}
+
+#[tokio::test]
+async fn prefill_not_healthy_at_first_delays_discovery() {
+    let prefill = Mock::prefill().await;
+    prefill.set_healthy(false);
+    let decode = Mock::decode().await;
+    let bootstrap = Bootstrap::start(topology(&[(0, "e0")])).await;
+    let proxy = start_proxy(config(
+        vec![target(&prefill, &bootstrap.url())],
+        vec![decode.url()],
+    ))
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(bootstrap.queries(), 0, "/query before P was healthy");
+    assert_eq!(ready_status(&proxy).await, 503);
+    prefill.set_healthy(true);
+    wait_ready(&proxy).await;
+    assert_eq!(post(&proxy).await, 200);
+}
+
+#[tokio::test]
+async fn changed_engine_id_is_rediscovered_when_decode_reports_it() {
+    let cluster = Cluster::start(1, &[(0, "engine-old")], |_| {}).await;
+    assert_eq!(post(&cluster.proxy).await, 200);
+    let queries = cluster.bootstrap.queries();
+    // P restarted under a new engine id; D cannot find the old one.
+    cluster.bootstrap.set(200, topology(&[(0, "engine-new")]));
+    cluster.decode().set(|b| {
+        *b = Behavior::failing(
+            500,
+            json!({"error": {"message": format!(
+                "remote engine_id engine-old not found from bootstrap server {}",
+                cluster.bootstrap.url())}}),
+        )
+    });
+    assert_eq!(post(&cluster.proxy).await, 500);
+    eventually("a rediscovery", || cluster.bootstrap.queries() > queries).await;
+    cluster.decode().set(|b| *b = Behavior::ok(decode_answer()));
+    wait_for_engine(&cluster.proxy, cluster.decode(), "engine-new").await;
+}
+
+#[tokio::test]
+async fn periodic_rediscovery_picks_up_a_new_engine_id_and_survives_outages() {
+    let cluster = Cluster::start(1, &[(0, "engine-old")], |config| {
+        config.discovery.interval = Duration::from_millis(100)
+    })
+    .await;
+    cluster.bootstrap.set(200, topology(&[(0, "engine-new")]));
+    wait_for_engine(&cluster.proxy, cluster.decode(), "engine-new").await;
+    // The bootstrap server going away keeps the last known ranks usable.
+    cluster.bootstrap.served.set_down(true);
+    let queries = cluster.bootstrap.queries();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(cluster.bootstrap.queries(), queries);
+    for _ in 0..3 {
+        assert_eq!(post(&cluster.proxy).await, 200);
+    }
+    let metrics = cluster.metrics().await;
+    assert!(sample(&metrics, "pd_proxy_discoveries_total", "outcome=\"error\"") >= 1.0);
+}
+
+#[tokio::test]
+async fn the_real_bootstrap_server_is_understood() {
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = Server::bind(ServerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.path().to_path_buf(),
+        auth_token: None,
+        registry: RegistryConfig::default(),
+    })
+    .await
+    .unwrap()
+    .spawn();
+    let client = client();
+    let register = |engine: &'static str, dp_rank: u32, replace: bool| {
+        let client = client.clone();
+        let url = format!("{}/register", bootstrap.url());
+        async move {
+            let mut body = json!({"engine_id": engine, "dp_rank": dp_rank, "tp_rank": 0,
+                                  "pp_rank": 0, "addr": format!("tcp://127.0.0.1:{}", 42000 + dp_rank)});
+            if replace {
+                body["replace"] = Value::Bool(true);
+            }
+            let response = client.post(url).json(&body).send().await.unwrap();
+            assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+        }
+    };
+    register("engine-a0", 0, false).await;
+    register("engine-a2", 2, false).await;
+    let prefill = Mock::prefill().await;
+    let decode = Mock::decode().await;
+    let mut config = config(vec![target(&prefill, &bootstrap.url())], vec![decode.url()]);
+    config.discovery.interval = Duration::from_millis(100);
+    let proxy = start_proxy(config).await;
+    wait_ready(&proxy).await;
+    for _ in 0..4 {
+        assert_eq!(post(&proxy).await, 200);
+    }
+    let engines: Vec<(String, String)> = prefill
+        .seen()
+        .iter()
+        .map(|p| {
+            let id = &p.body["kv_transfer_params"]["transfer_id"];
+            let d = decode
+                .seen()
+                .into_iter()
+                .find(|d| &d.body["kv_transfer_params"]["transfer_id"] == id)
+                .unwrap();
+            (
+                p.header("x-data-parallel-rank").unwrap(),
+                d.body["kv_transfer_params"]["remote_engine_id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    for (rank, engine) in &engines {
+        assert_eq!(engine, &format!("engine-a{rank}"));
+    }
+    // dp rank 0 restarts under a new engine id and takes its slot over.
+    register("engine-b0", 0, true).await;
+    wait_for_engine(&proxy, &decode, "engine-b0").await;
+    proxy.shutdown().await.unwrap();
+    bootstrap.shutdown().await.unwrap();
+}
