@@ -96,8 +96,8 @@ impl Backend {
         self.outstanding.load(Ordering::Relaxed)
     }
 
-    /// Records one health check; returns the new state when it changed. Only the backend's one
-    /// health-check task calls this, so the streak counters have a single writer.
+    /// Records one health check; returns the new state when it changed. The backend's one
+    /// health-check task calls this; [`Backend::eject`] may also reset the streaks.
     pub fn record_check(&self, passed: bool, config: &HealthConfig) -> Option<bool> {
         let healthy = self.is_healthy();
         if passed {
@@ -116,6 +116,17 @@ impl Backend {
             }
         }
         None
+    }
+
+    /// Takes the backend out at once because real traffic could not connect to it (a refused
+    /// connection is a dead process, not a blip). Active health checks bring it back after
+    /// `--health-success-threshold` passes.
+    pub fn eject(&self) {
+        self.successes.store(0, Ordering::Relaxed);
+        if self.healthy.swap(false, Ordering::Relaxed) {
+            self.metrics.healthy.set(0);
+            tracing::warn!(backend = %self.url, role = self.role.as_str(), "connection refused: backend taken out until it passes health checks");
+        }
     }
 
     fn set_healthy(&self, healthy: bool) {
@@ -147,6 +158,9 @@ impl Call {
     /// Counts the call as ended with `outcome`.
     pub fn finish(mut self, outcome: CallOutcome) {
         self.finished = true;
+        if outcome == CallOutcome::ConnectError {
+            self.backend.eject();
+        }
         self.backend.metrics.call(outcome);
     }
 }

@@ -112,6 +112,19 @@ async fn unreachable_prefill_cancels_decode_at_once() {
         sample(&metrics, "pd_proxy_backend_requests_total", &prefill),
         1.0
     );
+    // The refused connection took the prefill out at once: no more traffic is sent to it.
+    let healthy = format!("backend=\"{}\",role=\"prefill\"", cluster.prefill.url());
+    assert_eq!(sample(&metrics, "pd_proxy_backend_healthy", &healthy), 0.0);
+    let (status, _, text) = cluster
+        .post("/v1/completions", json!({"prompt": "hi"}))
+        .await;
+    assert_eq!(status, 503, "{text}");
+    let metrics = cluster.metrics().await;
+    assert_eq!(
+        sample(&metrics, "pd_proxy_backend_requests_total", &prefill),
+        1.0,
+        "no second attempt on the dead prefill"
+    );
 }
 
 #[tokio::test]
@@ -230,6 +243,23 @@ async fn unreachable_decode_is_retried_on_another_decode() {
         .await;
     assert_eq!(status, 200);
     assert_eq!(cluster.decodes[1].seen().len(), 1);
+    // The dead decode was taken out: later requests go straight to the live one.
+    for _ in 0..4 {
+        let (status, _, _) = cluster
+            .post("/v1/completions", json!({"prompt": "hi"}))
+            .await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(cluster.decodes[1].seen().len(), 5);
+    let metrics = cluster.metrics().await;
+    let dead = format!(
+        "backend=\"{}\",outcome=\"connect_error\",role=\"decode\"",
+        cluster.decodes[0].url()
+    );
+    assert_eq!(
+        sample(&metrics, "pd_proxy_backend_requests_total", &dead),
+        1.0
+    );
 }
 
 #[tokio::test]
