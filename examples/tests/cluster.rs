@@ -144,8 +144,10 @@ async fn a_killed_prefill_fails_fast_while_the_others_keep_serving() {
             );
         }
     }
+    // The proxy takes the dead prefill out on its first refused connection, so at most the
+    // requests already routed to it fail.
     assert!(
-        ok >= 15,
+        failed <= 2 && ok >= 28,
         "the live prefill keeps serving: {ok} ok, {failed} failed"
     );
     cluster.shutdown().await;
