@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use worker_client::protocol::{Rank, MAX_RANK};
-use worker_client::service::LogFormat;
+use worker_client::service::{parse_seconds, LogFormat};
 
 use crate::registry::{EngineConflictPolicy, ExpectedTopology, RegistryConfig};
 use crate::server::ServerConfig;
@@ -53,17 +53,6 @@ pub struct Args {
 
 fn size_parser() -> clap::builder::RangedI64ValueParser<Rank> {
     clap::value_parser!(u32).range(1..=i64::from(MAX_RANK) + 1)
-}
-
-/// Parses a positive number of seconds, fractions allowed.
-pub fn parse_seconds(text: &str) -> Result<Duration, String> {
-    let seconds: f64 = text
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
-    if !(seconds.is_finite() && seconds > 0.0 && seconds < 1e9) {
-        return Err(format!("{text:?} must be a positive number of seconds"));
-    }
-    Ok(Duration::from_secs_f64(seconds))
 }
 
 impl Args {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use reqwest::Url;
-use worker_client::service::LogFormat;
+use worker_client::service::{parse_seconds, LogFormat};
 
 /// vLLM's default bootstrap port (`VLLM_MOONCAKE_BOOTSTRAP_PORT`).
 pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
@@ -225,17 +225,6 @@ pub enum ConfigError {
     /// An entry of the prefill environment variable has more than two words.
     #[error("invalid {PREFILL_ENV} entry {0:?}: expected `URL` or `URL BOOTSTRAP_PORT`")]
     BadPrefillEntry(String),
-}
-
-/// Parses a positive number of seconds, fractions allowed.
-pub fn parse_seconds(text: &str) -> Result<Duration, String> {
-    let seconds: f64 = text
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
-    if !(seconds.is_finite() && seconds > 0.0 && seconds < 1e9) {
-        return Err(format!("{text:?} must be a positive number of seconds"));
-    }
-    Ok(Duration::from_secs_f64(seconds))
 }
 
 /// Checks a backend URL and returns it without a trailing slash.

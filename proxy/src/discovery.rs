@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use backon::{ExponentialBuilder, Retryable};
 use worker_client::protocol::{ErrorBody, Rank, Topology};
+use worker_client::service::error_chain;
 
 use crate::backend::Pool;
 use crate::config::DiscoveryConfig;
@@ -101,18 +102,6 @@ pub async fn discover_once(
         });
     }
     Ok(pool.set_ranks(index, &ranks))
-}
-
-/// The error and its sources on one line (reqwest's top-level message alone hides the cause).
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Discovers prefill `index` forever: retries with exponential backoff until an attempt

@@ -560,7 +560,7 @@ pub async fn models(State(state): State<AppState>, headers: HeaderMap) -> Respon
             ApiError::bad_gateway(format!(
                 "decode {}: {}",
                 decode.url(),
-                crate::discovery::error_chain(&err)
+                worker_client::service::error_chain(&err)
             ))
             .into_response()
         }

@@ -163,7 +163,7 @@ impl Stream for Relay {
                     (
                         ApiError::bad_gateway(format!(
                             "decode's answer broke off: {}",
-                            crate::discovery::error_chain(&err)
+                            worker_client::service::error_chain(&err)
                         )),
                         Outcome::StreamError,
                     )

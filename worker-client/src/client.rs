@@ -14,6 +14,7 @@ use crate::protocol::{
     Topology,
 };
 use crate::retry::RetryPolicy;
+use crate::service::error_chain;
 
 /// Settings shared by every call of a client.
 #[derive(Debug, Clone)]
@@ -493,18 +494,6 @@ fn percent_encode(text: &str) -> String {
     url::form_urlencoded::byte_serialize(text.as_bytes())
         .collect::<String>()
         .replace('+', "%20")
-}
-
-/// The error and its sources, joined (reqwest's top-level message alone says little).
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

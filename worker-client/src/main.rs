@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use worker_client::protocol::{
     Deregister, QueryRequestsResponse, Rank, RegisterWorker, RequestLocation, Topology,
 };
-use worker_client::service::{init_logging, LogFormat};
+use worker_client::service::{init_logging, parse_seconds, parse_seconds_or_zero, LogFormat};
 use worker_client::{BootstrapClient, ClientError, RequestOutcome};
 
 /// Talk to a pd-bootstrap (or vLLM Mooncake) bootstrap server.
@@ -139,23 +139,6 @@ struct QueryArgs {
     /// The request ids.
     #[arg(required = true)]
     req_ids: Vec<String>,
-}
-
-fn parse_seconds_or_zero(text: &str) -> Result<Duration, String> {
-    let seconds: f64 = text
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
-    if !(seconds.is_finite() && (0.0..1e9).contains(&seconds)) {
-        return Err(format!("{text:?} must be a non-negative number of seconds"));
-    }
-    Ok(Duration::from_secs_f64(seconds))
-}
-
-fn parse_seconds(text: &str) -> Result<Duration, String> {
-    match parse_seconds_or_zero(text)? {
-        d if d.is_zero() => Err("must be more than 0 seconds".to_owned()),
-        d => Ok(d),
-    }
 }
 
 /// A failed command: what to print and the exit code.

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use worker_client::service::LogFormat;
+use worker_client::service::{parse_seconds, LogFormat};
 
 /// The role a simulated engine plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -66,11 +66,4 @@ pub struct SimArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-}
-
-fn parse_seconds(text: &str) -> Result<Duration, String> {
-    match text.parse::<f64>() {
-        Ok(s) if s.is_finite() && s > 0.0 && s < 1e6 => Ok(Duration::from_secs_f64(s)),
-        _ => Err(format!("{text:?} is not a positive number of seconds")),
-    }
 }
