@@ -133,7 +133,7 @@ impl Server {
         let pruner = tokio::spawn(prune_forever(state.clone()));
         tracing::info!(addr = %listener.local_addr()?, "bootstrap server listening");
         let app = http::router(state, auth);
-        let served = axum::serve(listener, app)
+        let served = axum::serve(worker_client::service::nodelay(listener), app)
             .with_graceful_shutdown(shutdown)
             .await;
         pruner.abort();

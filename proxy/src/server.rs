@@ -9,11 +9,11 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use serde::Serialize;
 use tokio::net::TcpListener;
 use worker_client::protocol::Rank;
+use worker_client::service::nodelay;
 
 use crate::backend::Pool;
 use crate::config::Config;
@@ -135,13 +135,7 @@ impl Proxy {
             policy = ?config.policy,
             "pd-proxy listening"
         );
-        // Without TCP_NODELAY, small SSE events wait for the client's delayed ACK (~40 ms).
-        let listener = listener.tap_io(|tcp| {
-            if let Err(err) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %err, "cannot set TCP_NODELAY");
-            }
-        });
-        let served = axum::serve(listener, router(state))
+        let served = axum::serve(nodelay(listener), router(state))
             .with_graceful_shutdown(shutdown)
             .await;
         for task in tasks {

@@ -183,7 +183,7 @@ impl KvExporter {
             .route("/kv/{transfer_id}", get(serve_pull))
             .with_state(shelf.clone());
         tokio::spawn(async move {
-            if let Err(err) = axum::serve(listener, app).await {
+            if let Err(err) = axum::serve(crate::service::nodelay(listener), app).await {
                 tracing::error!(error = %err, "KV exporter stopped");
             }
         });

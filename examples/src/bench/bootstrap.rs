@@ -171,6 +171,7 @@ impl Settings {
             concurrency,
             duration: self.duration,
             warmup: Duration::from_millis(500),
+            first_byte: false,
         }
     }
 

@@ -25,6 +25,8 @@ pub struct LoadConfig {
     pub duration: Duration,
     /// Time to run before measuring (connections warm, caches filled).
     pub warmup: Duration,
+    /// Record the time to the first body bytes instead of the time to the whole answer.
+    pub first_byte: bool,
 }
 
 /// What a run measured.
@@ -74,14 +76,20 @@ async fn connect(addr: SocketAddr) -> Option<Connection> {
 
 type Connection = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
-/// Sends one request and reads the whole answer: `Some(true)` for a 2xx, `Some(false)` for
-/// another status, `None` when the connection failed.
-async fn send(conn: &mut Connection, request: Request<Full<Bytes>>) -> Option<bool> {
+/// Sends one request and reads the whole answer: `Some((true, first_byte))` for a 2xx,
+/// `Some((false, _))` for another status, `None` when the connection failed. `first_byte` is
+/// when the first body bytes arrived.
+async fn send(conn: &mut Connection, request: Request<Full<Bytes>>) -> Option<(bool, Instant)> {
     conn.ready().await.ok()?;
     let response = conn.send_request(request).await.ok()?;
     let status = response.status();
-    response.into_body().collect().await.ok()?;
-    Some(status.is_success())
+    let mut body = response.into_body();
+    let mut first_byte = None;
+    while let Some(frame) = body.frame().await {
+        frame.ok()?;
+        first_byte.get_or_insert_with(Instant::now);
+    }
+    Some((status.is_success(), first_byte.unwrap_or_else(Instant::now)))
 }
 
 async fn worker(
@@ -91,6 +99,7 @@ async fn worker(
     stride: u64,
     measure_from: Instant,
     stop_at: Instant,
+    first_byte_only: bool,
 ) -> WorkerResult {
     let mut result = WorkerResult {
         ok: 0,
@@ -114,14 +123,19 @@ async fn worker(
         let outcome = send(conn, request).await;
         let measured = started >= measure_from;
         match outcome {
-            Some(true) => {
+            Some((true, first_byte)) => {
                 if measured {
                     result.ok += 1;
-                    let us = started.elapsed().as_micros().max(1) as u64;
+                    let end = if first_byte_only {
+                        first_byte
+                    } else {
+                        Instant::now()
+                    };
+                    let us = end.duration_since(started).as_micros().max(1) as u64;
                     let _ = result.latency_us.record(us.min(60_000_000));
                 }
             }
-            Some(false) => result.errors += u64::from(measured),
+            Some((false, _)) => result.errors += u64::from(measured),
             None => {
                 result.errors += u64::from(measured);
                 sender = None;
@@ -144,6 +158,7 @@ pub async fn run(addr: SocketAddr, make: RequestFactory, config: LoadConfig) -> 
                 config.concurrency as u64,
                 measure_from,
                 stop_at,
+                config.first_byte,
             ))
         })
         .collect();
@@ -196,8 +211,8 @@ pub async fn run_count(
                         None => None,
                     };
                     match outcome {
-                        Some(true) => result.ok += 1,
-                        Some(false) => result.errors += 1,
+                        Some((true, _)) => result.ok += 1,
+                        Some((false, _)) => result.errors += 1,
                         None => {
                             result.errors += 1;
                             conn = None;
@@ -295,6 +310,7 @@ mod tests {
             concurrency: 4,
             duration: Duration::from_millis(300),
             warmup: Duration::from_millis(50),
+            first_byte: false,
         };
         let report = run(addr, make, config).await;
         assert!(report.ok > 10, "{report:?}");

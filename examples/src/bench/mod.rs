@@ -2,4 +2,5 @@
 
 pub mod bootstrap;
 pub mod loadgen;
+pub mod proxy;
 pub mod report;

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use pd_examples::bench::bootstrap::{self, Settings};
-use pd_examples::bench::report::{ms, table, Row};
+use pd_examples::bench::proxy::{self, ProxyCommand};
+use pd_examples::bench::report::{ms, table};
 
 /// Measure the bootstrap server (and, with the peers installed, the proxy against them).
 #[derive(Debug, Parser)]
@@ -37,6 +38,16 @@ enum Suite {
         #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
         ids: Vec<u64>,
     },
+    /// Completions through the proxy (and the peers) to instant mocks, against D directly.
+    Proxy,
+    /// TTFT with simulated engines: the proxy's concurrent fan-out against sequential P-then-D.
+    Ttft {
+        /// Streamed requests per mode and concurrency.
+        #[arg(long, default_value_t = 40)]
+        requests: usize,
+    },
+    /// Everything above, one section each.
+    All,
 }
 
 fn machine() -> String {
@@ -53,33 +64,70 @@ fn machine() -> String {
     format!("{cores} cores ({cpu}), load generator on the same machine")
 }
 
+async fn scale_section(settings: &Settings, ids: &[u64]) -> Result<String, String> {
+    let mut out = String::from("| live request ids | workers | RSS MiB | peak RSS MiB | lookup p50 / p99 ms (c=16) | lookup req/s | GET /query p50 / p99 ms | restart to first answer |\n|---|---|---|---|---|---|---|---|\n");
+    for &live in ids {
+        let r = bootstrap::scale(settings, live).await?;
+        let line = format!(
+            "| {} | {} | {:.0} | {:.0} | {:.3} / {:.3} | {:.0} | {:.3} / {:.3} | {} |\n",
+            r.live_ids,
+            r.workers,
+            r.rss_mib,
+            r.peak_rss_mib,
+            r.lookup.p50_ms,
+            r.lookup.p99_ms,
+            r.lookup.rps,
+            r.topology.p50_ms,
+            r.topology.p99_ms,
+            ms(r.restart)
+        );
+        eprint!("{line}");
+        out.push_str(&line);
+    }
+    Ok(out)
+}
+
+async fn proxy_section(settings: &Settings) -> Result<String, String> {
+    let proxies = vec![ProxyCommand::pd_proxy(&settings.bin_dir)];
+    let proxy_settings = proxy::Settings {
+        run_dir: settings.work_dir.clone(),
+        duration: settings.duration,
+        concurrency: settings.concurrency.clone(),
+    };
+    Ok(table(&proxy::throughput(&proxy_settings, &proxies).await?))
+}
+
+async fn ttft_section(settings: &Settings, requests: usize) -> Result<String, String> {
+    let mut out = String::from(
+        "| proxy mode | conc. | requests | TTFT p50 ms | TTFT p99 ms |\n|---|---|---|---|---|\n",
+    );
+    for row in proxy::ttft(&settings.bin_dir, &settings.work_dir, requests).await? {
+        let line = format!(
+            "| {} | {} | {} | {:.1} | {:.1} |\n",
+            row.mode, row.concurrency, row.requests, row.p50_ms, row.p99_ms
+        );
+        eprint!("{line}");
+        out.push_str(&line);
+    }
+    Ok(out)
+}
+
 async fn run(args: &Args, settings: &Settings) -> Result<String, String> {
     let mut out = format!("Machine: {}\n\n", machine());
     match &args.suite {
-        Suite::Bootstrap => {
-            let rows: Vec<Row> = bootstrap::routes(settings).await?;
-            out.push_str(&table(&rows));
-        }
-        Suite::Scale { ids } => {
-            out.push_str("| live request ids | workers | RSS MiB | peak RSS MiB | lookup p50 / p99 ms (c=16) | lookup req/s | GET /query p50 / p99 ms | restart to first answer |\n|---|---|---|---|---|---|---|---|\n");
-            for &live in ids {
-                let r = bootstrap::scale(settings, live).await?;
-                let line = format!(
-                    "| {} | {} | {:.0} | {:.0} | {:.3} / {:.3} | {:.0} | {:.3} / {:.3} | {} |\n",
-                    r.live_ids,
-                    r.workers,
-                    r.rss_mib,
-                    r.peak_rss_mib,
-                    r.lookup.p50_ms,
-                    r.lookup.p99_ms,
-                    r.lookup.rps,
-                    r.topology.p50_ms,
-                    r.topology.p99_ms,
-                    ms(r.restart)
-                );
-                eprint!("{line}");
-                out.push_str(&line);
-            }
+        Suite::Bootstrap => out.push_str(&table(&bootstrap::routes(settings).await?)),
+        Suite::Scale { ids } => out.push_str(&scale_section(settings, ids).await?),
+        Suite::Proxy => out.push_str(&proxy_section(settings).await?),
+        Suite::Ttft { requests } => out.push_str(&ttft_section(settings, *requests).await?),
+        Suite::All => {
+            out.push_str("### Bootstrap server, per route\n\n");
+            out.push_str(&table(&bootstrap::routes(settings).await?));
+            out.push_str("\n### Bootstrap server at scale (10,000 workers)\n\n");
+            out.push_str(&scale_section(settings, &[100_000, 1_000_000]).await?);
+            out.push_str("\n### Proxy, to instant mock backends\n\n");
+            out.push_str(&proxy_section(settings).await?);
+            out.push_str("\n### TTFT: concurrent fan-out against sequential P then D\n\n");
+            out.push_str(&ttft_section(settings, 40).await?);
         }
     }
     Ok(out)

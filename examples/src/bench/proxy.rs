@@ -1,0 +1,395 @@
+//! Proxy scenarios: `POST /v1/completions` through a proxy to instant mock P and D servers,
+//! whole and streamed, against the same mock D called directly (the floor); the delay a proxy
+//! adds to D's first chunk; and TTFT of concurrent versus sequential P/D with simulated engines.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use super::loadgen::{self, LoadConfig, ProcessUsage, RequestFactory};
+use super::report::Row;
+use crate::cluster::{free_port, spawn, wait_for, Cluster, ClusterSpec, PrefillShape, Process};
+use crate::openai_client::send;
+
+/// SSE events a streamed mock answer carries before `[DONE]`.
+const STREAM_EVENTS: usize = 16;
+
+/// How long the "first chunk" mock D waits between its first event and the rest.
+const TAIL_GAP: Duration = Duration::from_millis(20);
+
+/// The ~300-byte request body every system is sent.
+pub fn request_body(stream: bool) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "model": "sim-model",
+        "prompt": "Summarize the trade-offs of prefill/decode disaggregation for a 70B model served on 16 GPUs, in three sentences, for an infrastructure audience.",
+        "max_tokens": 16,
+        "temperature": 0.7,
+        "top_p": 0.95,
+        "stream": stream,
+    }))
+    .expect("json")
+}
+
+fn completion() -> Value {
+    json!({"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "sim-model",
+           "choices": [{"index": 0, "text": " the cache moves", "logprobs": null, "finish_reason": "length"}],
+           "usage": {"prompt_tokens": 24, "completion_tokens": 16, "total_tokens": 40}})
+}
+
+fn sse_chunks() -> Vec<Bytes> {
+    let chunk = json!({"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "sim-model",
+                       "choices": [{"index": 0, "text": " tok", "logprobs": null, "finish_reason": null}]});
+    let mut events: Vec<Bytes> = (0..STREAM_EVENTS)
+        .map(|_| Bytes::from(format!("data: {chunk}\n\n")))
+        .collect();
+    events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    events
+}
+
+async fn answer(body: Bytes, tail_gap: Option<Duration>) -> Response {
+    let stream = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("stream").and_then(Value::as_bool))
+        .unwrap_or(false);
+    if !stream {
+        return Json(completion()).into_response();
+    }
+    let events = sse_chunks();
+    let body = match tail_gap {
+        None => Body::from(events.concat()),
+        Some(gap) => {
+            let (first, rest) = (events[0].clone(), Bytes::from(events[1..].concat()));
+            let parts = futures_util::stream::iter([(first, Duration::ZERO), (rest, gap)]);
+            Body::from_stream(futures_util::StreamExt::then(
+                parts,
+                |(bytes, wait)| async move {
+                    tokio::time::sleep(wait).await;
+                    Ok::<_, std::convert::Infallible>(bytes)
+                },
+            ))
+        }
+    };
+    ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a mock");
+    let addr = listener.local_addr().expect("bound");
+    tokio::spawn(async move { axum::serve(worker_client::service::nodelay(listener), app).await });
+    addr
+}
+
+/// An instant OpenAI backend (P or D). With `tail_gap`, a streamed answer sends its first event
+/// at once and the rest after the gap.
+pub async fn mock_backend(tail_gap: Option<Duration>) -> SocketAddr {
+    let app = Router::new()
+        .route(
+            "/v1/completions",
+            post(move |body: Bytes| answer(body, tail_gap)),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(move |body: Bytes| answer(body, tail_gap)),
+        )
+        .route("/health", get(|| async { "" }))
+        .route(
+            "/v1/models",
+            get(|| async {
+                Json(json!({"object": "list", "data": [{"id": "sim-model", "object": "model"}]}))
+            }),
+        );
+    serve(app).await
+}
+
+/// A bootstrap server with one engine on dp rank 0 (what the proxies discover).
+pub async fn mock_bootstrap() -> SocketAddr {
+    let topology = json!({"0": {"engine_id": "bench-engine", "worker_addr": {"0": {"0": "tcp://127.0.0.1:1"}}}});
+    let app = Router::new()
+        .route("/query", get(move || async move { Json(topology.clone()) }))
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }));
+    serve(app).await
+}
+
+/// The backends every system is measured against.
+#[derive(Debug, Clone, Copy)]
+pub struct Mocks {
+    /// The instant P.
+    pub prefill: SocketAddr,
+    /// The instant D.
+    pub decode: SocketAddr,
+    /// A D whose streamed answers pause after the first event.
+    pub slow_tail_decode: SocketAddr,
+    /// P's bootstrap server.
+    pub bootstrap: SocketAddr,
+}
+
+impl Mocks {
+    /// Starts every mock in this process.
+    pub async fn start() -> Self {
+        Mocks {
+            prefill: mock_backend(None).await,
+            decode: mock_backend(None).await,
+            slow_tail_decode: mock_backend(Some(TAIL_GAP)).await,
+            bootstrap: mock_bootstrap().await,
+        }
+    }
+}
+
+/// How to start a proxy in front of one P (with its bootstrap port) and one D.
+#[derive(Debug, Clone)]
+pub struct ProxyCommand {
+    /// The name in the report.
+    pub name: String,
+    /// The program.
+    pub program: PathBuf,
+    /// Arguments; `{port}`, `{prefill}`, `{bootstrap_port}` and `{decode}` are replaced.
+    pub args: Vec<String>,
+    /// The path that answers 200 once it can route.
+    pub ready_path: String,
+}
+
+impl ProxyCommand {
+    /// pd-proxy from `bin_dir`.
+    pub fn pd_proxy(bin_dir: &Path) -> Self {
+        let args =
+            "--host 127.0.0.1 --port {port} --prefill {prefill} {bootstrap_port} --decode {decode}";
+        ProxyCommand {
+            name: "pd-proxy".to_owned(),
+            program: bin_dir.join("pd-proxy"),
+            args: args.split(' ').map(str::to_owned).collect(),
+            ready_path: "/ready".to_owned(),
+        }
+    }
+
+    async fn start(
+        &self,
+        run_dir: &Path,
+        prefill: SocketAddr,
+        bootstrap: SocketAddr,
+        decode: SocketAddr,
+    ) -> Result<Process, String> {
+        let port = free_port();
+        let args: Vec<String> = self
+            .args
+            .iter()
+            .map(|a| {
+                a.replace("{port}", &port.to_string())
+                    .replace("{prefill}", &format!("http://{prefill}"))
+                    .replace("{bootstrap_port}", &bootstrap.port().to_string())
+                    .replace("{decode}", &format!("http://{decode}"))
+            })
+            .collect();
+        let mut process = spawn(
+            run_dir,
+            &self.name,
+            &self.program,
+            &args,
+            format!("http://127.0.0.1:{port}"),
+        )
+        .map_err(|e| e.to_string())?;
+        wait_for(&mut process, &self.ready_path, Duration::from_secs(60))
+            .await
+            .map_err(|e| e.to_string())?;
+        // Ready routes may answer before the first pair is discovered: send until one succeeds.
+        let http = reqwest::Client::new();
+        let url = format!("{}/v1/completions", process.url);
+        let body: Value = serde_json::from_slice(&request_body(false)).expect("json");
+        for _ in 0..100 {
+            if matches!(send(&http, &url, &body, Duration::from_secs(5)).await, Ok(a) if a.status == 200)
+            {
+                return Ok(process);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(format!(
+            "{} never answered a completion (log: {})",
+            self.name,
+            process.log.display()
+        ))
+    }
+}
+
+fn completions(addr: SocketAddr, stream: bool) -> RequestFactory {
+    let host = addr.to_string();
+    let body = request_body(stream);
+    Arc::new(move |_| loadgen::post_json(&host, "/v1/completions", body.clone()))
+}
+
+/// Where and how long to run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Scratch folder for logs.
+    pub run_dir: PathBuf,
+    /// Measured time per run.
+    pub duration: Duration,
+    /// Concurrency levels.
+    pub concurrency: Vec<usize>,
+}
+
+/// One system under one workload.
+struct Run<'a> {
+    scenario: &'a str,
+    system: &'a str,
+    target: SocketAddr,
+    /// The process whose CPU and memory are reported (none for the mocks themselves).
+    pid: Option<u32>,
+    stream: bool,
+    first_byte: bool,
+}
+
+async fn measure(settings: &Settings, run: Run<'_>, rows: &mut Vec<Row>) {
+    for &concurrency in &settings.concurrency {
+        let config = LoadConfig {
+            concurrency,
+            duration: settings.duration,
+            warmup: Duration::from_millis(500),
+            first_byte: run.first_byte,
+        };
+        let before = run.pid.and_then(ProcessUsage::read);
+        let report = loadgen::run(run.target, completions(run.target, run.stream), config).await;
+        let after = run.pid.and_then(ProcessUsage::read);
+        let row = Row::new(
+            run.scenario,
+            run.system,
+            concurrency,
+            &report,
+            before,
+            after,
+        );
+        eprintln!("{}", row.markdown());
+        rows.push(row);
+    }
+}
+
+/// Whole and streamed completions, directly to D and through each proxy, plus the delay each
+/// proxy adds to D's first streamed chunk.
+pub async fn throughput(settings: &Settings, proxies: &[ProxyCommand]) -> Result<Vec<Row>, String> {
+    let mocks = Mocks::start().await;
+    let mut rows = Vec::new();
+    let first_chunk = Settings {
+        concurrency: vec![1, 16],
+        ..settings.clone()
+    };
+    let workloads = [
+        ("completions, whole", false, false, mocks.decode, settings),
+        (
+            "completions, streamed (16 events)",
+            true,
+            false,
+            mocks.decode,
+            settings,
+        ),
+        (
+            "first streamed chunk (D pauses 20 ms after it)",
+            true,
+            true,
+            mocks.slow_tail_decode,
+            &first_chunk,
+        ),
+    ];
+    for (scenario, stream, first_byte, decode, settings) in workloads {
+        let direct = Run {
+            scenario,
+            system: "direct to mock D",
+            target: decode,
+            pid: None,
+            stream,
+            first_byte,
+        };
+        measure(settings, direct, &mut rows).await;
+        for proxy in proxies {
+            let mut process = proxy
+                .start(&settings.run_dir, mocks.prefill, mocks.bootstrap, decode)
+                .await?;
+            let target: SocketAddr = process
+                .url
+                .trim_start_matches("http://")
+                .parse()
+                .map_err(|e| format!("{e}"))?;
+            let run = Run {
+                scenario,
+                system: &proxy.name,
+                target,
+                pid: process.pid(),
+                stream,
+                first_byte,
+            };
+            measure(settings, run, &mut rows).await;
+            process.stop(Duration::from_secs(5)).await;
+        }
+    }
+    Ok(rows)
+}
+
+/// TTFT of one proxy mode with simulated engines.
+#[derive(Debug, Clone)]
+pub struct TtftRow {
+    /// `concurrent` or `sequential`.
+    pub mode: String,
+    /// Concurrent clients.
+    pub concurrency: usize,
+    /// TTFT quantiles in ms.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Requests measured.
+    pub requests: usize,
+}
+
+/// Streamed requests with a ~1000-token prompt through a cluster of sim engines whose prefill
+/// takes 200 µs per token, with the proxy in concurrent and in sequential mode.
+pub async fn ttft(bin_dir: &Path, run_dir: &Path, requests: usize) -> Result<Vec<TtftRow>, String> {
+    let prompt: String = (0..1000).map(|i| format!("w{i} ")).collect();
+    let body = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 4, "stream": true});
+    let mut rows = Vec::new();
+    for mode in ["concurrent", "sequential"] {
+        let mut spec =
+            ClusterSpec::demo(bin_dir.to_path_buf(), run_dir.join(format!("ttft-{mode}")));
+        spec.prefills = vec![PrefillShape { dp: 1, tp: 2 }];
+        spec.decodes = 1;
+        spec.prefill_us_per_token = 200;
+        spec.decode_ms_per_token = 10;
+        spec.proxy_args = vec!["--mode".to_owned(), mode.to_owned()];
+        let cluster = Cluster::start(&spec).await.map_err(|e| e.to_string())?;
+        let url = format!("{}/v1/completions", cluster.proxy.url);
+        let http = reqwest::Client::new();
+        for concurrency in [1usize, 4] {
+            let mut ttfts = Vec::new();
+            for _ in 0..requests.div_ceil(concurrency) {
+                let round =
+                    (0..concurrency).map(|_| send(&http, &url, &body, Duration::from_secs(30)));
+                for answer in futures_util::future::join_all(round).await {
+                    let answer = answer?;
+                    if answer.status != 200 || answer.stream_error.is_some() {
+                        return Err(format!(
+                            "{mode}: request failed: {} {}",
+                            answer.status, answer.text
+                        ));
+                    }
+                    ttfts.push(answer.ttft.as_secs_f64() * 1e3);
+                }
+            }
+            ttfts.sort_by(f64::total_cmp);
+            let at = |q: f64| ttfts[((ttfts.len() - 1) as f64 * q).round() as usize];
+            rows.push(TtftRow {
+                mode: mode.to_owned(),
+                concurrency,
+                p50_ms: at(0.5),
+                p99_ms: at(0.99),
+                requests: ttfts.len(),
+            });
+        }
+        cluster.shutdown().await;
+    }
+    Ok(rows)
+}
