@@ -152,7 +152,8 @@ pub struct ProxyCommand {
     pub name: String,
     /// The program.
     pub program: PathBuf,
-    /// Arguments; `{port}`, `{prefill}`, `{bootstrap_port}` and `{decode}` are replaced.
+    /// Arguments; `{port}`, `{metrics_port}`, `{prefill}`, `{bootstrap_port}` and `{decode}`
+    /// are replaced.
     pub args: Vec<String>,
     /// The path that answers 200 once it can route.
     pub ready_path: String,
@@ -171,6 +172,38 @@ impl ProxyCommand {
         }
     }
 
+    /// The peer routers installed in `venv` by `examples/bench/peers.sh`: vllm-router in vLLM
+    /// Mooncake mode and smg in its P/D mode (against generic backends it sends to P and D at
+    /// once, with SGLang's bootstrap fields), both with round robin and quiet logs.
+    pub fn peers(venv: &Path) -> Vec<Self> {
+        let peers = [
+            (
+                "vllm-router",
+                "--host 127.0.0.1 --port {port} --vllm-pd-disaggregation --kv-connector mooncake \
+                 --prefill {prefill} {bootstrap_port} --decode {decode} --policy round_robin \
+                 --log-level error --prometheus-port {metrics_port} --worker-startup-check-interval 1",
+                "/health",
+            ),
+            (
+                "smg",
+                "launch --host 127.0.0.1 --port {port} --pd-disaggregation \
+                 --prefill {prefill} {bootstrap_port} --decode {decode} --policy round_robin \
+                 --prometheus-host 127.0.0.1 --prometheus-port {metrics_port} --log-level warn \
+                 --shutdown-grace-period-secs 0",
+                "/readiness",
+            ),
+        ];
+        peers
+            .into_iter()
+            .map(|(name, args, ready_path)| ProxyCommand {
+                name: name.to_owned(),
+                program: venv.join("bin").join(name),
+                args: args.split_whitespace().map(str::to_owned).collect(),
+                ready_path: ready_path.to_owned(),
+            })
+            .collect()
+    }
+
     async fn start(
         &self,
         run_dir: &Path,
@@ -178,12 +211,13 @@ impl ProxyCommand {
         bootstrap: SocketAddr,
         decode: SocketAddr,
     ) -> Result<Process, String> {
-        let port = free_port();
+        let (port, metrics_port) = (free_port(), free_port());
         let args: Vec<String> = self
             .args
             .iter()
             .map(|a| {
                 a.replace("{port}", &port.to_string())
+                    .replace("{metrics_port}", &metrics_port.to_string())
                     .replace("{prefill}", &format!("http://{prefill}"))
                     .replace("{bootstrap_port}", &bootstrap.port().to_string())
                     .replace("{decode}", &format!("http://{decode}"))

@@ -1,6 +1,6 @@
 //! `pd-bench`: the benchmark suite. Prints a Markdown table (and writes it with `--out`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -24,6 +24,10 @@ struct Args {
     /// Write the Markdown report here too.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// A virtualenv with the peer routers (vllm-router, smg) from examples/bench/peers.sh; the
+    /// proxy scenarios then measure them too.
+    #[arg(long)]
+    peers_venv: Option<PathBuf>,
     #[command(subcommand)]
     suite: Suite,
 }
@@ -87,8 +91,9 @@ async fn scale_section(settings: &Settings, ids: &[u64]) -> Result<String, Strin
     Ok(out)
 }
 
-async fn proxy_section(settings: &Settings) -> Result<String, String> {
-    let proxies = vec![ProxyCommand::pd_proxy(&settings.bin_dir)];
+async fn proxy_section(settings: &Settings, peers_venv: Option<&Path>) -> Result<String, String> {
+    let mut proxies = vec![ProxyCommand::pd_proxy(&settings.bin_dir)];
+    proxies.extend(peers_venv.map(ProxyCommand::peers).unwrap_or_default());
     let proxy_settings = proxy::Settings {
         run_dir: settings.work_dir.clone(),
         duration: settings.duration,
@@ -117,7 +122,7 @@ async fn run(args: &Args, settings: &Settings) -> Result<String, String> {
     match &args.suite {
         Suite::Bootstrap => out.push_str(&table(&bootstrap::routes(settings).await?)),
         Suite::Scale { ids } => out.push_str(&scale_section(settings, ids).await?),
-        Suite::Proxy => out.push_str(&proxy_section(settings).await?),
+        Suite::Proxy => out.push_str(&proxy_section(settings, args.peers_venv.as_deref()).await?),
         Suite::Ttft { requests } => out.push_str(&ttft_section(settings, *requests).await?),
         Suite::All => {
             out.push_str("### Bootstrap server, per route\n\n");
@@ -125,7 +130,7 @@ async fn run(args: &Args, settings: &Settings) -> Result<String, String> {
             out.push_str("\n### Bootstrap server at scale (10,000 workers)\n\n");
             out.push_str(&scale_section(settings, &[100_000, 1_000_000]).await?);
             out.push_str("\n### Proxy, to instant mock backends\n\n");
-            out.push_str(&proxy_section(settings).await?);
+            out.push_str(&proxy_section(settings, args.peers_venv.as_deref()).await?);
             out.push_str("\n### TTFT: concurrent fan-out against sequential P then D\n\n");
             out.push_str(&ttft_section(settings, 40).await?);
         }
