@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use worker_client::serve::{serve, ServeLimits};
 
 use crate::http::{self, AppState, AuthToken};
 use crate::metrics::Metrics;
@@ -133,9 +134,7 @@ impl Server {
         let pruner = tokio::spawn(prune_forever(state.clone()));
         tracing::info!(addr = %listener.local_addr()?, "bootstrap server listening");
         let app = http::router(state, auth);
-        let served = axum::serve(worker_client::service::nodelay(listener), app)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let served = serve(listener, app, shutdown, ServeLimits::default()).await;
         pruner.abort();
         if let Err(err) = registry.flush().await {
             tracing::error!(error = %err, "could not flush the store at shutdown");

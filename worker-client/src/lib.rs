@@ -7,7 +7,7 @@
 //!   address with shared (single-flight) lookups.
 //! - [`protocol`]: the JSON of every route.
 //! - [`transfer`]: the KV data path over TCP (P exports, D pulls).
-//! - [`service`]: logging and shutdown helpers for the project's binaries.
+//! - [`service`] and [`serve`]: logging, shutdown and HTTP serving for the project's binaries.
 //!
 //! Nothing here waits without a bound: every attempt has a timeout and every retry loop a
 //! deadline; errors say what failed, where, and whether retrying can help
@@ -18,6 +18,7 @@ mod directory;
 mod error;
 pub mod protocol;
 mod retry;
+pub mod serve;
 pub mod service;
 pub mod transfer;
 

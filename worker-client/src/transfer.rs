@@ -21,6 +21,8 @@ use bytes::Bytes;
 use serde::Deserialize;
 use tokio::sync::Notify;
 
+use crate::serve::{serve, ServeLimits};
+
 /// The scheme of addresses served by this transport.
 pub const TCP_SCHEME: &str = "tcp";
 
@@ -183,7 +185,8 @@ impl KvExporter {
             .route("/kv/{transfer_id}", get(serve_pull))
             .with_state(shelf.clone());
         tokio::spawn(async move {
-            if let Err(err) = axum::serve(crate::service::nodelay(listener), app).await {
+            let forever = std::future::pending();
+            if let Err(err) = serve(listener, app, forever, ServeLimits::default()).await {
                 tracing::error!(error = %err, "KV exporter stopped");
             }
         });

@@ -18,6 +18,7 @@ use super::loadgen::{self, LoadConfig, ProcessUsage, RequestFactory};
 use super::report::Row;
 use crate::cluster::{free_port, spawn, wait_for, Cluster, ClusterSpec, PrefillShape, Process};
 use crate::openai_client::send;
+use worker_client::serve::{serve, ServeLimits};
 
 /// SSE events a streamed mock answer carries before `[DONE]`.
 const STREAM_EVENTS: usize = 16;
@@ -80,12 +81,13 @@ async fn answer(body: Bytes, tail_gap: Option<Duration>) -> Response {
     ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
 }
 
-async fn serve(app: Router) -> SocketAddr {
+async fn serve_mock(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a mock");
     let addr = listener.local_addr().expect("bound");
-    tokio::spawn(async move { axum::serve(worker_client::service::nodelay(listener), app).await });
+    let forever = std::future::pending();
+    tokio::spawn(serve(listener, app, forever, ServeLimits::default()));
     addr
 }
 
@@ -108,7 +110,7 @@ pub async fn mock_backend(tail_gap: Option<Duration>) -> SocketAddr {
                 Json(json!({"object": "list", "data": [{"id": "sim-model", "object": "model"}]}))
             }),
         );
-    serve(app).await
+    serve_mock(app).await
 }
 
 /// A bootstrap server with one engine on dp rank 0 (what the proxies discover).
@@ -117,7 +119,7 @@ pub async fn mock_bootstrap() -> SocketAddr {
     let app = Router::new()
         .route("/query", get(move || async move { Json(topology.clone()) }))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }));
-    serve(app).await
+    serve_mock(app).await
 }
 
 /// The backends every system is measured against.

@@ -18,7 +18,7 @@ use axum::{Json, Router};
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 use worker_client::protocol::{Deregister, KvTransferParams, RegisterWorker};
-use worker_client::service::nodelay;
+use worker_client::serve::{serve, ServeLimits};
 use worker_client::transfer::{KvExporter, KvPuller, TransferError};
 use worker_client::{BootstrapClient, ClientError, EngineDirectory};
 
@@ -147,9 +147,7 @@ impl SimEngine {
             .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
             .route("/stats", get(stats))
             .with_state(engine.clone());
-        let served = axum::serve(nodelay(self.listener), app)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let served = serve(self.listener, app, shutdown, ServeLimits::default()).await;
         if engine.args.role == Role::Prefill {
             engine.deregister_workers().await;
         }

@@ -1,0 +1,190 @@
+//! Serving an axum router with the limits a long-running server needs.
+//!
+//! `axum::serve` reads request headers without a time limit (a client that connects and sends
+//! nothing keeps its connection, and a file descriptor, forever) and its graceful shutdown waits
+//! for every connection however long it streams. [`serve`] is the same accept loop with a header
+//! read timeout, `TCP_NODELAY` on every connection, and a bounded grace period at shutdown.
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tower::ServiceExt;
+
+/// Time limits of [`serve`].
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLimits {
+    /// How long a connection may take to send a request's headers (also while idle between
+    /// keep-alive requests) before it is closed.
+    pub header_read_timeout: Duration,
+    /// How long in-flight requests may run on after shutdown begins before their connections
+    /// are closed.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        ServeLimits {
+            header_read_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Serves `app` on `listener` over HTTP/1.1 until `shutdown` resolves; then stops accepting,
+/// lets in-flight requests finish for at most `limits.shutdown_grace`, and returns.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()>,
+    limits: ServeLimits,
+) -> std::io::Result<()> {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(true);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        if let Err(err) = stream.set_nodelay(true) {
+            tracing::debug!(error = %err, "cannot set TCP_NODELAY");
+        }
+        let service = app
+            .clone()
+            .map_request(|request: Request<Incoming>| request.map(Body::new));
+        let connection =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(%peer, error = %err, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?limits.shutdown_grace, "requests still running after the shutdown grace period were cut off");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn start(
+        limits: ServeLimits,
+    ) -> (
+        std::net::SocketAddr,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ) {
+        let app = Router::new()
+            .route("/", axum::routing::get(|| async { "hi" }))
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    "late"
+                }),
+            );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve(
+            listener,
+            app,
+            async move {
+                let _ = stopped.await;
+            },
+            limits,
+        ));
+        (addr, stop, task)
+    }
+
+    #[tokio::test]
+    async fn silent_connections_are_closed_after_the_header_timeout() {
+        let limits = ServeLimits {
+            header_read_timeout: Duration::from_millis(300),
+            ..ServeLimits::default()
+        };
+        let (addr, _stop, _task) = start(limits).await;
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let started = Instant::now();
+        let mut buf = [0u8; 256];
+        let read = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf)).await;
+        assert!(read.is_ok(), "the server never closed a silent connection");
+        assert!(
+            started.elapsed() >= Duration::from_millis(250),
+            "{:?}",
+            started.elapsed()
+        );
+        // Others are served meanwhile.
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).await.unwrap();
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("hi"),
+            "{answer}"
+        );
+    }
+
+    #[tokio::test]
+    async fn shutdown_waits_for_in_flight_requests_at_most_the_grace_period() {
+        let limits = ServeLimits {
+            shutdown_grace: Duration::from_millis(300),
+            ..ServeLimits::default()
+        };
+        let (addr, stop, task) = start(limits).await;
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = Instant::now();
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_err(),
+            "the listener is closed"
+        );
+    }
+}
