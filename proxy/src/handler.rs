@@ -18,7 +18,6 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use reqwest::Url;
 use serde::Deserialize;
 use serde_json::Value;
 use subtle::ConstantTimeEq;
@@ -30,7 +29,7 @@ use crate::error::ApiError;
 use crate::metrics::{CallOutcome, Metrics, Outcome, RouteMetrics};
 use crate::policy::Picker;
 use crate::relay::{detach, Failure, PrefillCall, Relay, Tracker};
-use crate::upstream::{DecodeStart, Upstream, UpstreamError};
+use crate::upstream::{DecodeStart, Endpoint, Upstream, UpstreamError};
 
 /// `X-Request-Id`: kept from the client or made up, sent to P and D and back to the client.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -68,7 +67,7 @@ pub enum Route {
 }
 
 impl Route {
-    fn url(self, backend: &Backend) -> &Url {
+    fn endpoint(self, backend: &Backend) -> &Endpoint {
         match self {
             Route::Completions => &backend.completions_url,
             Route::ChatCompletions => &backend.chat_completions_url,
@@ -203,7 +202,7 @@ impl Shared {
         Box::pin(async move {
             shared
                 .upstream
-                .prefill(call, route.url(&pair.backend).clone(), headers, body)
+                .prefill(call, route.endpoint(&pair.backend), headers, body)
                 .await
                 .map_err(|err| prefill_failure(&pair, &err))
         })
@@ -455,7 +454,7 @@ async fn start_request(
         let call = decode.call();
         let decoding = state.upstream.decode(
             call,
-            route.url(&decode).clone(),
+            route.endpoint(&decode),
             common.clone(),
             decode_body.clone(),
         );
