@@ -14,6 +14,7 @@ use worker_client::protocol::Rank;
 
 use crate::config::{Config, HealthConfig};
 use crate::metrics::{BackendMetrics, CallOutcome, DiscoveryMetrics, Metrics};
+use crate::upstream::Endpoint;
 
 /// Whether a backend prefills or decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,9 +40,9 @@ pub struct Backend {
     url: String,
     role: Role,
     /// `{url}/v1/completions`.
-    pub completions_url: Url,
+    pub completions_url: Endpoint,
     /// `{url}/v1/chat/completions`.
-    pub chat_completions_url: Url,
+    pub chat_completions_url: Endpoint,
     /// `{url}/v1/models`.
     pub models_url: Url,
     /// `{url}/health`.
@@ -64,8 +65,8 @@ impl Backend {
         Backend {
             url: url.to_owned(),
             role,
-            completions_url: join("/v1/completions"),
-            chat_completions_url: join("/v1/chat/completions"),
+            completions_url: Endpoint::new(join("/v1/completions")),
+            chat_completions_url: Endpoint::new(join("/v1/chat/completions")),
             models_url: join("/v1/models"),
             health_url: join("/health"),
             healthy: AtomicBool::new(true),

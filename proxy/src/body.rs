@@ -1,13 +1,22 @@
 //! What P and D receive: the client's JSON body with the few fields vLLM's Mooncake proxy changes,
 //! every other field passed through untouched.
+//!
+//! Only the top level of the body is parsed: each field's value is kept as its raw JSON text and
+//! written back as is, so a long prompt or message list is copied, not rebuilt and re-escaped.
 
+use std::collections::BTreeMap;
+
+use serde::de::IgnoredAny;
+use serde_json::error::Category;
+use serde_json::value::{to_raw_value, RawValue};
 use serde_json::{Map, Value};
 use worker_client::protocol::KvTransferParams;
 
 use crate::backend::Pair;
 
-/// A client's request body: a JSON object.
-pub type Body = Map<String, Value>;
+/// A client's request body: a JSON object, field by field (in key order, as `serde_json::Map`
+/// writes them), each value as its raw JSON text.
+pub type Body = BTreeMap<String, Box<RawValue>>;
 
 /// The body field P and D read their transfer instructions from.
 pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
@@ -25,15 +34,29 @@ pub enum BodyError {
 
 /// Parses the client's body.
 pub fn parse(bytes: &[u8]) -> Result<Body, BodyError> {
-    match serde_json::from_slice(bytes).map_err(BodyError::NotJson)? {
-        Value::Object(map) => Ok(map),
-        _ => Err(BodyError::NotObject),
-    }
+    serde_json::from_slice(bytes).map_err(|err| {
+        if err.classify() != Category::Data {
+            return BodyError::NotJson(err);
+        }
+        // Well-formed so far but not an object; still, broken JSON is told as such.
+        match serde_json::from_slice::<IgnoredAny>(bytes) {
+            Ok(_) => BodyError::NotObject,
+            Err(err) => BodyError::NotJson(err),
+        }
+    })
 }
 
 /// Whether the client asked for a streamed (SSE) answer.
-pub fn is_stream(body: &Body) -> bool {
-    body.get("stream").and_then(Value::as_bool).unwrap_or(false)
+#[cfg(test)]
+fn is_stream(body: &Body) -> bool {
+    body.get("stream")
+        .and_then(|raw| serde_json::from_str(raw.get()).ok())
+        .unwrap_or(false)
+}
+
+/// The raw JSON text of `value`.
+fn raw(value: &impl serde::Serialize) -> Box<RawValue> {
+    to_raw_value(value).expect("a JSON value serializes")
 }
 
 /// `kv_transfer_params` for P: compute the KV for a remote decoder.
@@ -73,7 +96,7 @@ pub fn decode_params(transfer_id: &str, pair: &Pair) -> Value {
 
 /// D's body: the client's, with `kv_transfer_params` set to `params`.
 pub fn decode_body(body: &mut Body, params: Value) -> Vec<u8> {
-    body.insert(KV_TRANSFER_PARAMS.to_owned(), params);
+    body.insert(KV_TRANSFER_PARAMS.to_owned(), raw(&params));
     serde_json::to_vec(body).expect("a JSON map serializes")
 }
 
@@ -81,13 +104,13 @@ pub fn decode_body(body: &mut Body, params: Value) -> Vec<u8> {
 /// `max_completion_tokens: 1` when present, no `stream_options`, and `kv_transfer_params` set to
 /// `params`.
 pub fn prefill_body(body: &mut Body, params: Value) -> Vec<u8> {
-    body.insert("stream".to_owned(), Value::Bool(false));
-    body.insert("max_tokens".to_owned(), Value::from(1));
+    body.insert("stream".to_owned(), raw(&false));
+    body.insert("max_tokens".to_owned(), raw(&1));
     if let Some(value) = body.get_mut("max_completion_tokens") {
-        *value = Value::from(1);
+        *value = raw(&1);
     }
     body.remove("stream_options");
-    body.insert(KV_TRANSFER_PARAMS.to_owned(), params);
+    body.insert(KV_TRANSFER_PARAMS.to_owned(), raw(&params));
     serde_json::to_vec(body).expect("a JSON map serializes")
 }
 
@@ -138,5 +161,20 @@ mod tests {
     fn bodies_must_be_objects() {
         assert!(matches!(parse(b"[1]"), Err(BodyError::NotObject)));
         assert!(matches!(parse(b"{"), Err(BodyError::NotJson(_))));
+        assert!(matches!(parse(b"[1,"), Err(BodyError::NotJson(_))));
+        assert!(matches!(parse(b"\"text\""), Err(BodyError::NotObject)));
+    }
+
+    #[test]
+    fn other_fields_pass_through_as_sent() {
+        let mut body = parse(
+            br#"{"prompt":"caf\u00e9","messages":[{"role":"user","content":"hi"}],"n":1.50,"max_tokens":9}"#,
+        )
+        .unwrap();
+        let sent = String::from_utf8(decode_body(&mut body, json!({"a": 1}))).unwrap();
+        assert_eq!(
+            sent,
+            r#"{"kv_transfer_params":{"a":1},"max_tokens":9,"messages":[{"role":"user","content":"hi"}],"n":1.50,"prompt":"caf\u00e9"}"#
+        );
     }
 }

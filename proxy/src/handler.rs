@@ -8,6 +8,8 @@
 //! the `kv_transfer_params` P returns to D. Every future and stream is owned by the request, so a
 //! client that goes away cancels both calls.
 
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,10 +20,10 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use reqwest::Url;
 use serde::Deserialize;
 use serde_json::Value;
 use subtle::ConstantTimeEq;
+use uuid::Uuid;
 
 use crate::backend::{Backend, Pair, Pool};
 use crate::body;
@@ -30,7 +32,7 @@ use crate::error::ApiError;
 use crate::metrics::{CallOutcome, Metrics, Outcome, RouteMetrics};
 use crate::policy::Picker;
 use crate::relay::{detach, Failure, PrefillCall, Relay, Tracker};
-use crate::upstream::{DecodeStart, Upstream, UpstreamError};
+use crate::upstream::{DecodeStart, Endpoint, Upstream, UpstreamError};
 
 /// `X-Request-Id`: kept from the client or made up, sent to P and D and back to the client.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -53,6 +55,7 @@ pub struct Shared {
     mode: Mode,
     /// `Bearer <key>`, when clients must present a key.
     expected_authorization: Option<Vec<u8>>,
+    ids: Ids,
 }
 
 /// The state every handler receives.
@@ -68,7 +71,7 @@ pub enum Route {
 }
 
 impl Route {
-    fn url(self, backend: &Backend) -> &Url {
+    fn endpoint(self, backend: &Backend) -> &Endpoint {
         match self {
             Route::Completions => &backend.completions_url,
             Route::ChatCompletions => &backend.chat_completions_url,
@@ -120,6 +123,7 @@ impl Shared {
                 .api_key
                 .as_ref()
                 .map(|key| format!("Bearer {key}").into_bytes()),
+            ids: Ids::new(),
         }
     }
 
@@ -203,7 +207,7 @@ impl Shared {
         Box::pin(async move {
             shared
                 .upstream
-                .prefill(call, route.url(&pair.backend).clone(), headers, body)
+                .prefill(call, route.endpoint(&pair.backend), headers, body)
                 .await
                 .map_err(|err| prefill_failure(&pair, &err))
         })
@@ -278,13 +282,37 @@ struct PrefillAnswer {
     kv_transfer_params: Option<Value>,
 }
 
-fn request_id(headers: &HeaderMap) -> HeaderValue {
+/// Random version-4 UUIDs without a system call each (`Uuid::new_v4` asks the OS every time):
+/// SipHash, keyed once from the OS, over a counter.
+struct Ids {
+    key: RandomState,
+    counter: AtomicU64,
+}
+
+impl Ids {
+    fn new() -> Self {
+        Ids {
+            key: RandomState::new(),
+            counter: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> Uuid {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let high = u128::from(self.key.hash_one((n, 0u8)));
+        let low = u128::from(self.key.hash_one((n, 1u8)));
+        uuid::Builder::from_random_bytes(((high << 64) | low).to_be_bytes()).into_uuid()
+    }
+}
+
+fn request_id(ids: &Ids, headers: &HeaderMap) -> HeaderValue {
     headers
         .get(&X_REQUEST_ID)
         .filter(|value| !value.is_empty())
         .cloned()
         .unwrap_or_else(|| {
-            HeaderValue::from_str(&uuid::Uuid::new_v4().to_string())
+            let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
+            HeaderValue::from_bytes(ids.next().hyphenated().encode_lower(&mut text).as_bytes())
                 .expect("a uuid is a valid header value")
         })
 }
@@ -315,7 +343,7 @@ async fn serve(
 ) -> Response {
     let start = Instant::now();
     let mut tracker = Tracker::new(state.route_metrics(route).clone(), start);
-    let request_id = request_id(headers);
+    let request_id = request_id(&state.ids, headers);
     let mut response = match start_request(state, route, headers, &request_id, body, start).await {
         Ok(Started {
             decode,
@@ -393,7 +421,7 @@ async fn start_request(
             Outcome::Unavailable,
         ))
     })?;
-    let transfer_id = format!("xfer-{}", uuid::Uuid::new_v4());
+    let transfer_id = format!("xfer-{}", state.ids.next());
     let mut common = HeaderMap::with_capacity(4);
     common.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     common.insert(X_REQUEST_ID.clone(), request_id.clone());
@@ -455,7 +483,7 @@ async fn start_request(
         let call = decode.call();
         let decoding = state.upstream.decode(
             call,
-            route.url(&decode).clone(),
+            route.endpoint(&decode),
             common.clone(),
             decode_body.clone(),
         );
@@ -564,5 +592,25 @@ pub async fn models(State(state): State<AppState>, headers: HeaderMap) -> Respon
             ))
             .into_response()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn ids_are_distinct_version_4_uuids() {
+        let ids = Ids::new();
+        let seen: HashSet<Uuid> = (0..10_000).map(|_| ids.next()).collect();
+        assert_eq!(seen.len(), 10_000);
+        for id in seen {
+            assert_eq!(id.get_version(), Some(uuid::Version::Random));
+            assert_eq!(id.get_variant(), uuid::Variant::RFC4122);
+        }
+        let other = Ids::new();
+        assert_ne!(Ids::new().next(), other.next());
     }
 }

@@ -9,13 +9,13 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use futures_util::stream::{BoxStream, Stream};
+use futures_util::stream::Stream;
 use futures_util::StreamExt;
 
 use crate::backend::Call;
 use crate::error::ApiError;
 use crate::metrics::{CallOutcome, Outcome, RouteMetrics};
-use crate::upstream::DecodeStart;
+use crate::upstream::{Answer, DecodeStart, UpstreamError};
 
 /// How a request failed: what the client is told, and how it is counted.
 pub type Failure = (ApiError, Outcome);
@@ -74,8 +74,7 @@ impl Drop for Tracker {
 /// The body stream of a relayed answer.
 pub struct Relay {
     first: Option<Bytes>,
-    decode: Option<(BoxStream<'static, reqwest::Result<Bytes>>, Call)>,
-    decode_timeout: std::time::Duration,
+    decode: Option<(Answer, Call)>,
     prefill: Option<PrefillCall>,
     sse: bool,
     tracker: Tracker,
@@ -98,7 +97,6 @@ impl Relay {
         Relay {
             first: decode.first,
             decode: Some((decode.rest, decode.call)),
-            decode_timeout: decode.timeout,
             prefill,
             sse,
             tracker,
@@ -149,24 +147,22 @@ impl Stream for Relay {
             Poll::Ready(Some(Ok(chunk))) => Poll::Ready(Some(Ok(chunk))),
             Poll::Ready(Some(Err(err))) => {
                 let (_, call) = this.decode.take().expect("decode is set");
-                let (error, outcome) = if err.is_timeout() {
-                    call.finish(CallOutcome::Timeout);
-                    (
+                call.finish(err.outcome());
+                let (error, outcome) = match err {
+                    UpstreamError::Timeout(limit) => (
                         ApiError::gateway_timeout(format!(
-                            "decode did not finish within {:?}",
-                            this.decode_timeout
+                            "decode did not finish within {limit:?}"
                         )),
                         Outcome::DecodeTimeout,
-                    )
-                } else {
-                    call.finish(CallOutcome::Error);
-                    (
-                        ApiError::bad_gateway(format!(
-                            "decode's answer broke off: {}",
-                            worker_client::service::error_chain(&err)
-                        )),
+                    ),
+                    UpstreamError::Broken(cause) => (
+                        ApiError::bad_gateway(format!("decode's answer broke off: {cause}")),
                         Outcome::StreamError,
-                    )
+                    ),
+                    other => (
+                        ApiError::bad_gateway(format!("decode's answer broke off: {other}")),
+                        Outcome::StreamError,
+                    ),
                 };
                 this.fail(error, outcome)
             }

@@ -1,12 +1,22 @@
 //! Calling P and D: one shared HTTP client, each call counted on its backend until it ends.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use futures_util::stream::BoxStream;
+use bytes::{Bytes, BytesMut};
+use futures_util::stream::{BoxStream, Stream};
 use futures_util::StreamExt;
+use http_body_util::Full;
+use hyper::body::{Body as _, Incoming};
+use hyper::{Method, Request, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use reqwest::{StatusCode, Url};
+use tokio::time::Sleep;
 
 use crate::backend::Call;
 use crate::config::Config;
@@ -15,6 +25,9 @@ use worker_client::service::error_chain;
 
 /// The most bytes of a backend's error answer kept (to relay it and look for an unknown engine).
 const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// How long an unused kept-alive connection to a backend stays open.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How a call to a backend failed.
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +132,115 @@ impl UpstreamError {
     }
 }
 
+/// Where a call to a backend goes. Plain-HTTP endpoints are called with a bare hyper client
+/// (their URI is parsed once here); HTTPS ones through reqwest, for its TLS.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    url: Url,
+    plain: Option<Uri>,
+}
+
+impl Endpoint {
+    /// The endpoint at `url`.
+    pub fn new(url: Url) -> Self {
+        let plain = (url.scheme() == "http")
+            .then(|| Uri::try_from(url.as_str()).expect("a parsed http URL is a valid URI"));
+        Endpoint { url, plain }
+    }
+
+    /// Its URL.
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+}
+
+/// The body of a backend's answer, read under the call's time limit.
+pub struct Answer {
+    source: Source,
+    deadline: Pin<Box<Sleep>>,
+    timeout: Duration,
+}
+
+enum Source {
+    Plain(Incoming),
+    Tls(BoxStream<'static, reqwest::Result<Bytes>>),
+}
+
+impl Stream for Answer {
+    type Item = Result<Bytes, UpstreamError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let timeout = this.timeout;
+        let polled = match &mut this.source {
+            Source::Plain(body) => loop {
+                match Pin::new(&mut *body).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                        Ok(data) => break Poll::Ready(Some(Ok(data))),
+                        // Trailers carry nothing to relay.
+                        Err(_) => continue,
+                    },
+                    Poll::Ready(Some(Err(err))) => {
+                        break Poll::Ready(Some(Err(UpstreamError::Broken(error_chain(&err)))))
+                    }
+                    Poll::Ready(None) => break Poll::Ready(None),
+                    Poll::Pending => break Poll::Pending,
+                }
+            },
+            Source::Tls(stream) => stream.poll_next_unpin(cx).map(|item| {
+                item.map(|chunk| chunk.map_err(|err| UpstreamError::from_reqwest(&err, timeout)))
+            }),
+        };
+        if polled.is_pending() && this.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(UpstreamError::Timeout(timeout))));
+        }
+        polled
+    }
+}
+
+impl Answer {
+    /// Reads the rest of the body into one buffer (no copy when it is one chunk).
+    async fn whole(&mut self, limit: usize) -> Result<Bytes, UpstreamError> {
+        let Some(first) = self.next().await.transpose()? else {
+            return Ok(Bytes::new());
+        };
+        let mut whole: Option<BytesMut> = None;
+        while let Some(chunk) = self.next().await.transpose()? {
+            let buffer = whole.get_or_insert_with(|| BytesMut::from(&first[..]));
+            buffer.extend_from_slice(&chunk[..chunk.len().min(limit.saturating_sub(buffer.len()))]);
+            if buffer.len() >= limit {
+                break;
+            }
+        }
+        Ok(match whole {
+            Some(buffer) => buffer.freeze(),
+            None => first,
+        })
+    }
+
+    /// A non-2xx answer, read whole (up to 64 KiB), as the error it is.
+    async fn into_error(
+        mut self,
+        status: StatusCode,
+        content_type: Option<HeaderValue>,
+    ) -> UpstreamError {
+        let body = self.whole(MAX_ERROR_BODY).await.unwrap_or_default();
+        UpstreamError::Status {
+            status,
+            content_type,
+            body: body.slice(..body.len().min(MAX_ERROR_BODY)),
+        }
+    }
+}
+
+/// The head of a backend's answer, with its body still to read.
+struct Head {
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    content_length: Option<u64>,
+    body: Answer,
+}
+
 /// A decode's answer whose status and first bytes arrived.
 pub struct DecodeStart {
     /// D's status (2xx).
@@ -132,18 +254,20 @@ pub struct DecodeStart {
     /// When the first chunk (or the end) arrived.
     pub first_at: Instant,
     /// The rest of the body.
-    pub rest: BoxStream<'static, reqwest::Result<Bytes>>,
+    pub rest: Answer,
     /// The call, finished when the body ends.
     pub call: Call,
-    /// D's time limit, for error messages.
-    pub timeout: Duration,
 }
 
-/// The shared client and the time limits.
+/// The HTTP/1 client plain-HTTP calls to P and D use.
+type PlainClient = Client<HttpConnector, Full<Bytes>>;
+
+/// The shared clients and the time limits.
 #[derive(Clone)]
 pub struct Upstream {
-    /// The pooled HTTP client every call uses (health checks and discovery too).
+    /// The pooled HTTP client of health checks, discovery, `/v1/models` and HTTPS backends.
     pub client: reqwest::Client,
+    plain: PlainClient,
     /// Time limit of a call to P.
     pub prefill_timeout: Duration,
     /// Time limit of a call to D, streaming included.
@@ -151,18 +275,95 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Builds the client: pooled keep-alive connections, TCP_NODELAY, no system proxy.
+    /// Builds the clients: pooled keep-alive connections (idle ones closed after 60 s),
+    /// TCP_NODELAY, the connect timeout, no system proxy.
     pub fn new(config: &Config) -> reqwest::Result<Self> {
         let client = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(config.connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .tcp_nodelay(true)
             .build()?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        let plain = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_timer(TokioTimer::new())
+            .build(connector);
         Ok(Upstream {
             client,
+            plain,
             prefill_timeout: config.prefill_timeout,
             request_timeout: config.request_timeout,
+        })
+    }
+
+    /// POSTs `body` to `endpoint` and waits for the head of the answer; the body is then read
+    /// under the same time limit.
+    async fn post(
+        &self,
+        endpoint: &Endpoint,
+        headers: HeaderMap,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<Head, UpstreamError> {
+        let mut deadline = Box::pin(tokio::time::sleep(timeout));
+        let sending = async {
+            match &endpoint.plain {
+                Some(uri) => {
+                    let mut request = Request::new(Full::new(body));
+                    *request.method_mut() = Method::POST;
+                    *request.uri_mut() = uri.clone();
+                    *request.headers_mut() = headers;
+                    let response = self.plain.request(request).await.map_err(|err| {
+                        if err.is_connect() {
+                            UpstreamError::Connect(error_chain(&err))
+                        } else {
+                            UpstreamError::Broken(error_chain(&err))
+                        }
+                    })?;
+                    let status = response.status();
+                    let content_type = response.headers().get(CONTENT_TYPE).cloned();
+                    let body = response.into_body();
+                    let content_length = body.size_hint().exact();
+                    Ok((status, content_type, content_length, Source::Plain(body)))
+                }
+                None => {
+                    let response = self
+                        .client
+                        .post(endpoint.url.clone())
+                        .headers(headers)
+                        .body(body)
+                        .send()
+                        .await
+                        .map_err(|err| UpstreamError::from_reqwest(&err, timeout))?;
+                    let status = response.status();
+                    let content_type = response.headers().get(CONTENT_TYPE).cloned();
+                    let content_length = response.content_length();
+                    Ok((
+                        status,
+                        content_type,
+                        content_length,
+                        Source::Tls(response.bytes_stream().boxed()),
+                    ))
+                }
+            }
+        };
+        let (status, content_type, content_length, source) = tokio::select! {
+            biased;
+            sent = sending => sent?,
+            () = &mut deadline => return Err(UpstreamError::Timeout(timeout)),
+        };
+        Ok(Head {
+            status,
+            content_type,
+            content_length,
+            body: Answer {
+                source,
+                deadline,
+                timeout,
+            },
         })
     }
 
@@ -170,35 +371,18 @@ impl Upstream {
     pub async fn prefill(
         &self,
         call: Call,
-        url: Url,
+        endpoint: &Endpoint,
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<Bytes, UpstreamError> {
-        let timeout = self.prefill_timeout;
         let result = async {
-            let response = self
-                .client
-                .post(url)
-                .headers(headers)
-                .body(body)
-                .timeout(timeout)
-                .send()
-                .await
-                .map_err(|err| UpstreamError::from_reqwest(&err, timeout))?;
-            let status = response.status();
-            let content_type = response.headers().get(CONTENT_TYPE).cloned();
-            let body = response
-                .bytes()
-                .await
-                .map_err(|err| UpstreamError::from_reqwest(&err, timeout))?;
-            if status.is_success() {
-                Ok(body)
+            let mut head = self
+                .post(endpoint, headers, body, self.prefill_timeout)
+                .await?;
+            if head.status.is_success() {
+                head.body.whole(usize::MAX).await
             } else {
-                Err(UpstreamError::Status {
-                    status,
-                    content_type,
-                    body: body.slice(..body.len().min(MAX_ERROR_BODY)),
-                })
+                Err(head.body.into_error(head.status, head.content_type).await)
             }
         }
         .await;
@@ -214,58 +398,35 @@ impl Upstream {
     pub async fn decode(
         &self,
         call: Call,
-        url: Url,
+        endpoint: &Endpoint,
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<DecodeStart, UpstreamError> {
-        let timeout = self.request_timeout;
         let fail = |call: Call, err: UpstreamError| {
             call.finish(err.outcome());
             Err(err)
         };
-        let response = match self
-            .client
-            .post(url)
-            .headers(headers)
-            .body(body)
-            .timeout(timeout)
-            .send()
+        let Head {
+            status,
+            content_type,
+            content_length,
+            body: mut rest,
+        } = match self
+            .post(endpoint, headers, body, self.request_timeout)
             .await
         {
-            Ok(response) => response,
-            Err(err) => return fail(call, UpstreamError::from_reqwest(&err, timeout)),
+            Ok(head) => head,
+            Err(err) => return fail(call, err),
         };
-        let status = response.status();
-        let content_type = response.headers().get(CONTENT_TYPE).cloned();
-        let content_length = response.content_length();
-        let mut stream = response.bytes_stream();
         if !status.is_success() {
-            let mut body = Vec::new();
-            while let Some(chunk) = stream.next().await {
-                match chunk {
-                    Ok(chunk) => {
-                        body.extend_from_slice(
-                            &chunk[..chunk.len().min(MAX_ERROR_BODY - body.len())],
-                        );
-                        if body.len() >= MAX_ERROR_BODY {
-                            break;
-                        }
-                    }
-                    Err(_) => break,
-                }
-            }
-            let err = UpstreamError::Status {
-                status,
-                content_type,
-                body: Bytes::from(body),
-            };
+            let err = rest.into_error(status, content_type).await;
             return fail(call, err);
         }
         let first = loop {
-            match stream.next().await {
+            match rest.next().await {
                 Some(Ok(chunk)) if chunk.is_empty() => continue,
                 Some(Ok(chunk)) => break Some(chunk),
-                Some(Err(err)) => return fail(call, UpstreamError::from_reqwest(&err, timeout)),
+                Some(Err(err)) => return fail(call, err),
                 None => break None,
             }
         };
@@ -280,9 +441,8 @@ impl Upstream {
             first,
             complete,
             first_at: Instant::now(),
-            rest: stream.boxed(),
+            rest,
             call,
-            timeout,
         })
     }
 }
