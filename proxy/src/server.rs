@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 use tokio::net::TcpListener;
 use worker_client::protocol::Rank;
-use worker_client::service::nodelay;
+use worker_client::serve::{serve, ServeLimits};
 
 use crate::backend::Pool;
 use crate::config::Config;
@@ -135,9 +135,8 @@ impl Proxy {
             policy = ?config.policy,
             "pd-proxy listening"
         );
-        let served = axum::serve(nodelay(listener), router(state))
-            .with_graceful_shutdown(shutdown)
-            .await;
+        // Streams may run for minutes: at shutdown they get a bounded grace, then are cut.
+        let served = serve(listener, router(state), shutdown, ServeLimits::default()).await;
         for task in tasks {
             task.abort();
         }

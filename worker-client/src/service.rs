@@ -4,9 +4,6 @@
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use axum::serve::{ListenerExt, TapIo};
-use tokio::net::{TcpListener, TcpStream};
-
 /// How logs are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum LogFormat {
@@ -59,18 +56,6 @@ pub async fn shutdown_signal() {
         () = ctrl_c => tracing::info!("SIGINT received, shutting down"),
         () = terminate => tracing::info!("SIGTERM received, shutting down"),
     }
-}
-
-/// A listener whose accepted connections send small writes at once (`TCP_NODELAY`). Without it
-/// a small write that follows another (an SSE event after the headers, a short answer) waits for
-/// the peer's delayed ACK, about 40 ms on Linux.
-pub fn nodelay(listener: TcpListener) -> TapIo<TcpListener, fn(&mut TcpStream)> {
-    fn set(stream: &mut TcpStream) {
-        if let Err(err) = stream.set_nodelay(true) {
-            tracing::debug!(error = %err, "cannot set TCP_NODELAY");
-        }
-    }
-    listener.tap_io(set as fn(&mut TcpStream))
 }
 
 /// Parses a positive number of seconds, fractions allowed (`"960"`, `"0.5"`), for duration flags.
