@@ -229,13 +229,25 @@ async fn request_keyed_api() {
         server
             .post(
                 "/query_requests",
-                json!({"req_ids": ["r1"], "tp_rank": 0, "tp_size": 4})
+                json!({"req_ids": ["r1"], "tp_rank": 0, "tp_size": 1})
             )
             .await,
         (
             StatusCode::BAD_REQUEST,
-            json!({"detail": "heterogeneous TP is not supported yet. TP size mismatch: expected 2, got 4"})
+            json!({"detail": "heterogeneous TP is not supported yet. TP size mismatch: expected 2, got 1"})
         )
+    );
+    // A larger D tp size may only mean P has not registered every tp rank yet: answered per id.
+    let (status, body) = server
+        .post(
+            "/query_requests",
+            json!({"req_ids": ["r1"], "tp_rank": 3, "tp_size": 4}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body["results"]["r1"],
+        json!(["Prefiller TP rank 3 not matched in DP group 0", []])
     );
 
     // Release after transfer: idempotent, and the id reads as unknown afterwards.

@@ -96,20 +96,30 @@ impl Shelf {
         }
     }
 
-    fn waiter(&self, transfer_id: &str) -> Arc<Notify> {
+    /// Takes the published KV, or (in the same critical section, so a publish cannot slip in
+    /// between) registers as a waiter and returns what to wait on.
+    fn take_or_wait(&self, transfer_id: &str) -> Result<Bytes, Arc<Notify>> {
         let mut slots = self.slots();
-        match slots.get(transfer_id) {
-            Some(Slot::Awaited { notify, .. }) => notify.clone(),
-            _ => {
-                let notify = Arc::new(Notify::new());
+        match slots.remove(transfer_id) {
+            Some(Slot::Ready { kv, .. }) => Ok(kv),
+            Some(Slot::Awaited { notify, since }) => {
                 slots.insert(
                     transfer_id.to_owned(),
                     Slot::Awaited {
                         notify: notify.clone(),
-                        since: Instant::now(),
+                        since,
                     },
                 );
-                notify
+                Err(notify)
+            }
+            None => {
+                let notify = Arc::new(Notify::new());
+                let slot = Slot::Awaited {
+                    notify: notify.clone(),
+                    since: Instant::now(),
+                };
+                slots.insert(transfer_id.to_owned(), slot);
+                Err(notify)
             }
         }
     }
@@ -122,7 +132,10 @@ impl Shelf {
         let before = slots.len();
         slots.retain(|_, slot| match slot {
             Slot::Ready { expires, .. } => *expires > now,
-            Slot::Awaited { since, .. } => now.duration_since(*since) < hold,
+            // Kept while someone still waits on it (a pull may wait longer than the hold).
+            Slot::Awaited { notify, since } => {
+                Arc::strong_count(notify) > 1 || now.duration_since(*since) < hold
+            }
         });
         before - slots.len()
     }
@@ -147,14 +160,14 @@ async fn serve_pull(
     Query(params): Query<PullParams>,
 ) -> Response {
     let wait = Duration::from_millis(params.wait_ms).min(MAX_WAIT);
-    if let Some(kv) = shelf.take(&transfer_id) {
-        return kv.into_response();
-    }
-    let notify = shelf.waiter(&transfer_id);
+    let notify = match shelf.take_or_wait(&transfer_id) {
+        Ok(kv) => return kv.into_response(),
+        Err(notify) => notify,
+    };
     let notified = notify.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
-    // Published between the first look and enabling the waiter?
+    // Published between registering as a waiter and enabling the notification?
     if let Some(kv) = shelf.take(&transfer_id) {
         return kv.into_response();
     }
@@ -335,6 +348,23 @@ mod tests {
             Bytes::from_static(b"kv bytes")
         );
         assert_eq!(exporter.pending(), 0, "a pull takes the KV");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_never_replaces_published_kv() {
+        let exporter = exporter(Duration::from_secs(5)).await;
+        exporter.publish("x", Bytes::from_static(b"kv"));
+        // A pull that finds the KV takes it; it never swaps it for a wait slot.
+        assert_eq!(
+            exporter.shelf.take_or_wait("x").unwrap(),
+            Bytes::from_static(b"kv")
+        );
+        assert!(exporter.shelf.take_or_wait("y").is_err());
+        assert!(
+            exporter.shelf.take_or_wait("y").is_err(),
+            "a second waiter shares the slot"
+        );
+        assert_eq!(exporter.pending(), 1);
     }
 
     #[tokio::test]

@@ -62,13 +62,14 @@ pub fn router(state: AppState, auth: Option<AuthToken>) -> Router {
     writes
         .merge(reads)
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(state.clone(), track))
-        .layer(middleware::from_fn(error::json_errors))
+        // Inner to outer: the timeouts answer 408s that the JSON and metrics layers then see.
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             REQUEST_TIMEOUT,
         ))
         .layer(RequestBodyTimeoutLayer::new(REQUEST_TIMEOUT))
+        .layer(middleware::from_fn_with_state(state.clone(), track))
+        .layer(middleware::from_fn(error::json_errors))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }

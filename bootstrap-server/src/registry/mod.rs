@@ -439,17 +439,19 @@ impl Registry {
             validate_id("req_ids", id)?;
         }
         let workers = self.read_workers();
-        let p_tp_size = match &self.config.expected {
-            Some(expected) => Some(expected.tp_size),
-            None => workers.observed_tp_size,
+        // With a configured tp size, D's must equal it. Without one, P's is inferred from what
+        // has registered so far, which may still be incomplete: only a D tp size below it is
+        // certainly a mismatch (missing tp ranks answer per id).
+        let mismatch = match (&self.config.expected, workers.observed_tp_size) {
+            (Some(expected), _) => (expected.tp_size != query.tp_size).then_some(expected.tp_size),
+            (None, Some(observed)) => (query.tp_size < observed).then_some(observed),
+            (None, None) => None,
         };
-        if let Some(expected) = p_tp_size {
-            if expected != query.tp_size {
-                return Err(RegistryError::TpSizeMismatch {
-                    expected,
-                    got: query.tp_size,
-                });
-            }
+        if let Some(expected) = mismatch {
+            return Err(RegistryError::TpSizeMismatch {
+                expected,
+                got: query.tp_size,
+            });
         }
         let now = now_ms();
         let ranks: Vec<Option<Rank>> = {
@@ -516,12 +518,15 @@ impl Registry {
 
     /// Counts for `/metrics`.
     pub fn stats(&self) -> Stats {
+        // Lock order everywhere: workers before requests (and never both through temporaries).
         let view = self.view();
+        let revision = self.read_workers().revision;
+        let live_requests = lock(&self.requests).len();
         Stats {
             workers: view.readiness.registered,
             engines: view.engines,
-            live_requests: lock(&self.requests).len(),
-            revision: self.read_workers().revision,
+            live_requests,
+            revision,
         }
     }
 

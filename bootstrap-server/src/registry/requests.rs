@@ -137,7 +137,27 @@ impl RequestTable {
 
     /// Forgets an id; true when it was live.
     pub fn remove(&mut self, req_id: &str) -> bool {
-        self.live.remove(req_id).is_some()
+        let removed = self.live.remove(req_id).is_some();
+        self.compact_if_stale();
+        removed
+    }
+
+    /// Drops queue entries of released ids once they outnumber the live ones, so that a P
+    /// that releases every id after its transfer keeps memory bounded by the live ids.
+    fn compact_if_stale(&mut self) {
+        if self.expiry.len() <= 2 * self.live.len() + 1024 {
+            return;
+        }
+        let live = &self.live;
+        self.expiry.retain(|(expires_at, id)| {
+            live.get(id).is_some_and(|r| r.expires_at_ms == *expires_at)
+        });
+        self.expiry.shrink_to(self.expiry.len() * 2);
+    }
+
+    #[cfg(test)]
+    fn queued(&self) -> usize {
+        self.expiry.len()
     }
 
     /// Forgets `req_id` only if it still maps to exactly `record` (undoing a failed insert
@@ -210,6 +230,24 @@ mod tests {
         assert_eq!(table.get("a", 31), Some(3));
         assert_eq!(table.pop_expired(40, 100), vec![Arc::from("a")]);
         assert!(table.is_empty());
+    }
+
+    #[test]
+    fn released_ids_do_not_pile_up_in_the_expiry_queue() {
+        let mut table = RequestTable::new(100);
+        for i in 0..10_000 {
+            let id = format!("r{i}");
+            table.insert(&id, 0, 0, 1_000).unwrap();
+            assert!(table.remove(&id));
+        }
+        assert!(table.is_empty());
+        assert!(
+            table.queued() <= 1025,
+            "{} stale entries kept",
+            table.queued()
+        );
+        table.insert("kept", 1, 0, 1_000).unwrap();
+        assert_eq!(table.pop_expired(1_000, 10_000), vec![Arc::from("kept")]);
     }
 
     #[test]
