@@ -103,14 +103,27 @@ impl EngineDirectory {
         current.clone()
     }
 
-    async fn load(&self, key: &str, cell: &OnceCell<Engines>) -> Result<Engines, ClientError> {
-        cell.get_or_try_init(|| async {
-            let client = self.template.at(key)?;
-            tracing::debug!(bootstrap = %key, "fetching remote topology");
-            client.topology_with_retry().await.map(engines_of)
-        })
-        .await
-        .cloned()
+    /// The cell's engines, fetching them if nobody has yet. A failed fetch removes the cell, so
+    /// that errors are not cached and addresses that never answered leave nothing behind.
+    async fn load(&self, key: &str, cell: &Arc<OnceCell<Engines>>) -> Result<Engines, ClientError> {
+        let loaded = cell
+            .get_or_try_init(|| async {
+                let client = self.template.at(key)?;
+                tracing::debug!(bootstrap = %key, "fetching remote topology");
+                client.topology_with_retry().await.map(engines_of)
+            })
+            .await
+            .cloned();
+        if loaded.is_err() {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if cache
+                .get(key)
+                .is_some_and(|current| Arc::ptr_eq(current, cell))
+            {
+                cache.remove(key);
+            }
+        }
+        loaded
     }
 
     /// The engine `engine_id` as registered at `bootstrap_addr`, from the cache or one fetch.
@@ -145,6 +158,11 @@ impl EngineDirectory {
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&key);
         }
+    }
+
+    /// How many bootstrap servers have a cached (or in-flight) topology.
+    pub fn cached_addresses(&self) -> usize {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Resolves request ids at `bootstrap_addr`; see [`BootstrapClient::query_requests`].

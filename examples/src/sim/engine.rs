@@ -28,6 +28,9 @@ use super::openai::{
     count_tokens, error_body, parse_prompt, sse_event, Api, Prompt, ResponseMeta, SSE_DONE,
 };
 
+/// How long a decode engine keeps retrying a remote bootstrap server's `GET /query`.
+const LOOKUP_DEADLINE: Duration = Duration::from_secs(5);
+
 /// Why the engine could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
@@ -106,7 +109,13 @@ impl SimEngine {
         let mut engine = Engine {
             engine_ids: engine_ids(&base_id, args.dp_size),
             exporters: BTreeMap::new(),
-            directory: EngineDirectory::new(bootstrap.clone()),
+            // Lookups sit on the request path: a P whose bootstrap keeps failing must fail the
+            // request in seconds, not after the default 30 s of retries.
+            directory: EngineDirectory::new(
+                BootstrapClient::builder(&args.bootstrap)
+                    .call_deadline(LOOKUP_DEADLINE)
+                    .build()?,
+            ),
             puller: KvPuller::default(),
             bootstrap,
             stats: Stats::default(),
