@@ -238,7 +238,10 @@ impl Registry {
     }
 
     /// `POST /register`: records one worker of an engine.
-    pub async fn register(&self, reg: &RegisterWorker) -> Result<RegisterOutcome, RegistryError> {
+    pub async fn register(
+        self: &Arc<Self>,
+        reg: &RegisterWorker,
+    ) -> Result<RegisterOutcome, RegistryError> {
         validate_id("engine_id", &reg.engine_id)?;
         validate_addr("addr", &reg.addr)?;
         let slot = Slot {
@@ -247,16 +250,15 @@ impl Registry {
             pp: reg.pp_rank,
         };
         self.check_slot(slot)?;
-        let _gate = self.write_gate.lock().await;
-        let plan = self.read_workers().table.plan_register(
-            &reg.engine_id,
-            slot,
-            &reg.addr,
-            reg.replace,
-            self.config.engine_conflict,
-        )?;
-        self.commit(&plan.change).await?;
-        match &plan.outcome {
+        let (engine_id, addr, replace) = (reg.engine_id.clone(), reg.addr.clone(), reg.replace);
+        let policy = self.config.engine_conflict;
+        let outcome = self
+            .write(move |table| {
+                let plan = table.plan_register(&engine_id, slot, &addr, replace, policy)?;
+                Ok((plan.change, plan.outcome))
+            })
+            .await?;
+        match &outcome {
             RegisterOutcome::Created => {
                 tracing::info!(engine_id = %reg.engine_id, %slot, addr = %reg.addr, "worker registered")
             }
@@ -267,55 +269,75 @@ impl Registry {
             ),
             RegisterOutcome::Replayed => {}
         }
-        Ok(plan.outcome)
+        Ok(outcome)
     }
 
     /// `POST /register_worker`: records a worker of vLLM's request-keyed API (pp rank 0).
-    pub async fn register_legacy(&self, reg: &RegisterLegacyWorker) -> Result<(), RegistryError> {
+    pub async fn register_legacy(
+        self: &Arc<Self>,
+        reg: &RegisterLegacyWorker,
+    ) -> Result<(), RegistryError> {
         validate_addr("worker_addr", &reg.worker_addr)?;
         self.check_slot(Slot {
             dp: reg.dp_rank,
             tp: reg.tp_rank,
             pp: 0,
         })?;
-        let _gate = self.write_gate.lock().await;
-        let change = self.read_workers().table.plan_register_legacy(
-            reg.dp_rank,
-            reg.tp_rank,
-            &reg.worker_addr,
-        );
-        self.commit(&change).await
+        let (dp, tp, addr) = (reg.dp_rank, reg.tp_rank, reg.worker_addr.clone());
+        self.write(move |table| Ok((table.plan_register_legacy(dp, tp, &addr), ())))
+            .await
     }
 
     /// `DELETE /register`: removes matching workers; returns how many.
-    pub async fn deregister(&self, req: &Deregister) -> Result<usize, RegistryError> {
+    pub async fn deregister(self: &Arc<Self>, req: &Deregister) -> Result<usize, RegistryError> {
         validate_id("engine_id", &req.engine_id)?;
-        let _gate = self.write_gate.lock().await;
-        let change = self.read_workers().table.plan_deregister(
-            &req.engine_id,
-            req.dp_rank,
-            req.tp_rank,
-            req.pp_rank,
-        );
-        self.commit(&change).await?;
-        if !change.remove.is_empty() {
-            tracing::info!(engine_id = %req.engine_id, removed = change.remove.len(), "workers deregistered");
+        let selection = req.clone();
+        let removed = self
+            .write(move |table| {
+                let change = table.plan_deregister(
+                    &selection.engine_id,
+                    selection.dp_rank,
+                    selection.tp_rank,
+                    selection.pp_rank,
+                );
+                let removed = change.remove.len();
+                Ok((change, removed))
+            })
+            .await?;
+        if removed > 0 {
+            tracing::info!(engine_id = %req.engine_id, removed, "workers deregistered");
         }
-        Ok(change.remove.len())
+        Ok(removed)
     }
 
-    /// Makes `change` durable, then applies it. Call with the write gate held.
-    async fn commit(&self, change: &WorkerChange) -> Result<(), RegistryError> {
-        if change.is_empty() {
-            return Ok(());
-        }
-        self.store.commit_workers(change).await?;
-        let mut state = self.workers.write().unwrap_or_else(|e| e.into_inner());
-        state.table.apply(change);
-        state.observed_tp_size = state.table.observed_tp_size();
-        state.revision += 1;
-        state.view = None;
-        Ok(())
+    /// Plans a worker change against the current table, makes it durable and applies it, as one
+    /// unit on its own task: writers are serialized by the write gate, and a caller that goes
+    /// away (client disconnect, request timeout) cannot leave the store changed but the table
+    /// not.
+    async fn write<T, P>(self: &Arc<Self>, plan: P) -> Result<T, RegistryError>
+    where
+        T: Send + 'static,
+        P: FnOnce(&WorkerTable) -> Result<(WorkerChange, T), RegistryError> + Send + 'static,
+    {
+        let registry = self.clone();
+        let task = tokio::spawn(async move {
+            let _gate = registry.write_gate.lock().await;
+            let (change, outcome) = plan(&registry.read_workers().table)?;
+            if !change.is_empty() {
+                registry.store.commit_workers(&change).await?;
+                let mut state = registry.workers.write().unwrap_or_else(|e| e.into_inner());
+                state.table.apply(&change);
+                state.observed_tp_size = state.table.observed_tp_size();
+                state.revision += 1;
+                state.view = None;
+            }
+            Ok(outcome)
+        });
+        task.await.map_err(|err| {
+            RegistryError::Store(StoreError::Backend(format!(
+                "registry write task failed: {err}"
+            )))
+        })?
     }
 
     fn read_workers(&self) -> std::sync::RwLockReadGuard<'_, WorkerState> {
