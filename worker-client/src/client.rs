@@ -11,7 +11,7 @@ use crate::error::ClientError;
 use crate::protocol::{
     Deregister, DeregisterResponse, ErrorBody, QueryRequests, QueryRequestsResponse, Rank,
     ReadyStatus, RegisterRequest, RegisterWorker, ReleaseResponse, RequestLocation, Status,
-    Topology,
+    Topology, MAX_QUERY_IDS,
 };
 use crate::retry::RetryPolicy;
 use crate::service::error_chain;
@@ -420,17 +420,21 @@ impl BootstrapClient {
             } else if left.is_zero() {
                 break;
             }
-            let round = self.settings.retry.run(&self.base, left, || {
-                self.query_requests_once(&pending, tp_rank, tp_size)
-            });
-            let answer = match round.await {
-                Ok(answer) => answer,
-                Err(ClientError::DeadlineExceeded { .. }) => break,
-                Err(err) => return Err(err),
-            };
+            // The server answers at most MAX_QUERY_IDS ids per call.
+            let mut results = BTreeMap::new();
+            for chunk in pending.chunks(MAX_QUERY_IDS) {
+                let round = self.settings.retry.run(&self.base, left, || {
+                    self.query_requests_once(chunk, tp_rank, tp_size)
+                });
+                match round.await {
+                    Ok(answer) => results.extend(answer.results),
+                    Err(ClientError::DeadlineExceeded { .. }) => break,
+                    Err(err) => return Err(err),
+                }
+            }
             let mut still_pending = Vec::new();
             for id in pending {
-                match answer.results.get(&id) {
+                match results.get(&id) {
                     Some(RequestLocation::Ok(addrs)) => {
                         outcomes.insert(id, RequestOutcome::Ready(addrs.clone()));
                     }

@@ -23,6 +23,9 @@ pub const MAX_ID_LEN: usize = 256;
 /// The longest transfer address accepted, in bytes.
 pub const MAX_ADDR_LEN: usize = 512;
 
+/// The most request ids one `POST /query_requests` may ask about.
+pub const MAX_QUERY_IDS: usize = 4096;
+
 /// `POST /register`: one P worker announces its ranks and transfer address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisterWorker {

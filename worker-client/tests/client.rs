@@ -360,3 +360,28 @@ async fn a_slow_server_cannot_make_calls_hang() {
     assert_eq!(outcomes["r"], RequestOutcome::TimedOut);
     assert!(started.elapsed() < Duration::from_secs(1));
 }
+
+#[tokio::test]
+async fn batches_larger_than_the_server_limit_are_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    let client = fast_client(&server.url());
+    client.register_worker(&worker("e", 0, 0, 1)).await.unwrap();
+    let count = worker_client::protocol::MAX_QUERY_IDS + 904;
+    let ids: Vec<String> = (0..count).map(|i| format!("r{i}")).collect();
+    for id in &ids {
+        let request = worker_client::protocol::RegisterRequest {
+            req_id: id.clone(),
+            dp_rank: 0,
+        };
+        server.registry().register_request(&request).await.unwrap();
+    }
+    let outcomes = client
+        .query_requests(&ids, 0, 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(outcomes.len(), count);
+    assert!(outcomes
+        .values()
+        .all(|o| matches!(o, RequestOutcome::Ready(_))));
+}

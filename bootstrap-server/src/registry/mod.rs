@@ -12,16 +12,13 @@ use bytes::Bytes;
 use worker_client::protocol::{
     validate_addr, validate_id, validate_rank, Deregister, FieldError, QueryRequests,
     QueryRequestsResponse, Rank, RegisterLegacyWorker, RegisterRequest, RegisterWorker,
-    RequestLocation,
+    RequestLocation, MAX_QUERY_IDS,
 };
 
 pub use requests::{Inserted, RequestConflict, RequestTable};
 pub use workers::{EngineConflictPolicy, RegisterOutcome, WorkerConflict, WorkerTable};
 
 use crate::store::{RequestRecord, Slot, Store, StoreError, WorkerChange};
-
-/// The most request ids one `POST /query_requests` may ask about.
-pub const MAX_QUERY_IDS: usize = 4096;
 
 /// How many expired ids one pruning step removes before it lets others take the lock.
 const PRUNE_BATCH: usize = 4096;
