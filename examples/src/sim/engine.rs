@@ -352,6 +352,14 @@ impl Engine {
             ));
         };
         let transfer_id = transfer_id.as_str();
+        // Each worker's share has the length P computed: the whole prompt's KV over tp x pp.
+        let pp_size = workers.values().map(BTreeMap::len).max().unwrap_or(1);
+        let expected_len = shard_len(
+            count_tokens(&prompt.text),
+            self.args.kv_bytes_per_token,
+            workers.len(),
+            pp_size,
+        );
         let pulls = workers.iter().flat_map(|(&tp, pps)| {
             pps.iter().map(move |(&pp, addr)| {
                 let shard = Shard { dp, tp, pp };
@@ -365,7 +373,8 @@ impl Engine {
         for (shard, addr, pulled) in join_all(pulls).await {
             let outcome = match pulled {
                 Ok(bytes)
-                    if !bytes.is_empty() && bytes == kv_bytes(&prompt.text, shard, bytes.len()) =>
+                    if bytes.len() == expected_len
+                        && bytes == kv_bytes(&prompt.text, shard, expected_len) =>
                 {
                     self.stats
                         .kv_bytes_pulled
