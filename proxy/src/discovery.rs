@@ -6,8 +6,9 @@
 use std::sync::Arc;
 
 use backon::{ExponentialBuilder, Retryable};
-use worker_client::protocol::{ErrorBody, Rank, Topology};
+use worker_client::protocol::Rank;
 use worker_client::service::error_chain;
+use worker_client::BootstrapClient;
 
 use crate::backend::Pool;
 use crate::config::DiscoveryConfig;
@@ -45,6 +46,7 @@ pub async fn discover_once(
     pool: &Pool,
     index: usize,
     client: &reqwest::Client,
+    bootstrap: &BootstrapClient,
     config: &DiscoveryConfig,
 ) -> Result<bool, DiscoveryError> {
     let prefill = &pool.prefills[index];
@@ -63,29 +65,13 @@ pub async fn discover_once(
         return Err(not_healthy(format!("/health answered {}", health.status())));
     }
     let addr = &*prefill.bootstrap_addr;
-    let query_failed = |reason: String| DiscoveryError::Query {
-        addr: addr.to_owned(),
-        reason,
-    };
-    let response = client
-        .get(format!("{addr}/query"))
-        .timeout(config.timeout)
-        .send()
+    let topology = bootstrap
+        .topology(None)
         .await
-        .map_err(|err| query_failed(error_chain(&err)))?;
-    let status = response.status();
-    let body = response
-        .bytes()
-        .await
-        .map_err(|err| query_failed(error_chain(&err)))?;
-    if !status.is_success() {
-        let detail = serde_json::from_slice::<ErrorBody>(&body)
-            .map(|error| error.detail)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
-        return Err(query_failed(format!("/query answered {status}: {detail}")));
-    }
-    let topology: Topology = serde_json::from_slice(&body)
-        .map_err(|err| query_failed(format!("/query answered an unexpected body: {err}")))?;
+        .map_err(|err| DiscoveryError::Query {
+            addr: addr.to_owned(),
+            reason: err.to_string(),
+        })?;
     let ranks: Vec<(Rank, &str)> = topology
         .iter()
         .filter_map(|(rank, group)| group.engine_id.as_deref().map(|engine| (*rank, engine)))
@@ -108,13 +94,27 @@ pub async fn discover_once(
 /// succeeds, then waits for the refresh interval or a refresh request, and starts again.
 pub async fn run(pool: Arc<Pool>, index: usize, client: reqwest::Client, config: DiscoveryConfig) {
     let prefill = pool.prefills[index].clone();
+    // Built from a validated prefill URL and port, so this does not fail in practice.
+    let bootstrap = match BootstrapClient::builder(&*prefill.bootstrap_addr)
+        .request_timeout(config.timeout)
+        .build()
+    {
+        Ok(bootstrap) => bootstrap,
+        Err(err) => {
+            tracing::error!(
+                prefill = prefill.backend.url(),
+                "discovery cannot start: {err}"
+            );
+            return;
+        }
+    };
     let backoff = ExponentialBuilder::default()
         .with_min_delay(config.backoff_min)
         .with_max_delay(config.backoff_max)
         .with_jitter()
         .without_max_times();
     loop {
-        let attempt = || discover_once(&pool, index, &client, &config);
+        let attempt = || discover_once(&pool, index, &client, &bootstrap, &config);
         let result = attempt
             .retry(backoff)
             .sleep(tokio::time::sleep)
