@@ -65,7 +65,8 @@ impl IntoResponse for ApiError {
 /// timeout layer) a JSON body, so every error a client sees has the same shape.
 pub async fn json_errors(request: Request, next: Next) -> Response {
     let method = request.method().clone();
-    let path = request.uri().path().to_owned();
+    // A refcounted clone: the path is only formatted when the answer is an error.
+    let uri = request.uri().clone();
     let response = next.run(request).await;
     let status = response.status();
     let is_error = status.is_client_error() || status.is_server_error();
@@ -74,6 +75,7 @@ pub async fn json_errors(request: Request, next: Next) -> Response {
     if !is_error || is_json {
         return response;
     }
+    let path = uri.path();
     let detail = match status {
         StatusCode::METHOD_NOT_ALLOWED => format!("method {method} is not allowed on {path}"),
         StatusCode::NOT_FOUND => format!("no route for {method} {path}"),

@@ -77,14 +77,11 @@ pub fn router(state: AppState, auth: Option<AuthToken>) -> Router {
 /// Counts every request by route, method and status, and times it.
 async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|path| path.as_str().to_owned());
+    let route = request.extensions().get::<MatchedPath>().cloned();
     let method = request.method().clone();
     let response = next.run(request).await;
     state.metrics.observe_http(
-        route.as_deref().unwrap_or("unmatched"),
+        route.as_ref().map_or("unmatched", MatchedPath::as_str),
         method.as_str(),
         response.status().as_str(),
         started.elapsed(),
