@@ -54,14 +54,7 @@ async fn prefill_error_status_cancels_decode_at_once() {
     let d = cluster.decode().wait_seen(1).await.remove(0);
     assert_cancelled(&d, Duration::from_secs(1)).await;
     let metrics = cluster.metrics().await;
-    assert_eq!(
-        sample(
-            &metrics,
-            "pd_proxy_requests_total",
-            "outcome=\"prefill_error\",route=\"/v1/completions\""
-        ),
-        1.0
-    );
+    assert_eq!(completions_with_outcome(&metrics, "prefill_error"), 1.0);
 }
 
 #[tokio::test]
@@ -151,14 +144,7 @@ async fn prefill_timeout_cancels_both() {
     assert_cancelled(&p, Duration::from_secs(2)).await;
     assert_cancelled(&d, Duration::from_secs(2)).await;
     let metrics = cluster.metrics().await;
-    assert_eq!(
-        sample(
-            &metrics,
-            "pd_proxy_requests_total",
-            "outcome=\"prefill_timeout\",route=\"/v1/completions\""
-        ),
-        1.0
-    );
+    assert_eq!(completions_with_outcome(&metrics, "prefill_timeout"), 1.0);
 }
 
 #[tokio::test]
@@ -282,14 +268,7 @@ async fn decode_failing_twice_relays_its_error_and_cancels_prefill() {
     let p = cluster.prefill.wait_seen(1).await.remove(0);
     assert_cancelled(&p, Duration::from_secs(1)).await;
     let metrics = cluster.metrics().await;
-    assert_eq!(
-        sample(
-            &metrics,
-            "pd_proxy_requests_total",
-            "outcome=\"decode_error\",route=\"/v1/completions\""
-        ),
-        1.0
-    );
+    assert_eq!(completions_with_outcome(&metrics, "decode_error"), 1.0);
 }
 
 #[tokio::test]
@@ -329,9 +308,8 @@ async fn client_going_away_before_the_answer_cancels_both() {
     let d = cluster.decode().wait_seen(1).await.remove(0);
     assert_cancelled(&p, Duration::from_secs(2)).await;
     assert_cancelled(&d, Duration::from_secs(2)).await;
-    let label = "outcome=\"client_disconnected\",route=\"/v1/completions\"";
     let deadline = Instant::now() + WAIT;
-    while sample(&cluster.metrics().await, "pd_proxy_requests_total", label) != 1.0 {
+    while completions_with_outcome(&cluster.metrics().await, "client_disconnected") != 1.0 {
         assert!(Instant::now() < deadline, "the disconnect was not counted");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -284,14 +284,7 @@ async fn api_key_is_required_and_forwarded() {
     let d = cluster.decode().wait_seen(1).await.remove(0);
     assert_eq!(d.header("authorization").as_deref(), Some("Bearer secret"));
     let metrics = cluster.metrics().await;
-    assert_eq!(
-        sample(
-            &metrics,
-            "pd_proxy_requests_total",
-            "outcome=\"unauthorized\",route=\"/v1/completions\""
-        ),
-        3.0
-    );
+    assert_eq!(completions_with_outcome(&metrics, "unauthorized"), 3.0);
 }
 
 #[tokio::test]
@@ -345,8 +338,7 @@ async fn models_health_ready_and_metrics_answer() {
         assert_eq!(status, 200);
     }
     let metrics = cluster.metrics().await;
-    let ok = "outcome=\"ok\",route=\"/v1/completions\"";
-    assert_eq!(sample(&metrics, "pd_proxy_requests_total", ok), 2.0);
+    assert_eq!(completions_with_outcome(&metrics, "ok"), 2.0);
     let decode = format!(
         "backend=\"{}\",outcome=\"ok\",role=\"decode\"",
         cluster.decode().url()

@@ -569,6 +569,12 @@ pub fn sample(metrics: &str, name: &str, labels: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// How many `/v1/completions` requests ended with `outcome` (`pd_proxy_requests_total`).
+pub fn completions_with_outcome(metrics: &str, outcome: &str) -> f64 {
+    let labels = format!("outcome=\"{outcome}\",route=\"/v1/completions\"");
+    sample(metrics, "pd_proxy_requests_total", &labels)
+}
+
 /// Polls `check` until it holds.
 pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
