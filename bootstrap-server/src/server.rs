@@ -79,7 +79,7 @@ impl Server {
         Ok(Server {
             listener,
             state: AppState {
-                registry: Arc::new(registry),
+                registry,
                 metrics: Arc::new(Metrics::new()),
             },
             auth: config.auth_token.map(|t| AuthToken(Arc::from(t))),

@@ -300,6 +300,7 @@ impl BootstrapClient {
     ///         pp_rank: 0,
     ///         addr: "tcp://10.0.0.5:41232".into(),
     ///         replace: false,
+    ///         lease_ttl: None,
     ///     })
     ///     .await?;
     /// # Ok(()) }

@@ -214,6 +214,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     pp_rank,
                     addr,
                     replace,
+                    lease_ttl: None,
                 })
                 .await?;
             println!("registered");

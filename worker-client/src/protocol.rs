@@ -26,6 +26,15 @@ pub const MAX_ADDR_LEN: usize = 512;
 /// The most request ids one `POST /query_requests` may ask about.
 pub const MAX_QUERY_IDS: usize = 4096;
 
+/// The longest lease a registration may ask for, in seconds (a day).
+pub const MAX_LEASE_TTL: u32 = 86_400;
+
+/// Identifies a lease: a registration that lives only while its worker keeps it alive.
+pub type LeaseId = i64;
+
+/// A position in the registry's history of worker changes (see `GET /watch`).
+pub type Revision = u64;
+
 /// `POST /register`: one P worker announces its ranks and transfer address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisterWorker {
@@ -42,6 +51,112 @@ pub struct RegisterWorker {
     /// Ours: take the slot (and the dp rank) over from another engine, e.g. after a restart.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replace: bool,
+    /// Ours: seconds the registration lives without a keepalive (a lease). Without it the
+    /// registration stays until it is deregistered or replaced, as vLLM's clients expect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl: Option<u32>,
+}
+
+/// Answer of `POST /register`: `{"status": "ok"}`, plus the lease when one was asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    /// Always `"ok"`.
+    pub status: String,
+    /// The lease that keeps this registration alive (only with `lease_ttl`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<LeaseId>,
+    /// Its time to live in seconds (only with `lease_ttl`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl: Option<u32>,
+}
+
+/// Answer of `POST /leases/{lease_id}/keepalive` (404 when the lease has expired).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseStatus {
+    /// Always `"ok"`.
+    pub status: String,
+    /// The lease kept alive.
+    pub lease_id: LeaseId,
+    /// Seconds it now lives without another keepalive.
+    pub lease_ttl: u32,
+}
+
+/// Answer of `DELETE /leases/{lease_id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevokeResponse {
+    /// Always `"ok"`: revoking is idempotent.
+    pub status: String,
+    /// Whether the lease was live before this call (its registrations are gone either way).
+    pub revoked: bool,
+}
+
+/// One registered worker, as `GET /workers` and `GET /watch` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// The engine that owns the worker's dp rank (absent for `/register_worker` registrations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_id: Option<String>,
+    /// Data-parallel rank.
+    pub dp_rank: Rank,
+    /// Tensor-parallel rank.
+    pub tp_rank: Rank,
+    /// Pipeline-parallel rank.
+    pub pp_rank: Rank,
+    /// Its transfer address.
+    pub addr: String,
+    /// The lease it lives by, if it registered with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<LeaseId>,
+}
+
+/// Answer of `GET /workers`: every registered worker as of `revision`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerList {
+    /// The registry revision this list is current at; watch from here.
+    pub revision: Revision,
+    /// The workers, in (dp, tp, pp) order.
+    pub workers: Vec<WorkerInfo>,
+}
+
+/// What happened to a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerEventKind {
+    /// Registered, or registered again with other values.
+    Put,
+    /// Deregistered, replaced by another engine's registration, or its lease expired.
+    Delete,
+}
+
+/// One change of the worker table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerEvent {
+    /// The revision of the change (changes committed together share one).
+    pub revision: Revision,
+    /// Put or delete.
+    #[serde(rename = "type")]
+    pub kind: WorkerEventKind,
+    /// The worker as registered (for a delete: as it was before).
+    pub worker: WorkerInfo,
+}
+
+/// Answer of `GET /watch?since=REV`: the changes after `since`, or none when the wait ran out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchBatch {
+    /// The registry revision the caller is now current at: pass it as the next `since`.
+    pub revision: Revision,
+    /// The changes, oldest first.
+    pub events: Vec<WorkerEvent>,
+}
+
+/// Answer of `GET /watch` with status 410: `since` is older than the history kept; re-list with
+/// `GET /workers` and watch from its revision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchGone {
+    /// What happened.
+    pub detail: String,
+    /// The registry's current revision.
+    pub revision: Revision,
 }
 
 /// `DELETE /register`: remove one worker, one dp group or a whole engine.
@@ -283,6 +398,17 @@ pub fn validate_id(field: &'static str, value: &str) -> Result<(), FieldError> {
         return Err(FieldError::new(
             field,
             "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a lease time to live: 1 to [`MAX_LEASE_TTL`] seconds.
+pub fn validate_lease_ttl(field: &'static str, value: u32) -> Result<(), FieldError> {
+    if value == 0 || value > MAX_LEASE_TTL {
+        return Err(FieldError::new(
+            field,
+            format!("{value} is out of range (1 to {MAX_LEASE_TTL} seconds)"),
         ));
     }
     Ok(())

@@ -46,6 +46,7 @@ fn worker(engine: &str, dp: u32, tp: u32, port: u16) -> RegisterWorker {
         pp_rank: 0,
         addr: format!("tcp://127.0.0.1:{port}"),
         replace: false,
+        lease_ttl: None,
     }
 }
 

@@ -37,7 +37,10 @@ impl From<RegistryError> for ApiError {
             | RegistryError::Request(RequestConflict::RankMismatch { .. }) => {
                 StatusCode::BAD_REQUEST
             }
-            RegistryError::UnknownEngine(_) => StatusCode::NOT_FOUND,
+            RegistryError::UnknownEngine(_) | RegistryError::UnknownLease(_) => {
+                StatusCode::NOT_FOUND
+            }
+            RegistryError::Compacted { .. } => StatusCode::GONE,
             RegistryError::Request(RequestConflict::Full { .. })
             | RegistryError::NotReady { .. }
             | RegistryError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,

@@ -17,8 +17,9 @@ use bytes::Bytes;
 use serde::Deserialize;
 use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
 use worker_client::protocol::{
-    Deregister, DeregisterResponse, QueryRequests, ReadyStatus, RegisterLegacyWorker,
-    RegisterRequest, RegisterWorker, ReleaseResponse, RequestLocation, Status,
+    Deregister, DeregisterResponse, LeaseId, LeaseStatus, QueryRequests, ReadyStatus,
+    RegisterLegacyWorker, RegisterRequest, RegisterResponse, RegisterWorker, ReleaseResponse,
+    RequestLocation, Revision, RevokeResponse, Status, WatchBatch, WatchGone, WorkerList,
 };
 
 pub use auth::AuthToken;
@@ -33,6 +34,12 @@ pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 
 /// The longest a request may take, body included, before it is answered with a timeout.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long `GET /watch` waits for a change when the caller does not say.
+const WATCH_WAIT_DEFAULT_MS: u64 = 20_000;
+
+/// The longest `GET /watch` waits (longer asks are shortened), well inside `REQUEST_TIMEOUT`.
+const WATCH_WAIT_MAX_MS: u64 = 25_000;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -49,13 +56,17 @@ pub fn router(state: AppState, auth: Option<AuthToken>) -> Router {
         .route("/register", post(register).delete(deregister))
         .route("/register_worker", post(register_worker))
         .route("/register_request", post(register_request))
-        .route("/requests/{req_id}", delete(release_request));
+        .route("/requests/{req_id}", delete(release_request))
+        .route("/leases/{lease_id}", delete(revoke_lease))
+        .route("/leases/{lease_id}/keepalive", post(keep_alive));
     if let Some(token) = auth {
         writes = writes.route_layer(middleware::from_fn_with_state(token, auth::require_token));
     }
     let reads = Router::new()
         .route("/query", get(query))
         .route("/query_requests", post(query_requests))
+        .route("/workers", get(workers))
+        .route("/watch", get(watch))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics));
@@ -103,9 +114,77 @@ fn json_bytes(body: Bytes) -> Response {
 async fn register(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<RegisterWorker>,
-) -> Result<Json<Status>, ApiError> {
-    state.registry.register(&body).await?;
-    Ok(Json(Status::ok()))
+) -> Result<Json<RegisterResponse>, ApiError> {
+    Ok(Json(state.registry.register(&body).await?))
+}
+
+/// A query-string or path rejection as a JSON error naming what was wrong.
+fn rejected(rejection: impl IntoResponse + std::fmt::Display) -> ApiError {
+    let text = rejection.to_string();
+    ApiError::new(rejection.into_response().status(), text)
+}
+
+async fn keep_alive(
+    State(state): State<AppState>,
+    lease_id: Result<Path<LeaseId>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<LeaseStatus>, ApiError> {
+    let Path(lease_id) = lease_id.map_err(rejected)?;
+    let lease_ttl = state.registry.keep_alive(lease_id).await?;
+    Ok(Json(LeaseStatus {
+        status: "ok".to_owned(),
+        lease_id,
+        lease_ttl,
+    }))
+}
+
+async fn revoke_lease(
+    State(state): State<AppState>,
+    lease_id: Result<Path<LeaseId>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<RevokeResponse>, ApiError> {
+    let Path(lease_id) = lease_id.map_err(rejected)?;
+    let revoked = state.registry.revoke(lease_id).await?;
+    Ok(Json(RevokeResponse {
+        status: "ok".to_owned(),
+        revoked,
+    }))
+}
+
+async fn workers(State(state): State<AppState>) -> Json<WorkerList> {
+    Json(state.registry.list())
+}
+
+/// `GET /watch` parameters.
+#[derive(Deserialize)]
+struct WatchParams {
+    since: Revision,
+    timeout_ms: Option<u64>,
+}
+
+async fn watch(
+    State(state): State<AppState>,
+    params: Result<Query<WatchParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(params) = params.map_err(rejected)?;
+    let wait_ms = params
+        .timeout_ms
+        .unwrap_or(WATCH_WAIT_DEFAULT_MS)
+        .min(WATCH_WAIT_MAX_MS);
+    match state
+        .registry
+        .watch(params.since, Duration::from_millis(wait_ms))
+        .await
+    {
+        Ok(batch) => Ok(Json::<WatchBatch>(batch).into_response()),
+        Err(err @ RegistryError::Compacted { revision, .. }) => Ok((
+            StatusCode::GONE,
+            Json(WatchGone {
+                detail: err.to_string(),
+                revision,
+            }),
+        )
+            .into_response()),
+        Err(err) => Err(err.into()),
+    }
 }
 
 async fn deregister(
@@ -137,8 +216,7 @@ async fn query(
     State(state): State<AppState>,
     params: Result<Query<QueryParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(params) =
-        params.map_err(|rejection| ApiError::new(rejection.status(), rejection.body_text()))?;
+    let Query(params) = params.map_err(rejected)?;
     let body = state.registry.query(params.engine_id.as_deref())?;
     Ok(json_bytes(body))
 }

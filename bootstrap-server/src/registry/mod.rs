@@ -1,27 +1,43 @@
 //! The registry: one type that owns the worker table and the request-id table, validates every
 //! change, makes it durable through a [`Store`], and serves the HTTP routes.
 
+mod history;
 mod requests;
 mod workers;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use worker_client::protocol::{
-    validate_addr, validate_id, validate_rank, Deregister, FieldError, QueryRequests,
-    QueryRequestsResponse, Rank, RegisterLegacyWorker, RegisterRequest, RegisterWorker,
-    RequestLocation, MAX_QUERY_IDS,
+    validate_addr, validate_id, validate_lease_ttl, validate_rank, Deregister, FieldError,
+    LeaseId, QueryRequests, QueryRequestsResponse, Rank, RegisterLegacyWorker, RegisterRequest,
+    RegisterResponse, RegisterWorker, RequestLocation, Revision, WatchBatch, WorkerEvent,
+    WorkerEventKind, WorkerInfo, WorkerList, MAX_QUERY_IDS,
 };
 
+pub use history::{Compacted, History, HISTORY_CAPACITY};
 pub use requests::{Inserted, RequestConflict, RequestTable};
 pub use workers::{EngineConflictPolicy, RegisterOutcome, WorkerConflict, WorkerTable};
 
-use crate::store::{RequestRecord, Slot, Store, StoreError, WorkerChange};
+use crate::store::{
+    RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvent, StoreEvents,
+    WorkerChange, WorkerRecord,
+};
 
 /// How many expired ids one pruning step removes before it lets others take the lock.
 const PRUNE_BATCH: usize = 4096;
+
+/// How often a worker change is planned again after another replica changed the table first.
+const WRITE_ATTEMPTS: usize = 8;
+
+/// How long a committed change may take to come back from the store before the write is
+/// reported as failed (it is durable; a retry of the same registration is a no-op).
+const APPLY_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a write that lost a race waits for the winner's change to arrive.
+const CONFLICT_WAIT: Duration = Duration::from_secs(2);
 
 /// The P deployment's expected shape; `GET /query` answers 503 until every rank has registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +117,19 @@ pub enum RegistryError {
     /// No dp rank belongs to this engine (404).
     #[error("engine_id {0:?} is not registered")]
     UnknownEngine(String),
+    /// The lease has expired, was revoked or never existed (404).
+    #[error("lease {0} is not live (expired or revoked): register again")]
+    UnknownLease(LeaseId),
+    /// A watcher asked for changes older than the history kept (410).
+    #[error("revision {since} is older than the history kept (from {floor}): re-list with GET /workers and watch from its revision")]
+    Compacted {
+        /// What the watcher asked for.
+        since: Revision,
+        /// The oldest revision it can resume from.
+        floor: Revision,
+        /// The current revision.
+        revision: Revision,
+    },
     /// The store failed (503: retrying may help).
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -126,8 +155,8 @@ pub struct Stats {
     pub engines: usize,
     /// Live request ids.
     pub live_requests: usize,
-    /// Changes to the worker table since start.
-    pub revision: u64,
+    /// The revision of the registry's state.
+    pub revision: Revision,
 }
 
 /// The pre-rendered answers of `GET /query`, rebuilt lazily after a change.
@@ -140,20 +169,56 @@ struct TopologyView {
 
 struct WorkerState {
     table: WorkerTable,
-    revision: u64,
+    /// The store revision the tables are current at.
+    revision: Revision,
+    /// The revision of the last committed worker change (what the next commit is guarded by).
+    guard: Revision,
     /// P's tp size as the table shows it, kept current on every change (lookups read it).
     observed_tp_size: Option<Rank>,
     view: Option<Arc<TopologyView>>,
+    history: History,
+}
+
+impl WorkerState {
+    fn new(snapshot_workers: Vec<WorkerRecord>, revision: Revision, guard: Revision) -> Self {
+        let table = WorkerTable::from_records(snapshot_workers);
+        WorkerState {
+            observed_tp_size: table.observed_tp_size(),
+            table,
+            revision,
+            guard,
+            view: None,
+            history: History::new(revision, HISTORY_CAPACITY),
+        }
+    }
 }
 
 /// The P/D registry shared by the HTTP routes and the storage backend.
+///
+/// Its tables are a cache of the store: they change only through [`StoreEvent`]s, in revision
+/// order, so that this replica's writes, other replicas' writes and expired leases all land the
+/// same way.
 pub struct Registry {
     config: RegistryConfig,
     store: Arc<dyn Store>,
-    /// Serializes worker changes so that plan, commit and apply happen as one step.
+    /// Serializes this replica's worker changes so that plan and commit happen as one step.
     write_gate: tokio::sync::Mutex<()>,
     workers: RwLock<WorkerState>,
     requests: Mutex<RequestTable>,
+    /// The revision applied last; writers and watchers wait on it.
+    applied: tokio::sync::watch::Sender<Revision>,
+}
+
+/// The wire form of a stored worker.
+fn worker_info(record: &WorkerRecord) -> WorkerInfo {
+    WorkerInfo {
+        engine_id: record.engine_id.as_deref().map(str::to_owned),
+        dp_rank: record.slot.dp,
+        tp_rank: record.slot.tp,
+        pp_rank: record.slot.pp,
+        addr: record.addr.clone(),
+        lease_id: record.lease.map(|l| l.id),
+    }
 }
 
 fn to_bytes<T: serde::Serialize>(value: &T) -> Bytes {
@@ -175,34 +240,126 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Registry {
-    /// Loads the registry from `store`, dropping request ids that expired while it was down.
-    pub async fn open(store: Arc<dyn Store>, config: RegistryConfig) -> Result<Self, StoreError> {
-        let state = store.load().await?;
-        let table = WorkerTable::from_records(state.workers);
-        let mut requests = RequestTable::new(config.max_requests);
-        let expired = requests.load(state.requests, now_ms());
+    /// Loads the registry from `store` (dropping request ids that expired while it was down) and
+    /// starts following the store's changes.
+    pub async fn open(
+        store: Arc<dyn Store>,
+        config: RegistryConfig,
+    ) -> Result<Arc<Self>, StoreError> {
+        let snapshot = store.load().await?;
+        let events = store.subscribe(snapshot.revision);
+        let revision = snapshot.revision;
+        let (workers, requests, expired) = Self::tables(snapshot, &config);
         if !expired.is_empty() {
-            store.remove_requests(&expired).await?;
+            store.forget_expired(&expired).await?;
         }
         tracing::info!(
-            workers = table.worker_count(),
-            engines = table.engine_count(),
+            workers = workers.table.worker_count(),
+            engines = workers.table.engine_count(),
             live_requests = requests.len(),
             expired_on_load = expired.len(),
+            revision,
             "registry loaded"
         );
-        Ok(Registry {
+        let registry = Arc::new(Registry {
             config,
             store,
             write_gate: tokio::sync::Mutex::new(()),
-            workers: RwLock::new(WorkerState {
-                observed_tp_size: table.observed_tp_size(),
-                table,
-                revision: 0,
-                view: None,
-            }),
+            workers: RwLock::new(workers),
             requests: Mutex::new(requests),
-        })
+            applied: tokio::sync::watch::Sender::new(revision),
+        });
+        tokio::spawn(Self::follow(Arc::downgrade(&registry), events));
+        Ok(registry)
+    }
+
+    /// Builds the tables from a snapshot; also returns the ids that had expired.
+    fn tables(
+        snapshot: Snapshot,
+        config: &RegistryConfig,
+    ) -> (WorkerState, RequestTable, Vec<Arc<str>>) {
+        let workers = WorkerState::new(snapshot.workers, snapshot.revision, snapshot.guard);
+        let mut requests = RequestTable::new(config.max_requests);
+        let expired = requests.load(snapshot.requests, now_ms());
+        (workers, requests, expired)
+    }
+
+    /// Applies the store's events until the store or the registry goes away.
+    async fn follow(registry: Weak<Registry>, mut events: StoreEvents) {
+        while let Some(event) = events.recv().await {
+            let Some(registry) = registry.upgrade() else {
+                return;
+            };
+            registry.apply(event);
+        }
+    }
+
+    fn apply(&self, event: StoreEvent) {
+        let revision = match event {
+            StoreEvent::Workers {
+                revision,
+                remove,
+                put,
+                guard,
+            } => {
+                let mut state = self.write_workers();
+                let mut events: Vec<WorkerEvent> = remove
+                    .iter()
+                    .filter_map(|slot| state.table.get(*slot))
+                    .map(|old| WorkerEvent {
+                        revision,
+                        kind: WorkerEventKind::Delete,
+                        worker: worker_info(&old),
+                    })
+                    .collect();
+                events.extend(put.iter().map(|new| WorkerEvent {
+                    revision,
+                    kind: WorkerEventKind::Put,
+                    worker: worker_info(new),
+                }));
+                state.table.apply(&WorkerChange { remove, put });
+                state.observed_tp_size = state.table.observed_tp_size();
+                state.revision = state.revision.max(revision);
+                if guard {
+                    state.guard = revision;
+                }
+                state.view = None;
+                state.history.extend(events);
+                revision
+            }
+            StoreEvent::Requests {
+                revision,
+                put,
+                remove,
+            } => {
+                let mut state = self.write_workers();
+                let now = now_ms();
+                let mut requests = lock(&self.requests);
+                for (id, record) in put {
+                    // Conflicts and a full table were answered to the replica that wrote the id.
+                    let _ = requests.insert(&id, record.dp_rank, now, record.expires_at_ms);
+                }
+                for id in remove {
+                    requests.remove(&id);
+                }
+                state.revision = state.revision.max(revision);
+                revision
+            }
+            StoreEvent::Reset(snapshot) => {
+                let revision = snapshot.revision;
+                let (workers, requests, _) = Self::tables(snapshot, &self.config);
+                let mut state = self.write_workers();
+                *state = workers;
+                *lock(&self.requests) = requests;
+                tracing::warn!(revision, "registry reloaded from the store");
+                revision
+            }
+        };
+        self.applied.send_if_modified(|applied| {
+            let advanced = revision > *applied;
+            *applied = (*applied).max(revision);
+            advanced
+        });
     }
 
     /// The settings the registry runs with.
@@ -234,39 +391,86 @@ impl Registry {
         self.check_rank("PP", slot.pp, |e| e.pp_size)
     }
 
-    /// `POST /register`: records one worker of an engine.
+    /// `POST /register`: records one worker of an engine, under a new lease when it asks for one.
     pub async fn register(
         self: &Arc<Self>,
         reg: &RegisterWorker,
-    ) -> Result<RegisterOutcome, RegistryError> {
+    ) -> Result<RegisterResponse, RegistryError> {
         validate_id("engine_id", &reg.engine_id)?;
         validate_addr("addr", &reg.addr)?;
+        if let Some(ttl) = reg.lease_ttl {
+            validate_lease_ttl("lease_ttl", ttl)?;
+        }
         let slot = Slot {
             dp: reg.dp_rank,
             tp: reg.tp_rank,
             pp: reg.pp_rank,
         };
         self.check_slot(slot)?;
+        let lease = match reg.lease_ttl {
+            Some(ttl) => Some(self.store.grant_lease(ttl).await?),
+            None => None,
+        };
         let (engine_id, addr, replace) = (reg.engine_id.clone(), reg.addr.clone(), reg.replace);
         let policy = self.config.engine_conflict;
-        let outcome = self
+        let written = self
             .write(move |table| {
-                let plan = table.plan_register(&engine_id, slot, &addr, replace, policy)?;
+                let plan = table.plan_register(&engine_id, slot, &addr, replace, policy, lease)?;
                 Ok((plan.change, plan.outcome))
             })
-            .await?;
+            .await;
+        let outcome = match written {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                if let Some(lease) = lease {
+                    // Nothing was written under it; revoking only saves it waiting out its ttl.
+                    let _ = self.store.revoke_lease(lease.id).await;
+                }
+                return Err(err);
+            }
+        };
+        let lease_id = lease.map(|l| l.id);
         match &outcome {
             RegisterOutcome::Created => {
-                tracing::info!(engine_id = %reg.engine_id, %slot, addr = %reg.addr, "worker registered")
+                tracing::info!(engine_id = %reg.engine_id, %slot, addr = %reg.addr, ?lease_id, "worker registered")
             }
             RegisterOutcome::Replaced { previous_engine } => tracing::warn!(
-                engine_id = %reg.engine_id, %slot, addr = %reg.addr,
+                engine_id = %reg.engine_id, %slot, addr = %reg.addr, ?lease_id,
                 previous_engine = previous_engine.as_deref().unwrap_or("-"),
                 "worker registration replaced an earlier one"
             ),
             RegisterOutcome::Replayed => {}
         }
-        Ok(outcome)
+        Ok(RegisterResponse {
+            status: "ok".to_owned(),
+            lease_id,
+            lease_ttl: lease.map(|l| l.ttl),
+        })
+    }
+
+    /// `POST /leases/{lease_id}/keepalive`: renews a lease; its time to live in seconds.
+    pub async fn keep_alive(&self, lease: LeaseId) -> Result<u32, RegistryError> {
+        self.store
+            .keep_alive(lease)
+            .await?
+            .ok_or(RegistryError::UnknownLease(lease))
+    }
+
+    /// `DELETE /leases/{lease_id}`: ends a lease and removes its workers; false when it was not
+    /// live. Returns once this replica no longer shows those workers.
+    pub async fn revoke(&self, lease: LeaseId) -> Result<bool, RegistryError> {
+        let revoked = self.store.revoke_lease(lease).await?;
+        let mut applied = self.applied.subscribe();
+        let gone = applied.wait_for(|_| !self.read_workers().table.has_lease(lease));
+        if tokio::time::timeout(APPLY_WAIT, gone).await.is_err() {
+            return Err(RegistryError::Store(StoreError::Backend(format!(
+                "lease {lease} was revoked but its workers have not left this replica's view yet"
+            ))));
+        }
+        if revoked {
+            tracing::info!(lease, "lease revoked");
+        }
+        Ok(revoked)
     }
 
     /// `POST /register_worker`: records a worker of vLLM's request-keyed API (pp rank 0).
@@ -307,34 +511,68 @@ impl Registry {
         Ok(removed)
     }
 
-    /// Plans a worker change against the current table, makes it durable and applies it, as one
-    /// unit on its own task: writers are serialized by the write gate, and a caller that goes
-    /// away (client disconnect, request timeout) cannot leave the store changed but the table
-    /// not.
+    /// Plans a worker change against the current table and commits it, guarded by the revision
+    /// of the table it was planned on; returns once the change is in this replica's tables.
+    ///
+    /// The whole step runs on its own task, serialized by the write gate: a caller that goes away
+    /// (client disconnect, request timeout) cannot cut it in half. When another replica changed
+    /// the table first, the plan is made again on the fresher table (a bounded number of times).
     async fn write<T, P>(self: &Arc<Self>, plan: P) -> Result<T, RegistryError>
     where
         T: Send + 'static,
-        P: FnOnce(&WorkerTable) -> Result<(WorkerChange, T), RegistryError> + Send + 'static,
+        P: Fn(&WorkerTable) -> Result<(WorkerChange, T), RegistryError> + Send + 'static,
     {
         let registry = self.clone();
         let task = tokio::spawn(async move {
             let _gate = registry.write_gate.lock().await;
-            let (change, outcome) = plan(&registry.read_workers().table)?;
-            if !change.is_empty() {
-                registry.store.commit_workers(&change).await?;
-                let mut state = registry.workers.write().unwrap_or_else(|e| e.into_inner());
-                state.table.apply(&change);
-                state.observed_tp_size = state.table.observed_tp_size();
-                state.revision += 1;
-                state.view = None;
+            for _ in 0..WRITE_ATTEMPTS {
+                let (guard, (change, outcome)) = {
+                    let state = registry.read_workers();
+                    (state.guard, plan(&state.table)?)
+                };
+                if change.is_empty() {
+                    return Ok(outcome);
+                }
+                match registry.store.commit_workers(&change, guard).await {
+                    Ok(revision) => {
+                        registry.wait_applied(revision).await?;
+                        return Ok(outcome);
+                    }
+                    Err(StoreError::Conflict) => registry.wait_guard_moved(guard).await,
+                    Err(err) => return Err(err.into()),
+                }
             }
-            Ok(outcome)
+            Err(RegistryError::Store(StoreError::Conflict))
         });
         task.await.map_err(|err| {
             RegistryError::Store(StoreError::Backend(format!(
                 "registry write task failed: {err}"
             )))
         })?
+    }
+
+    /// Waits until this replica has applied `revision`.
+    async fn wait_applied(&self, revision: Revision) -> Result<(), RegistryError> {
+        let mut applied = self.applied.subscribe();
+        let reached = applied.wait_for(|r| *r >= revision);
+        let in_time = matches!(tokio::time::timeout(APPLY_WAIT, reached).await, Ok(Ok(_)));
+        if in_time {
+            return Ok(());
+        }
+        Err(RegistryError::Store(StoreError::Backend(format!(
+            "the change was stored at revision {revision} but has not reached this replica yet"
+        ))))
+    }
+
+    /// Waits (briefly) until a worker change newer than `guard` has been applied.
+    async fn wait_guard_moved(&self, guard: Revision) {
+        let mut applied = self.applied.subscribe();
+        let moved = applied.wait_for(|_| self.read_workers().guard != guard);
+        let _ = tokio::time::timeout(CONFLICT_WAIT, moved).await;
+    }
+
+    fn write_workers(&self) -> std::sync::RwLockWriteGuard<'_, WorkerState> {
+        self.workers.write().unwrap_or_else(|e| e.into_inner())
     }
 
     fn read_workers(&self) -> std::sync::RwLockReadGuard<'_, WorkerState> {
@@ -345,7 +583,7 @@ impl Registry {
         if let Some(view) = &self.read_workers().view {
             return view.clone();
         }
-        let mut state = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.write_workers();
         if state.view.is_none() {
             state.view = Some(Arc::new(self.render(&state.table)));
         }
@@ -524,8 +762,9 @@ impl Registry {
                 break;
             }
             total += batch.len();
-            if let Err(err) = self.store.remove_requests(&batch).await {
-                // The ids are gone from memory; on disk they are dropped as expired at next load.
+            if let Err(err) = self.store.forget_expired(&batch).await {
+                // The ids are gone from memory; in the store they are dropped as expired at the
+                // next load.
                 tracing::warn!(error = %err, "could not delete pruned request ids from the store");
             }
         }
@@ -533,6 +772,53 @@ impl Registry {
             tracing::debug!(pruned = total, "expired request ids pruned");
         }
         total
+    }
+
+    /// `GET /workers`: every registered worker, with the revision to watch from.
+    pub fn list(&self) -> WorkerList {
+        let state = self.read_workers();
+        WorkerList {
+            revision: state.revision,
+            workers: state.table.records().map(|r| worker_info(&r)).collect(),
+        }
+    }
+
+    /// `GET /watch?since=REV`: the worker changes after `since`, waiting up to `wait` for the
+    /// first one. An empty batch means the wait ran out.
+    pub async fn watch(&self, since: Revision, wait: Duration) -> Result<WatchBatch, RegistryError> {
+        let mut applied = self.applied.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Marked seen before the history is read, so no change can slip in between.
+            applied.borrow_and_update();
+            let current = {
+                let state = self.read_workers();
+                let events = state.history.since(since).map_err(|Compacted { floor }| {
+                    RegistryError::Compacted {
+                        since,
+                        floor,
+                        revision: state.revision,
+                    }
+                })?;
+                if !events.is_empty() {
+                    return Ok(WatchBatch {
+                        revision: state.revision,
+                        events,
+                    });
+                }
+                state.revision
+            };
+            match tokio::time::timeout_at(deadline, applied.changed()).await {
+                Ok(Ok(())) => continue,
+                // Out of time (or the registry is going away): nothing new.
+                _ => {
+                    return Ok(WatchBatch {
+                        revision: current.max(since),
+                        events: Vec::new(),
+                    })
+                }
+            }
+        }
     }
 
     /// Counts for `/metrics`.

@@ -7,9 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use worker_client::protocol::{DpGroup, Rank, Topology};
+use worker_client::protocol::{DpGroup, LeaseId, Rank, Topology};
 
-use crate::store::{Slot, WorkerChange, WorkerRecord};
+use crate::store::{Lease, Slot, WorkerChange, WorkerRecord};
 
 /// What to do when a new engine id registers a dp rank that another engine owns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -82,7 +82,14 @@ pub struct WorkerTable {
 #[derive(Debug, Clone, Default)]
 struct Group {
     engine_id: Option<Arc<str>>,
-    workers: BTreeMap<(Rank, Rank), String>,
+    workers: BTreeMap<(Rank, Rank), Worker>,
+}
+
+/// One slot's registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Worker {
+    addr: String,
+    lease: Option<Lease>,
 }
 
 impl WorkerTable {
@@ -144,7 +151,7 @@ impl WorkerTable {
             .map(|g| {
                 g.workers
                     .range((tp, 0)..=(tp, Rank::MAX))
-                    .map(|(_, addr)| addr.clone())
+                    .map(|(_, worker)| worker.addr.clone())
                     .collect()
             })
             .unwrap_or_default()
@@ -167,11 +174,11 @@ impl WorkerTable {
                 continue;
             }
             let mut worker_addr: BTreeMap<Rank, BTreeMap<Rank, String>> = BTreeMap::new();
-            for ((tp, pp), addr) in &group.workers {
+            for ((tp, pp), worker) in &group.workers {
                 worker_addr
                     .entry(*tp)
                     .or_default()
-                    .insert(*pp, addr.clone());
+                    .insert(*pp, worker.addr.clone());
             }
             topology.insert(
                 *dp,
@@ -192,11 +199,13 @@ impl WorkerTable {
         addr: &str,
         replace: bool,
         policy: EngineConflictPolicy,
+        lease: Option<Lease>,
     ) -> Result<Plan, WorkerConflict> {
         let new_record = || WorkerRecord {
             slot,
             engine_id: Some(Arc::from(engine_id)),
             addr: addr.to_owned(),
+            lease,
         };
         let Some(group) = self.groups.get(&slot.dp) else {
             return Ok(Plan {
@@ -242,17 +251,18 @@ impl WorkerTable {
                     .workers
                     .iter()
                     .filter(|(key, _)| **key != (slot.tp, slot.pp))
-                    .map(|((tp, pp), old_addr)| WorkerRecord {
+                    .map(|((tp, pp), old)| WorkerRecord {
                         slot: Slot {
                             dp: slot.dp,
                             tp: *tp,
                             pp: *pp,
                         },
                         engine_id: Some(Arc::from(engine_id)),
-                        addr: old_addr.clone(),
+                        addr: old.addr.clone(),
+                        lease: old.lease,
                     })
                     .collect();
-                self.check_slot(group, slot, addr, replace)?;
+                self.check_slot(group, slot, addr, lease, replace)?;
                 put.push(new_record());
                 return Ok(Plan {
                     change: WorkerChange {
@@ -264,8 +274,9 @@ impl WorkerTable {
             }
         }
         let takeover = replace || policy == EngineConflictPolicy::Replace;
-        let outcome = match self.check_slot(group, slot, addr, takeover)? {
+        let outcome = match self.check_slot(group, slot, addr, lease, takeover)? {
             SlotState::Free => RegisterOutcome::Created,
+            SlotState::Renewed => RegisterOutcome::Replayed,
             SlotState::Same => {
                 return Ok(Plan {
                     change: WorkerChange::default(),
@@ -290,15 +301,18 @@ impl WorkerTable {
         group: &Group,
         slot: Slot,
         addr: &str,
+        lease: Option<Lease>,
         replace: bool,
     ) -> Result<SlotState, WorkerConflict> {
         match group.workers.get(&(slot.tp, slot.pp)) {
             None => Ok(SlotState::Free),
-            Some(old) if old == addr => Ok(SlotState::Same),
+            Some(old) if old.addr == addr && old.lease == lease => Ok(SlotState::Same),
+            // The same worker registering again, under a new lease (or none).
+            Some(old) if old.addr == addr => Ok(SlotState::Renewed),
             Some(_) if replace => Ok(SlotState::Overwritten),
             Some(old) => Err(WorkerConflict::SlotTaken {
                 slot,
-                old: old.clone(),
+                old: old.addr.clone(),
                 new: addr.to_owned(),
             }),
         }
@@ -311,8 +325,7 @@ impl WorkerTable {
         let group = self.groups.get(&dp);
         if group
             .and_then(|g| g.workers.get(&(tp, 0)))
-            .map(String::as_str)
-            == Some(addr)
+            .is_some_and(|w| w.addr == addr && w.lease.is_none())
         {
             return WorkerChange::default();
         }
@@ -322,6 +335,7 @@ impl WorkerTable {
                 slot,
                 engine_id: group.and_then(|g| g.engine_id.clone()),
                 addr: addr.to_owned(),
+                lease: None,
             }],
         }
     }
@@ -369,16 +383,57 @@ impl WorkerTable {
             if record.engine_id.is_some() {
                 group.engine_id.clone_from(&record.engine_id);
             }
-            group
-                .workers
-                .insert((record.slot.tp, record.slot.pp), record.addr.clone());
+            group.workers.insert(
+                (record.slot.tp, record.slot.pp),
+                Worker {
+                    addr: record.addr.clone(),
+                    lease: record.lease,
+                },
+            );
         }
+    }
+
+    /// The worker registered at `slot`.
+    pub fn get(&self, slot: Slot) -> Option<WorkerRecord> {
+        let group = self.groups.get(&slot.dp)?;
+        let worker = group.workers.get(&(slot.tp, slot.pp))?;
+        Some(WorkerRecord {
+            slot,
+            engine_id: group.engine_id.clone(),
+            addr: worker.addr.clone(),
+            lease: worker.lease,
+        })
+    }
+
+    /// Every registered worker, in (dp, tp, pp) order.
+    pub fn records(&self) -> impl Iterator<Item = WorkerRecord> + '_ {
+        self.groups.iter().flat_map(|(dp, group)| {
+            group.workers.iter().map(move |((tp, pp), worker)| WorkerRecord {
+                slot: Slot {
+                    dp: *dp,
+                    tp: *tp,
+                    pp: *pp,
+                },
+                engine_id: group.engine_id.clone(),
+                addr: worker.addr.clone(),
+                lease: worker.lease,
+            })
+        })
+    }
+
+    /// True when some worker lives by lease `id`.
+    pub fn has_lease(&self, id: LeaseId) -> bool {
+        self.groups
+            .values()
+            .flat_map(|g| g.workers.values())
+            .any(|w| w.lease.is_some_and(|l| l.id == id))
     }
 }
 
 enum SlotState {
     Free,
     Same,
+    Renewed,
     Overwritten,
 }
 
@@ -394,7 +449,7 @@ mod tests {
         let mut table = WorkerTable::default();
         for (engine, slot, addr) in entries {
             let plan = table
-                .plan_register(engine, *slot, addr, false, EngineConflictPolicy::Reject)
+                .plan_register(engine, *slot, addr, false, EngineConflictPolicy::Reject, None)
                 .unwrap();
             table.apply(&plan.change);
         }
@@ -410,7 +465,7 @@ mod tests {
                 slot(0, 0, 0),
                 "tcp://h:1",
                 false,
-                EngineConflictPolicy::Reject,
+                EngineConflictPolicy::Reject, None,
             )
             .unwrap();
         assert_eq!(replay.outcome, RegisterOutcome::Replayed);
@@ -422,7 +477,7 @@ mod tests {
                 slot(0, 1, 0),
                 "tcp://h:2",
                 false,
-                EngineConflictPolicy::Reject,
+                EngineConflictPolicy::Reject, None,
             )
             .unwrap_err();
         assert_eq!(
@@ -435,7 +490,7 @@ mod tests {
                 slot(0, 0, 0),
                 "tcp://h:9",
                 false,
-                EngineConflictPolicy::Reject,
+                EngineConflictPolicy::Reject, None,
             )
             .unwrap_err();
         assert_eq!(
@@ -458,7 +513,7 @@ mod tests {
                 slot(0, 0, 0),
                 "tcp://h:4",
                 true,
-                EngineConflictPolicy::Reject,
+                EngineConflictPolicy::Reject, None,
             )
             .unwrap();
         assert_eq!(
@@ -480,7 +535,7 @@ mod tests {
                 slot(1, 0, 0),
                 "tcp://h:5",
                 false,
-                EngineConflictPolicy::Replace,
+                EngineConflictPolicy::Replace, None,
             )
             .unwrap();
         assert!(matches!(
@@ -505,7 +560,7 @@ mod tests {
                 slot(0, 0, 0),
                 "tcp://h:3",
                 false,
-                EngineConflictPolicy::Reject
+                EngineConflictPolicy::Reject, None
             )
             .is_ok());
     }
@@ -537,7 +592,7 @@ mod tests {
                 slot(0, 0, 0),
                 "tcp://h:2",
                 false,
-                EngineConflictPolicy::Reject,
+                EngineConflictPolicy::Reject, None,
             )
             .unwrap();
         table.apply(&plan.change);

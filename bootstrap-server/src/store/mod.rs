@@ -1,6 +1,7 @@
 //! Where the registry keeps its state: a small async trait, so that the embedded sled store and a
 //! distributed one (etcd) serve the same [`Registry`](crate::registry::Registry).
 
+mod sled_leases;
 mod sled_store;
 
 use std::future::Future;
@@ -8,7 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 pub use sled_store::SledStore;
-use worker_client::protocol::Rank;
+use worker_client::protocol::{LeaseId, Rank, Revision};
 
 /// A boxed future returned by [`Store`] methods.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -19,6 +20,13 @@ pub enum StoreError {
     /// The backend failed to read or write.
     #[error("storage backend failed: {0}")]
     Backend(String),
+    /// Another writer changed the worker table since the caller planned its change: refresh
+    /// and plan again.
+    #[error("the worker table changed concurrently")]
+    Conflict,
+    /// A worker was to be written under a lease that has expired or was never granted.
+    #[error("lease {0} is not live (expired or revoked)")]
+    LeaseNotFound(LeaseId),
     /// Stored bytes could not be decoded (a corrupt or foreign database).
     #[error("stored record {key} is corrupt: {reason}")]
     Corrupt {
@@ -59,6 +67,17 @@ pub struct WorkerRecord {
     pub engine_id: Option<Arc<str>>,
     /// Its transfer address.
     pub addr: String,
+    /// The lease it lives by; `None` lives until deregistered or replaced.
+    pub lease: Option<Lease>,
+}
+
+/// A granted lease: its id and time to live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// The lease id.
+    pub id: LeaseId,
+    /// Seconds it lives without a keepalive.
+    pub ttl: u32,
 }
 
 /// One request id's mapping as stored.
@@ -87,28 +106,85 @@ impl WorkerChange {
     }
 }
 
-/// Everything a store holds, read once at start-up.
+/// Everything a store holds, as of one revision.
 #[derive(Debug, Default)]
-pub struct StoredState {
+pub struct Snapshot {
     /// Every registered worker.
     pub workers: Vec<WorkerRecord>,
     /// Every request id mapping, expired ones included (the registry drops those).
     pub requests: Vec<(String, RequestRecord)>,
+    /// The revision this snapshot is current at.
+    pub revision: Revision,
+    /// The revision of the last committed worker change (what [`Store::commit_workers`]
+    /// compares against).
+    pub guard: Revision,
 }
 
-/// Durable storage of workers and request ids.
+/// A change the store reports, in commit order. The registry's in-memory tables follow these
+/// events only, so changes made by other replicas and by lease expiry land the same way as its own.
+#[derive(Debug)]
+pub enum StoreEvent {
+    /// Worker slots changed at `revision`: a commit (then `guard` is true) or an expired lease.
+    Workers {
+        /// The revision of the change.
+        revision: Revision,
+        /// Slots deleted.
+        remove: Vec<Slot>,
+        /// Workers written.
+        put: Vec<WorkerRecord>,
+        /// True when this was a [`Store::commit_workers`] (it moves the guard revision).
+        guard: bool,
+    },
+    /// Request ids written or deleted by any replica (shared backends only).
+    Requests {
+        /// The revision of the change.
+        revision: Revision,
+        /// Ids written.
+        put: Vec<(String, RequestRecord)>,
+        /// Ids deleted (released or expired).
+        remove: Vec<String>,
+    },
+    /// The store lost its event history (e.g. an etcd watch fell behind compaction): the whole
+    /// state again, to replace the tables with.
+    Reset(Snapshot),
+}
+
+/// The receiving end of a store's events.
+pub type StoreEvents = tokio::sync::mpsc::Receiver<StoreEvent>;
+
+/// Storage of workers, leases and request ids, shared by one or more registry replicas.
 ///
-/// Worker changes must be durable when their future resolves (they survive `kill -9`); request-id
-/// writes may be buffered until [`Store::flush`] (they are many, short-lived and re-creatable).
+/// Worker changes are durable when their future resolves (they survive `kill -9`) and reach every
+/// replica as [`StoreEvent`]s; request-id writes may be buffered until [`Store::flush`] (they are
+/// many, short-lived and re-creatable).
 pub trait Store: Send + Sync + 'static {
     /// Reads everything stored.
-    fn load(&self) -> StoreFuture<'_, StoredState>;
-    /// Applies a worker change atomically and durably.
-    fn commit_workers<'a>(&'a self, change: &'a WorkerChange) -> StoreFuture<'a, ()>;
+    fn load(&self) -> StoreFuture<'_, Snapshot>;
+    /// Starts reporting every change after revision `after`, in order. Called once.
+    fn subscribe(&self, after: Revision) -> StoreEvents;
+    /// Applies a worker change atomically and durably, unless a worker change was committed
+    /// after revision `guard` ([`StoreError::Conflict`]). Returns the change's revision.
+    fn commit_workers<'a>(
+        &'a self,
+        change: &'a WorkerChange,
+        guard: Revision,
+    ) -> StoreFuture<'a, Revision>;
+    /// Grants a lease of about `ttl` seconds (a backend may round it up) for workers to be
+    /// registered under.
+    fn grant_lease(&self, ttl: u32) -> StoreFuture<'_, Lease>;
+    /// Renews a lease; `None` when it has expired or was never granted.
+    fn keep_alive(&self, lease: LeaseId) -> StoreFuture<'_, Option<u32>>;
+    /// Ends a lease now, deleting every worker registered under it; false when it was not live.
+    fn revoke_lease(&self, lease: LeaseId) -> StoreFuture<'_, bool>;
     /// Records a request id mapping.
     fn put_request<'a>(&'a self, req_id: &'a str, record: RequestRecord) -> StoreFuture<'a, ()>;
     /// Forgets request id mappings (absent ones are ignored).
     fn remove_requests<'a>(&'a self, req_ids: &'a [Arc<str>]) -> StoreFuture<'a, ()>;
+    /// Forgets request ids the registry found expired. Backends that expire ids themselves
+    /// (etcd leases) do nothing.
+    fn forget_expired<'a>(&'a self, req_ids: &'a [Arc<str>]) -> StoreFuture<'a, ()> {
+        self.remove_requests(req_ids)
+    }
     /// Makes every buffered write durable.
     fn flush(&self) -> StoreFuture<'_, ()>;
 }

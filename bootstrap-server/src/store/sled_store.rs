@@ -1,17 +1,23 @@
 //! The embedded default store: a sled database in `--data-dir`.
 //!
-//! Two trees: `workers` (key: dp, tp, pp as big-endian u32s; value: JSON) and `requests` (key: the
-//! request id; value: dp rank and expiry as big-endian integers). Worker commits are flushed to
-//! disk before they are acknowledged; request ids are flushed by sled every `flush_every_ms` and on
-//! [`Store::flush`] (graceful shutdown).
+//! Two trees: `workers` (key: dp, tp, pp as big-endian u32s; value: JSON; plus the key `revision`
+//! holding the revision of the last worker change) and `requests` (key: the request id; value: dp
+//! rank and expiry as big-endian integers). Worker commits are flushed to disk before they are
+//! acknowledged; request ids are flushed by sled every `flush_every_ms` and on [`Store::flush`]
+//! (graceful shutdown). Leases live in memory ([`SledLeases`]) and expire on a background task.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use worker_client::protocol::{LeaseId, Revision};
 
+use super::sled_leases::SledLeases;
 use super::{
-    RequestRecord, Slot, Store, StoreError, StoreFuture, StoredState, WorkerChange, WorkerRecord,
+    Lease, RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvent, StoreEvents,
+    StoreFuture, WorkerChange, WorkerRecord,
 };
 
 /// How often sled writes buffered request ids to disk on its own.
@@ -20,17 +26,44 @@ const BACKGROUND_FLUSH_MS: u64 = 200;
 /// Memory sled may use for its page cache.
 const CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
+/// The key (in the workers tree) of the last worker change's revision.
+const REVISION_KEY: &[u8] = b"revision";
+
+/// How often expired leases are looked for.
+const LEASE_SWEEP: Duration = Duration::from_millis(100);
+
+/// How many store events may wait for the registry before commits wait.
+const EVENT_BUFFER: usize = 1024;
+
 /// The sled-backed [`Store`].
 pub struct SledStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     db: sled::Db,
     workers: sled::Tree,
     requests: sled::Tree,
+    /// Serializes worker commits and lease expiry, so that revisions and events stay in order.
+    commits: tokio::sync::Mutex<CommitState>,
+    leases: Mutex<SledLeases>,
+    /// Where events go once the registry has subscribed.
+    events: Mutex<Option<mpsc::Sender<StoreEvent>>>,
+}
+
+struct CommitState {
+    revision: Revision,
+    guard: Revision,
 }
 
 #[derive(Serialize, Deserialize)]
 struct StoredWorker {
     engine_id: Option<String>,
     addr: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_id: Option<LeaseId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_ttl: Option<u32>,
 }
 
 fn backend(err: sled::Error) -> StoreError {
@@ -88,24 +121,64 @@ impl SledStore {
             .map_err(backend)?;
         let workers = db.open_tree("workers").map_err(backend)?;
         let requests = db.open_tree("requests").map_err(backend)?;
+        let revision = match workers.get(REVISION_KEY).map_err(backend)? {
+            Some(value) => u64::from_be_bytes(
+                value
+                    .as_ref()
+                    .try_into()
+                    .map_err(|_| corrupt(REVISION_KEY, "bad revision"))?,
+            ),
+            None => 0,
+        };
         Ok(SledStore {
-            db,
-            workers,
-            requests,
+            inner: Arc::new(Inner {
+                db,
+                workers,
+                requests,
+                commits: tokio::sync::Mutex::new(CommitState {
+                    revision,
+                    guard: revision,
+                }),
+                leases: Mutex::new(SledLeases::default()),
+                events: Mutex::new(None),
+            }),
         })
     }
+}
 
-    fn load_sync(&self) -> Result<StoredState, StoreError> {
-        let mut state = StoredState::default();
+impl Inner {
+    fn leases(&self) -> std::sync::MutexGuard<'_, SledLeases> {
+        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn load_sync(&self, revision: Revision) -> Result<Snapshot, StoreError> {
+        let mut state = Snapshot {
+            revision,
+            guard: revision,
+            ..Snapshot::default()
+        };
+        let now = Instant::now();
+        let mut leases = self.leases();
         for entry in self.workers.iter() {
             let (key, value) = entry.map_err(backend)?;
+            if key.as_ref() == REVISION_KEY {
+                continue;
+            }
             let slot = decode_slot(&key).ok_or_else(|| corrupt(&key, "bad worker key"))?;
             let stored: StoredWorker =
                 serde_json::from_slice(&value).map_err(|e| corrupt(&key, e.to_string()))?;
+            let lease = match (stored.lease_id, stored.lease_ttl) {
+                (Some(id), Some(ttl)) => {
+                    leases.restore(id, ttl, slot, now);
+                    Some(Lease { id, ttl })
+                }
+                _ => None,
+            };
             state.workers.push(WorkerRecord {
                 slot,
                 engine_id: stored.engine_id.map(Arc::from),
                 addr: stored.addr,
+                lease,
             });
         }
         for entry in self.requests.iter() {
@@ -118,7 +191,7 @@ impl SledStore {
         Ok(state)
     }
 
-    fn worker_batch(change: &WorkerChange) -> Result<sled::Batch, StoreError> {
+    fn worker_batch(change: &WorkerChange, revision: Revision) -> Result<sled::Batch, StoreError> {
         let mut batch = sled::Batch::default();
         for slot in &change.remove {
             batch.remove(&slot_key(*slot));
@@ -127,32 +200,152 @@ impl SledStore {
             let value = serde_json::to_vec(&StoredWorker {
                 engine_id: worker.engine_id.as_deref().map(str::to_owned),
                 addr: worker.addr.clone(),
+                lease_id: worker.lease.map(|l| l.id),
+                lease_ttl: worker.lease.map(|l| l.ttl),
             })
             .map_err(|e| StoreError::Backend(e.to_string()))?;
             batch.insert(&slot_key(worker.slot), value);
         }
+        batch.insert(REVISION_KEY, &revision.to_be_bytes());
         Ok(batch)
+    }
+
+    /// Writes a worker change durably and reports it. The caller holds the commit lock.
+    async fn commit_locked(
+        &self,
+        state: &mut CommitState,
+        change: WorkerChange,
+        guard: bool,
+    ) -> Result<Revision, StoreError> {
+        if let Some(lease) = change.put.iter().filter_map(|w| w.lease).next() {
+            if !self.leases().is_live(lease.id) {
+                return Err(StoreError::LeaseNotFound(lease.id));
+            }
+        }
+        let revision = state.revision + 1;
+        self.workers
+            .apply_batch(Self::worker_batch(&change, revision)?)
+            .map_err(backend)?;
+        self.workers.flush_async().await.map_err(backend)?;
+        state.revision = revision;
+        if guard {
+            state.guard = revision;
+        }
+        self.leases().track(&change);
+        let events = self.events.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(events) = events {
+            // A registry that went away no longer needs the event.
+            let _ = events
+                .send(StoreEvent::Workers {
+                    revision,
+                    remove: change.remove,
+                    put: change.put,
+                    guard,
+                })
+                .await;
+        }
+        Ok(revision)
+    }
+
+    /// Deletes the slots of `lease` (revoked or expired).
+    async fn drop_lease_slots(
+        &self,
+        state: &mut CommitState,
+        lease: LeaseId,
+        slots: Vec<Slot>,
+    ) -> Result<(), StoreError> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(lease, workers = slots.len(), "lease ended, its workers are removed");
+        let change = WorkerChange {
+            remove: slots,
+            put: Vec::new(),
+        };
+        self.commit_locked(state, change, false).await.map(drop)
+    }
+
+    /// Removes the workers of expired leases until the store is dropped.
+    async fn expire_leases(inner: Weak<Inner>) {
+        let mut tick = tokio::time::interval(LEASE_SWEEP);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(inner) = inner.upgrade() else { return };
+            let mut state = inner.commits.lock().await;
+            let expired = inner.leases().take_expired(Instant::now());
+            for (lease, slots) in expired {
+                if let Err(err) = inner.drop_lease_slots(&mut state, lease, slots).await {
+                    // The slots stay on disk; the next start restores the lease and expiry
+                    // tries again.
+                    tracing::error!(lease, error = %err, "could not remove an expired lease's workers");
+                }
+            }
+        }
     }
 }
 
 impl Store for SledStore {
-    fn load(&self) -> StoreFuture<'_, StoredState> {
-        Box::pin(async move { self.load_sync() })
+    fn load(&self) -> StoreFuture<'_, Snapshot> {
+        Box::pin(async move {
+            let state = self.inner.commits.lock().await;
+            self.inner.load_sync(state.revision)
+        })
     }
 
-    fn commit_workers<'a>(&'a self, change: &'a WorkerChange) -> StoreFuture<'a, ()> {
+    fn subscribe(&self, _after: Revision) -> StoreEvents {
+        // Every change after the load is reported: the registry loads and subscribes before it
+        // serves, and nothing else writes to the embedded store.
+        let (sender, receiver) = mpsc::channel(EVENT_BUFFER);
+        *self.inner.events.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender);
+        tokio::spawn(Inner::expire_leases(Arc::downgrade(&self.inner)));
+        receiver
+    }
+
+    fn commit_workers<'a>(
+        &'a self,
+        change: &'a WorkerChange,
+        guard: Revision,
+    ) -> StoreFuture<'a, Revision> {
         Box::pin(async move {
-            self.workers
-                .apply_batch(Self::worker_batch(change)?)
-                .map_err(backend)?;
-            self.workers.flush_async().await.map_err(backend)?;
-            Ok(())
+            let mut state = self.inner.commits.lock().await;
+            if state.guard != guard {
+                return Err(StoreError::Conflict);
+            }
+            self.inner
+                .commit_locked(&mut state, change.clone(), true)
+                .await
+        })
+    }
+
+    fn grant_lease(&self, ttl: u32) -> StoreFuture<'_, Lease> {
+        Box::pin(async move {
+            let id = self.inner.leases().grant(ttl, Instant::now());
+            Ok(Lease { id, ttl })
+        })
+    }
+
+    fn keep_alive(&self, lease: LeaseId) -> StoreFuture<'_, Option<u32>> {
+        Box::pin(async move { Ok(self.inner.leases().keep_alive(lease, Instant::now())) })
+    }
+
+    fn revoke_lease(&self, lease: LeaseId) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let mut state = self.inner.commits.lock().await;
+            let Some(slots) = self.inner.leases().revoke(lease) else {
+                return Ok(false);
+            };
+            self.inner
+                .drop_lease_slots(&mut state, lease, slots)
+                .await?;
+            Ok(true)
         })
     }
 
     fn put_request<'a>(&'a self, req_id: &'a str, record: RequestRecord) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            self.requests
+            self.inner
+                .requests
                 .insert(req_id.as_bytes(), &encode_request(record))
                 .map_err(backend)?;
             Ok(())
@@ -165,13 +358,13 @@ impl Store for SledStore {
             for id in req_ids {
                 batch.remove(id.as_bytes());
             }
-            self.requests.apply_batch(batch).map_err(backend)
+            self.inner.requests.apply_batch(batch).map_err(backend)
         })
     }
 
     fn flush(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            self.db.flush_async().await.map_err(backend)?;
+            self.inner.db.flush_async().await.map_err(backend)?;
             Ok(())
         })
     }
@@ -198,29 +391,37 @@ mod tests {
         assert_eq!(decode_request(b"short"), None);
     }
 
+    fn worker(dp: u32, lease: Option<Lease>) -> WorkerRecord {
+        WorkerRecord {
+            slot: Slot { dp, tp: 0, pp: 0 },
+            engine_id: Some(Arc::from("e1")),
+            addr: "tcp://127.0.0.1:9".into(),
+            lease,
+        }
+    }
+
+    fn put(worker: &WorkerRecord) -> WorkerChange {
+        WorkerChange {
+            remove: vec![],
+            put: vec![worker.clone()],
+        }
+    }
+
     #[tokio::test]
     async fn state_survives_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let worker = WorkerRecord {
-            slot: Slot {
-                dp: 1,
-                tp: 0,
-                pp: 0,
-            },
-            engine_id: Some(Arc::from("e1")),
-            addr: "tcp://127.0.0.1:9".into(),
-        };
         let record = RequestRecord {
             dp_rank: 1,
             expires_at_ms: 42,
         };
+        let (plain, leased);
         {
             let store = SledStore::open(dir.path()).unwrap();
-            let change = WorkerChange {
-                remove: vec![],
-                put: vec![worker.clone()],
-            };
-            store.commit_workers(&change).await.unwrap();
+            let lease = store.grant_lease(30).await.unwrap();
+            plain = worker(1, None);
+            leased = worker(2, Some(lease));
+            assert_eq!(store.commit_workers(&put(&plain), 0).await.unwrap(), 1);
+            assert_eq!(store.commit_workers(&put(&leased), 1).await.unwrap(), 2);
             store.put_request("r1", record).await.unwrap();
             store.put_request("r2", record).await.unwrap();
             store.remove_requests(&[Arc::from("r2")]).await.unwrap();
@@ -228,7 +429,63 @@ mod tests {
         }
         let store = SledStore::open(dir.path()).unwrap();
         let state = store.load().await.unwrap();
-        assert_eq!(state.workers, vec![worker]);
+        assert_eq!(state.workers, vec![plain, leased.clone()]);
         assert_eq!(state.requests, vec![("r1".to_owned(), record)]);
+        assert_eq!((state.revision, state.guard), (2, 2));
+        // The lease came back with the worker.
+        let lease = leased.lease.unwrap();
+        assert_eq!(store.keep_alive(lease.id).await.unwrap(), Some(30));
+    }
+
+    #[tokio::test]
+    async fn stale_guards_and_dead_leases_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        store.commit_workers(&put(&worker(0, None)), 0).await.unwrap();
+        assert!(matches!(
+            store.commit_workers(&put(&worker(1, None)), 0).await,
+            Err(StoreError::Conflict)
+        ));
+        let dead = Lease { id: 12345, ttl: 5 };
+        assert!(matches!(
+            store.commit_workers(&put(&worker(1, Some(dead))), 1).await,
+            Err(StoreError::LeaseNotFound(12345))
+        ));
+    }
+
+    #[tokio::test]
+    async fn expired_and_revoked_leases_delete_their_workers_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        let mut events = store.subscribe(0);
+        let short = store.grant_lease(1).await.unwrap();
+        let long = store.grant_lease(60).await.unwrap();
+        let short_worker = worker(0, Some(short));
+        let long_worker = worker(1, Some(long));
+        let (short, long) = (short.id, long.id);
+        store.commit_workers(&put(&short_worker), 0).await.unwrap();
+        store.commit_workers(&put(&long_worker), 1).await.unwrap();
+        for revision in [1, 2] {
+            assert!(matches!(
+                events.recv().await.unwrap(),
+                StoreEvent::Workers { revision: r, guard: true, .. } if r == revision
+            ));
+        }
+        let expired = tokio::time::timeout(Duration::from_secs(3), events.recv())
+            .await
+            .expect("the short lease expires within its ttl and a sweep")
+            .unwrap();
+        assert!(matches!(
+            expired,
+            StoreEvent::Workers { revision: 3, ref remove, guard: false, .. } if remove == &[short_worker.slot]
+        ));
+        assert_eq!(store.keep_alive(short).await.unwrap(), None);
+        assert!(store.revoke_lease(long).await.unwrap());
+        assert!(!store.revoke_lease(long).await.unwrap());
+        assert!(matches!(
+            events.recv().await.unwrap(),
+            StoreEvent::Workers { revision: 4, ref remove, .. } if remove == &[long_worker.slot]
+        ));
+        assert!(store.load().await.unwrap().workers.is_empty());
     }
 }

@@ -82,6 +82,7 @@ impl BenchServer {
                         20000 + i % 40000
                     ),
                     replace: false,
+                    lease_ttl: None,
                 };
                 let client = self.client.clone();
                 async move { client.register_worker(&worker).await }

@@ -184,6 +184,7 @@ impl Engine {
                 addr: exporter.transfer_addr(),
                 // This process owns these ranks: take them over from a previous run.
                 replace: true,
+                lease_ttl: None,
             };
             let client = self.bootstrap.clone();
             async move { client.register_worker(&worker).await }

@@ -1,0 +1,106 @@
+//! The recent history of worker changes, which `GET /watch` serves.
+
+use std::collections::VecDeque;
+
+use worker_client::protocol::{Revision, WorkerEvent};
+
+/// The most recent worker events kept; a watcher further behind re-lists.
+pub const HISTORY_CAPACITY: usize = 10_000;
+
+/// The caller's revision is older than the history kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compacted {
+    /// The oldest revision a watcher can resume from.
+    pub floor: Revision,
+}
+
+/// Every worker event after revision `floor`, oldest first, at most `capacity` of them.
+#[derive(Debug)]
+pub struct History {
+    events: VecDeque<WorkerEvent>,
+    floor: Revision,
+    capacity: usize,
+}
+
+impl History {
+    /// An empty history: complete after `floor`.
+    pub fn new(floor: Revision, capacity: usize) -> Self {
+        History {
+            events: VecDeque::new(),
+            floor,
+            capacity,
+        }
+    }
+
+    /// Forgets everything: the history is complete again only after `floor`.
+    pub fn reset(&mut self, floor: Revision) {
+        self.events.clear();
+        self.floor = floor;
+    }
+
+    /// Appends events (in revision order), dropping the oldest beyond the capacity.
+    pub fn extend(&mut self, events: impl IntoIterator<Item = WorkerEvent>) {
+        self.events.extend(events);
+        while self.events.len() > self.capacity {
+            if let Some(dropped) = self.events.pop_front() {
+                // Events of one revision go together: the floor moves past the whole revision.
+                self.floor = dropped.revision;
+                while self
+                    .events
+                    .front()
+                    .is_some_and(|e| e.revision == dropped.revision)
+                {
+                    self.events.pop_front();
+                }
+            }
+        }
+    }
+
+    /// The events after `since`, or [`Compacted`] when some of them are no longer kept.
+    pub fn since(&self, since: Revision) -> Result<Vec<WorkerEvent>, Compacted> {
+        if since < self.floor {
+            return Err(Compacted { floor: self.floor });
+        }
+        let start = self.events.partition_point(|e| e.revision <= since);
+        Ok(self.events.range(start..).cloned().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use worker_client::protocol::{WorkerEventKind, WorkerInfo};
+
+    use super::*;
+
+    fn event(revision: Revision, dp_rank: u32) -> WorkerEvent {
+        WorkerEvent {
+            revision,
+            kind: WorkerEventKind::Put,
+            worker: WorkerInfo {
+                engine_id: None,
+                dp_rank,
+                tp_rank: 0,
+                pp_rank: 0,
+                addr: "tcp://h:1".into(),
+                lease_id: None,
+            },
+        }
+    }
+
+    #[test]
+    fn serves_what_it_keeps_and_refuses_what_it_dropped() {
+        let mut history = History::new(5, 3);
+        assert_eq!(history.since(5), Ok(vec![]));
+        assert_eq!(history.since(4), Err(Compacted { floor: 5 }));
+        history.extend([event(6, 0), event(6, 1), event(8, 2)]);
+        assert_eq!(history.since(6), Ok(vec![event(8, 2)]));
+        assert_eq!(history.since(5).unwrap().len(), 3);
+        // A fourth event pushes revision 6 (both of its events) out.
+        history.extend([event(9, 3)]);
+        assert_eq!(history.since(5), Err(Compacted { floor: 6 }));
+        assert_eq!(history.since(6), Ok(vec![event(8, 2), event(9, 3)]));
+        history.reset(20);
+        assert_eq!(history.since(9), Err(Compacted { floor: 20 }));
+        assert_eq!(history.since(25), Ok(vec![]));
+    }
+}
