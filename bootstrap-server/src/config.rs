@@ -10,6 +10,7 @@ use worker_client::service::{parse_seconds, LogFormat};
 
 use crate::registry::{EngineConflictPolicy, ExpectedTopology, RegistryConfig};
 use crate::server::ServerConfig;
+use crate::store::EtcdConfig;
 
 /// The pd-bootstrap registry: run it once per prefill deployment, on rank 0.
 #[derive(Debug, Parser)]
@@ -21,9 +22,20 @@ pub struct Args {
     /// Port to listen on (the same variable vLLM's Mooncake connector reads).
     #[arg(long, env = "VLLM_MOONCAKE_BOOTSTRAP_PORT", default_value_t = 8998)]
     pub port: u16,
-    /// Folder of the embedded sled database (created if absent).
+    /// Folder of the embedded sled database (created if absent; unused with `--store etcd://`).
     #[arg(long, env = "PD_BOOTSTRAP_DATA_DIR", default_value = "bootstrap-data")]
     pub data_dir: PathBuf,
+    /// Keep the registry in etcd, shared by every bootstrap replica pointed at it:
+    /// `etcd://HOST:PORT[,HOST:PORT...]`. Without it the embedded sled database is used.
+    #[arg(long, env = "PD_BOOTSTRAP_STORE", value_parser = parse_store)]
+    pub store: Option<EtcdEndpoints>,
+    /// With `--store etcd://`: the cluster name, the key prefix that keeps deployments sharing
+    /// one etcd apart. Replicas of one deployment use the same name.
+    #[arg(long, env = "PD_BOOTSTRAP_CLUSTER", default_value = "default", value_parser = parse_cluster)]
+    pub cluster: String,
+    /// With `--store etcd://`: seconds one etcd call may take before the HTTP call answers 503.
+    #[arg(long, env = "PD_BOOTSTRAP_STORE_TIMEOUT", default_value = "3", value_parser = parse_seconds)]
+    pub store_timeout: Duration,
     /// Seconds a request id lives after registration (fractions allowed).
     #[arg(long, env = "PD_BOOTSTRAP_REQUEST_TTL", default_value = "960", value_parser = parse_seconds)]
     pub request_ttl: Duration,
@@ -51,6 +63,30 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
+/// The etcd members named by `--store`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdEndpoints(pub Vec<String>);
+
+fn parse_store(url: &str) -> Result<EtcdEndpoints, String> {
+    EtcdConfig::parse_url(url).map(EtcdEndpoints)
+}
+
+/// A cluster name: 1 to 64 letters, digits, `.`, `_` or `-`.
+fn parse_cluster(name: &str) -> Result<String, String> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if valid {
+        Ok(name.to_owned())
+    } else {
+        Err(format!(
+            "{name:?} must be 1 to 64 letters, digits, '.', '_' or '-'"
+        ))
+    }
+}
+
 fn size_parser() -> clap::builder::RangedI64ValueParser<Rank> {
     clap::value_parser!(u32).range(1..=i64::from(MAX_RANK) + 1)
 }
@@ -67,6 +103,11 @@ impl Args {
         ServerConfig {
             addr: (self.host, self.port).into(),
             data_dir: self.data_dir.clone(),
+            etcd: self.store.clone().map(|EtcdEndpoints(endpoints)| EtcdConfig {
+                endpoints,
+                cluster: self.cluster.clone(),
+                op_timeout: self.store_timeout,
+            }),
             auth_token: self.auth_token.clone().filter(|t| !t.is_empty()),
             registry: RegistryConfig {
                 expected,
@@ -92,9 +133,21 @@ mod tests {
             "2",
             "--request-ttl",
             "1.5",
+            "--store",
+            "etcd://127.0.0.1:2379,10.0.0.2:2379",
+            "--cluster",
+            "prod-a",
         ])
         .unwrap();
         let config = args.server_config();
+        assert_eq!(
+            config.etcd,
+            Some(EtcdConfig {
+                endpoints: vec!["127.0.0.1:2379".into(), "10.0.0.2:2379".into()],
+                cluster: "prod-a".into(),
+                op_timeout: Duration::from_secs(3),
+            })
+        );
         assert_eq!(
             config.registry.expected,
             Some(ExpectedTopology {
@@ -114,6 +167,10 @@ mod tests {
             &["--dp-size", "0"],
             &["--port", "70000"],
             &["--engine-conflict", "maybe"],
+            &["--store", "sled://here"],
+            &["--store", "etcd://"],
+            &["--cluster", "a/b"],
+            &["--cluster", ""],
         ] {
             let argv = std::iter::once("bootstrap-server").chain(bad.iter().copied());
             assert!(Args::try_parse_from(argv).is_err(), "{bad:?} was accepted");

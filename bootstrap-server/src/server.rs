@@ -12,15 +12,17 @@ use worker_client::serve::{serve, ServeLimits};
 use crate::http::{self, AppState, AuthToken};
 use crate::metrics::Metrics;
 use crate::registry::{Registry, RegistryConfig};
-use crate::store::{SledStore, StoreError};
+use crate::store::{EtcdConfig, EtcdStore, SledStore, Store, StoreError};
 
 /// Everything needed to start a server.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Where to listen (port 0 picks a free one).
     pub addr: SocketAddr,
-    /// The sled database folder.
+    /// The sled database folder (unused with `etcd`).
     pub data_dir: PathBuf,
+    /// Keep the registry in etcd instead of the embedded sled database.
+    pub etcd: Option<EtcdConfig>,
     /// The bearer token for write routes, if any.
     pub auth_token: Option<String>,
     /// Registry settings.
@@ -31,10 +33,10 @@ pub struct ServerConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// The store could not be opened or loaded.
-    #[error("cannot open the store in {dir}: {source}")]
+    #[error("cannot open the store ({store}): {source}")]
     Store {
-        /// The data folder.
-        dir: PathBuf,
+        /// Which store: its folder or its etcd endpoints.
+        store: String,
         /// What failed.
         source: StoreError,
     },
@@ -61,14 +63,38 @@ pub struct Server {
 impl Server {
     /// Opens the store, loads the registry and binds the socket.
     pub async fn bind(config: ServerConfig) -> Result<Self, ServerError> {
-        let store_error = |source| ServerError::Store {
-            dir: config.data_dir.clone(),
-            source,
+        let (store, described): (Arc<dyn Store>, String) = match &config.etcd {
+            None => {
+                let described = config.data_dir.display().to_string();
+                let store = SledStore::open(&config.data_dir).map_err(|source| {
+                    ServerError::Store {
+                        store: described.clone(),
+                        source,
+                    }
+                })?;
+                (Arc::new(store), described)
+            }
+            Some(etcd) => {
+                let described = format!(
+                    "etcd://{} cluster {:?}",
+                    etcd.endpoints.join(","),
+                    etcd.cluster
+                );
+                let store = EtcdStore::connect(etcd.clone()).await.map_err(|source| {
+                    ServerError::Store {
+                        store: described.clone(),
+                        source,
+                    }
+                })?;
+                (Arc::new(store), described)
+            }
         };
-        let store = SledStore::open(&config.data_dir).map_err(store_error)?;
-        let registry = Registry::open(Arc::new(store), config.registry.clone())
+        let registry = Registry::open(store, config.registry.clone())
             .await
-            .map_err(store_error)?;
+            .map_err(|source| ServerError::Store {
+                store: described,
+                source,
+            })?;
         let listener =
             TcpListener::bind(config.addr)
                 .await

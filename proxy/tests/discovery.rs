@@ -208,6 +208,7 @@ async fn the_real_bootstrap_server_is_understood() {
     let bootstrap = Server::bind(ServerConfig {
         addr: "127.0.0.1:0".parse().unwrap(),
         data_dir: dir.path().to_path_buf(),
+        etcd: None,
         auth_token: None,
         registry: RegistryConfig::default(),
     })

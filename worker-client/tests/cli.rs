@@ -10,6 +10,7 @@ async fn start(dir: &std::path::Path, expected: Option<ExpectedTopology>) -> Ser
     let config = ServerConfig {
         addr: "127.0.0.1:0".parse().unwrap(),
         data_dir: dir.to_path_buf(),
+        etcd: None,
         auth_token: None,
         registry: RegistryConfig {
             expected,

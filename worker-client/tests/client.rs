@@ -15,6 +15,7 @@ async fn start_at(addr: SocketAddr, dir: &std::path::Path) -> ServerHandle {
     let config = ServerConfig {
         addr,
         data_dir: dir.to_path_buf(),
+        etcd: None,
         auth_token: None,
         registry: RegistryConfig::default(),
     };

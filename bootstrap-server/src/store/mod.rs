@@ -1,6 +1,8 @@
 //! Where the registry keeps its state: a small async trait, so that the embedded sled store and a
 //! distributed one (etcd) serve the same [`Registry`](crate::registry::Registry).
 
+mod codec;
+mod etcd_store;
 mod sled_leases;
 mod sled_store;
 
@@ -8,6 +10,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+pub use etcd_store::{EtcdConfig, EtcdStore, REQUEST_LEASE_BUCKET_MS};
 pub use sled_store::SledStore;
 use worker_client::protocol::{LeaseId, Rank, Revision};
 

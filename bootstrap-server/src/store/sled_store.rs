@@ -10,14 +10,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use worker_client::protocol::{LeaseId, Revision};
 
+use super::codec::{corrupt, decode_request, decode_worker, encode_request, encode_worker};
 use super::sled_leases::SledLeases;
 use super::{
-    Lease, RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvent, StoreEvents,
-    StoreFuture, WorkerChange, WorkerRecord,
+    Lease, RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvent, StoreEvents, StoreFuture,
+    WorkerChange,
 };
 
 /// How often sled writes buffered request ids to disk on its own.
@@ -56,16 +56,6 @@ struct CommitState {
     guard: Revision,
 }
 
-#[derive(Serialize, Deserialize)]
-struct StoredWorker {
-    engine_id: Option<String>,
-    addr: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    lease_id: Option<LeaseId>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    lease_ttl: Option<u32>,
-}
-
 fn backend(err: sled::Error) -> StoreError {
     StoreError::Backend(err.to_string())
 }
@@ -86,28 +76,6 @@ fn decode_slot(key: &[u8]) -> Option<Slot> {
         tp: word(4)?,
         pp: word(8)?,
     })
-}
-
-fn encode_request(record: RequestRecord) -> [u8; 12] {
-    let mut value = [0u8; 12];
-    value[0..4].copy_from_slice(&record.dp_rank.to_be_bytes());
-    value[4..12].copy_from_slice(&record.expires_at_ms.to_be_bytes());
-    value
-}
-
-fn decode_request(value: &[u8]) -> Option<RequestRecord> {
-    (value.len() == 12).then_some(())?;
-    Some(RequestRecord {
-        dp_rank: u32::from_be_bytes(value[0..4].try_into().ok()?),
-        expires_at_ms: u64::from_be_bytes(value[4..12].try_into().ok()?),
-    })
-}
-
-fn corrupt(key: &[u8], reason: impl Into<String>) -> StoreError {
-    StoreError::Corrupt {
-        key: String::from_utf8_lossy(key).into_owned(),
-        reason: reason.into(),
-    }
 }
 
 impl SledStore {
@@ -165,21 +133,11 @@ impl Inner {
                 continue;
             }
             let slot = decode_slot(&key).ok_or_else(|| corrupt(&key, "bad worker key"))?;
-            let stored: StoredWorker =
-                serde_json::from_slice(&value).map_err(|e| corrupt(&key, e.to_string()))?;
-            let lease = match (stored.lease_id, stored.lease_ttl) {
-                (Some(id), Some(ttl)) => {
-                    leases.restore(id, ttl, slot, now);
-                    Some(Lease { id, ttl })
-                }
-                _ => None,
-            };
-            state.workers.push(WorkerRecord {
-                slot,
-                engine_id: stored.engine_id.map(Arc::from),
-                addr: stored.addr,
-                lease,
-            });
+            let worker = decode_worker(slot, &key, &value)?;
+            if let Some(lease) = worker.lease {
+                leases.restore(lease.id, lease.ttl, slot, now);
+            }
+            state.workers.push(worker);
         }
         for entry in self.requests.iter() {
             let (key, value) = entry.map_err(backend)?;
@@ -191,23 +149,16 @@ impl Inner {
         Ok(state)
     }
 
-    fn worker_batch(change: &WorkerChange, revision: Revision) -> Result<sled::Batch, StoreError> {
+    fn worker_batch(change: &WorkerChange, revision: Revision) -> sled::Batch {
         let mut batch = sled::Batch::default();
         for slot in &change.remove {
             batch.remove(&slot_key(*slot));
         }
         for worker in &change.put {
-            let value = serde_json::to_vec(&StoredWorker {
-                engine_id: worker.engine_id.as_deref().map(str::to_owned),
-                addr: worker.addr.clone(),
-                lease_id: worker.lease.map(|l| l.id),
-                lease_ttl: worker.lease.map(|l| l.ttl),
-            })
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
-            batch.insert(&slot_key(worker.slot), value);
+            batch.insert(&slot_key(worker.slot), encode_worker(worker));
         }
         batch.insert(REVISION_KEY, &revision.to_be_bytes());
-        Ok(batch)
+        batch
     }
 
     /// Writes a worker change durably and reports it. The caller holds the commit lock.
@@ -224,7 +175,7 @@ impl Inner {
         }
         let revision = state.revision + 1;
         self.workers
-            .apply_batch(Self::worker_batch(&change, revision)?)
+            .apply_batch(Self::worker_batch(&change, revision))
             .map_err(backend)?;
         self.workers.flush_async().await.map_err(backend)?;
         state.revision = revision;
@@ -374,8 +325,10 @@ impl Store for SledStore {
 mod tests {
     use super::*;
 
+    use crate::store::WorkerRecord;
+
     #[test]
-    fn keys_and_values_round_trip() {
+    fn keys_round_trip() {
         let slot = Slot {
             dp: 3,
             tp: 65_535,
@@ -383,12 +336,6 @@ mod tests {
         };
         assert_eq!(decode_slot(&slot_key(slot)), Some(slot));
         assert_eq!(decode_slot(&[1, 2, 3]), None);
-        let record = RequestRecord {
-            dp_rank: 7,
-            expires_at_ms: 1_700_000_000_123,
-        };
-        assert_eq!(decode_request(&encode_request(record)), Some(record));
-        assert_eq!(decode_request(b"short"), None);
     }
 
     fn worker(dp: u32, lease: Option<Lease>) -> WorkerRecord {

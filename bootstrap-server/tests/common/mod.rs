@@ -20,6 +20,7 @@ pub fn config(dir: &std::path::Path) -> ServerConfig {
     ServerConfig {
         addr: "127.0.0.1:0".parse().unwrap(),
         data_dir: dir.to_path_buf(),
+        etcd: None,
         auth_token: None,
         registry: RegistryConfig::default(),
     }

@@ -1,0 +1,101 @@
+//! How stored values are encoded, the same in every backend: a worker as JSON, a request id's
+//! mapping as 12 big-endian bytes (dp rank, expiry in Unix milliseconds).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use worker_client::protocol::LeaseId;
+
+use super::{Lease, RequestRecord, Slot, StoreError, WorkerRecord};
+
+#[derive(Serialize, Deserialize)]
+struct StoredWorker {
+    engine_id: Option<String>,
+    addr: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_id: Option<LeaseId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_ttl: Option<u32>,
+}
+
+/// A decoding failure of the record at `key`.
+pub(super) fn corrupt(key: &[u8], reason: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        key: String::from_utf8_lossy(key).into_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// The stored value of a worker (its slot is in the key).
+pub(super) fn encode_worker(worker: &WorkerRecord) -> Vec<u8> {
+    let stored = StoredWorker {
+        engine_id: worker.engine_id.as_deref().map(str::to_owned),
+        addr: worker.addr.clone(),
+        lease_id: worker.lease.map(|l| l.id),
+        lease_ttl: worker.lease.map(|l| l.ttl),
+    };
+    // Strings and integers always serialize.
+    serde_json::to_vec(&stored).expect("a worker record serializes")
+}
+
+/// Decodes the worker stored at `key` for `slot`.
+pub(super) fn decode_worker(slot: Slot, key: &[u8], value: &[u8]) -> Result<WorkerRecord, StoreError> {
+    let stored: StoredWorker =
+        serde_json::from_slice(value).map_err(|e| corrupt(key, e.to_string()))?;
+    let lease = match (stored.lease_id, stored.lease_ttl) {
+        (Some(id), Some(ttl)) => Some(Lease { id, ttl }),
+        _ => None,
+    };
+    Ok(WorkerRecord {
+        slot,
+        engine_id: stored.engine_id.map(Arc::from),
+        addr: stored.addr,
+        lease,
+    })
+}
+
+/// The stored value of a request id's mapping.
+pub(super) fn encode_request(record: RequestRecord) -> [u8; 12] {
+    let mut value = [0u8; 12];
+    value[0..4].copy_from_slice(&record.dp_rank.to_be_bytes());
+    value[4..12].copy_from_slice(&record.expires_at_ms.to_be_bytes());
+    value
+}
+
+/// Decodes a request id's mapping.
+pub(super) fn decode_request(value: &[u8]) -> Option<RequestRecord> {
+    (value.len() == 12).then_some(())?;
+    Some(RequestRecord {
+        dp_rank: u32::from_be_bytes(value[0..4].try_into().ok()?),
+        expires_at_ms: u64::from_be_bytes(value[4..12].try_into().ok()?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip() {
+        let record = RequestRecord {
+            dp_rank: 7,
+            expires_at_ms: 1_700_000_000_123,
+        };
+        assert_eq!(decode_request(&encode_request(record)), Some(record));
+        assert_eq!(decode_request(b"short"), None);
+        let slot = Slot { dp: 1, tp: 2, pp: 3 };
+        for lease in [None, Some(Lease { id: 99, ttl: 5 })] {
+            let worker = WorkerRecord {
+                slot,
+                engine_id: Some(Arc::from("e")),
+                addr: "tcp://h:1".into(),
+                lease,
+            };
+            assert_eq!(decode_worker(slot, b"k", &encode_worker(&worker)).unwrap(), worker);
+        }
+        assert!(matches!(
+            decode_worker(slot, b"k", b"{"),
+            Err(StoreError::Corrupt { .. })
+        ));
+    }
+}

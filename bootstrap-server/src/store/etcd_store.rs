@@ -1,0 +1,674 @@
+//! The shared store: every replica of the bootstrap server keeps the registry in one etcd cluster.
+//!
+//! Keys, under `/pd-bootstrap/<cluster>/`:
+//! - `workers/<dp>/<tp>/<pp>` (ranks as 5-digit decimals): the worker, JSON; written under the
+//!   worker's etcd lease when it registered with one, so etcd deletes it when the lease expires.
+//! - `guard`: rewritten by every worker commit. A commit only succeeds while the guard's
+//!   modification revision is the one the replica planned against (compare-and-swap), so two
+//!   replicas can never both take the same dp rank or slot.
+//! - `requests/<req_id>`: a request id's mapping, under a lease shared by every id that expires in
+//!   the same [`REQUEST_LEASE_BUCKET_MS`] window, so etcd drops expired ids by itself.
+//!
+//! Each replica follows the prefix with an etcd watch and turns what it sees into
+//! [`StoreEvent`]s; when etcd is unreachable the watch is re-established with backoff from the
+//! last revision seen, and a compacted revision makes the replica reload everything.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    WatchOptions,
+};
+use tokio::sync::mpsc;
+use worker_client::protocol::{LeaseId, Rank, Revision};
+
+use super::codec::{corrupt, decode_request, decode_worker, encode_request, encode_worker};
+use super::{
+    Lease, RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvent, StoreEvents, StoreFuture,
+    WorkerChange,
+};
+
+/// Request ids expiring within one window of this many milliseconds share one etcd lease.
+pub const REQUEST_LEASE_BUCKET_MS: u64 = 10_000;
+
+/// The most operations etcd accepts in one transaction (its `--max-txn-ops` default).
+const MAX_TXN_OPS: usize = 128;
+
+/// How many keys one page of the initial load reads.
+const LOAD_PAGE: i64 = 5_000;
+
+/// How many store events may wait for the registry before the watch waits.
+const EVENT_BUFFER: usize = 4096;
+
+/// How to reach etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// `host:port` of each etcd member.
+    pub endpoints: Vec<String>,
+    /// The cluster name: the key prefix that separates deployments sharing one etcd.
+    pub cluster: String,
+    /// The longest one etcd call may take before it fails (and the HTTP call answers 503).
+    pub op_timeout: Duration,
+}
+
+impl EtcdConfig {
+    /// Parses `etcd://HOST:PORT[,HOST:PORT...]`.
+    pub fn parse_url(url: &str) -> Result<Vec<String>, String> {
+        let rest = url
+            .strip_prefix("etcd://")
+            .ok_or_else(|| format!("{url:?} must look like etcd://HOST:PORT[,HOST:PORT...]"))?;
+        let endpoints: Vec<String> = rest
+            .trim_end_matches('/')
+            .split(',')
+            .map(str::trim)
+            .map(str::to_owned)
+            .collect();
+        for endpoint in &endpoints {
+            worker_client::protocol::validate_addr("--store", endpoint)
+                .map_err(|e| format!("{e} (in {url:?})"))?;
+            if endpoint.contains("://") {
+                return Err(format!("{endpoint:?} in {url:?} must be HOST:PORT"));
+            }
+        }
+        Ok(endpoints)
+    }
+
+    fn prefix(&self) -> String {
+        format!("/pd-bootstrap/{}/", self.cluster)
+    }
+}
+
+/// The etcd-backed [`Store`].
+pub struct EtcdStore {
+    etcd: Arc<Etcd>,
+    /// The lease of each request expiry window, by the window's end (Unix ms).
+    request_leases: tokio::sync::Mutex<BTreeMap<u64, LeaseId>>,
+}
+
+/// The connection and the key layout, shared with the watch task.
+struct Etcd {
+    client: Client,
+    keys: Keys,
+    op_timeout: Duration,
+}
+
+/// The key layout under one cluster's prefix.
+#[derive(Clone)]
+struct Keys {
+    prefix: String,
+}
+
+/// What a key under the prefix is.
+enum KeyKind {
+    Worker(Slot),
+    Request(String),
+    Guard,
+}
+
+impl Keys {
+    fn worker(&self, slot: Slot) -> String {
+        format!(
+            "{}workers/{:05}/{:05}/{:05}",
+            self.prefix, slot.dp, slot.tp, slot.pp
+        )
+    }
+
+    fn guard(&self) -> String {
+        format!("{}guard", self.prefix)
+    }
+
+    fn request(&self, req_id: &str) -> String {
+        format!("{}requests/{req_id}", self.prefix)
+    }
+
+    fn kind(&self, key: &[u8]) -> Result<KeyKind, StoreError> {
+        let text = std::str::from_utf8(key).map_err(|_| corrupt(key, "non-UTF-8 key"))?;
+        let rest = text
+            .strip_prefix(&self.prefix)
+            .ok_or_else(|| corrupt(key, "outside the cluster prefix"))?;
+        if rest == "guard" {
+            return Ok(KeyKind::Guard);
+        }
+        if let Some(id) = rest.strip_prefix("requests/") {
+            return Ok(KeyKind::Request(id.to_owned()));
+        }
+        let ranks: Vec<Rank> = rest
+            .strip_prefix("workers/")
+            .map(|r| r.split('/').filter_map(|n| n.parse().ok()).collect())
+            .unwrap_or_default();
+        match ranks[..] {
+            [dp, tp, pp] => Ok(KeyKind::Worker(Slot { dp, tp, pp })),
+            _ => Err(corrupt(key, "unknown key")),
+        }
+    }
+}
+
+fn etcd_error(err: etcd_client::Error) -> StoreError {
+    StoreError::Backend(format!("etcd: {err}"))
+}
+
+fn is_lease_not_found(err: &etcd_client::Error) -> bool {
+    err.to_string().contains("lease not found")
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn revision_of(header: Option<&etcd_client::ResponseHeader>) -> Revision {
+    header.map_or(0, |h| h.revision().max(0) as Revision)
+}
+
+impl EtcdStore {
+    /// Connects to etcd. The connection is made lazily: this fails only on a malformed endpoint;
+    /// an unreachable etcd shows in the first call.
+    pub async fn connect(config: EtcdConfig) -> Result<Self, StoreError> {
+        let endpoints: Vec<String> = config
+            .endpoints
+            .iter()
+            .map(|e| format!("http://{e}"))
+            .collect();
+        let options = ConnectOptions::new()
+            .with_connect_timeout(config.op_timeout)
+            // Detects a dead or partitioned member under an idle watch.
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
+            .with_keep_alive_while_idle(true);
+        let client = tokio::time::timeout(
+            config.op_timeout,
+            Client::connect(&endpoints, Some(options)),
+        )
+        .await
+        .map_err(|_| StoreError::Backend(format!("etcd: cannot reach {endpoints:?}")))?
+        .map_err(etcd_error)?;
+        Ok(EtcdStore {
+            etcd: Arc::new(Etcd {
+                client,
+                keys: Keys {
+                    prefix: config.prefix(),
+                },
+                op_timeout: config.op_timeout,
+            }),
+            request_leases: tokio::sync::Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The lease for request ids expiring at `expires_at_ms`, granted on first use.
+    async fn request_lease(&self, expires_at_ms: u64) -> Result<LeaseId, StoreError> {
+        let window_end = expires_at_ms.div_ceil(REQUEST_LEASE_BUCKET_MS) * REQUEST_LEASE_BUCKET_MS;
+        let mut leases = self.request_leases.lock().await;
+        let now = now_ms();
+        leases.retain(|end, _| *end > now);
+        if let Some(id) = leases.get(&window_end) {
+            return Ok(*id);
+        }
+        let ttl = (window_end.saturating_sub(now)).div_ceil(1000).max(1) as i64;
+        let mut lease = self.etcd.client.lease_client();
+        let granted = self
+            .etcd
+            .call("lease grant", lease.grant(ttl, None))
+            .await?
+            .map_err(etcd_error)?;
+        leases.insert(window_end, granted.id());
+        Ok(granted.id())
+    }
+
+    /// Writes one request id under its window's lease.
+    async fn put_request_once(
+        &self,
+        req_id: &str,
+        record: RequestRecord,
+    ) -> Result<Result<(), etcd_client::Error>, StoreError> {
+        let lease = self.request_lease(record.expires_at_ms).await?;
+        let mut kv = self.etcd.client.kv_client();
+        let put = kv.put(
+            self.etcd.keys.request(req_id),
+            encode_request(record).to_vec(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        let result = self.etcd.call("put request", put).await?.map(drop);
+        if result.as_ref().is_err_and(is_lease_not_found) {
+            self.request_leases.lock().await.retain(|_, l| *l != lease);
+        }
+        Ok(result)
+    }
+}
+
+impl Etcd {
+    /// Runs one etcd call with the operation timeout.
+    async fn call<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<Result<T, etcd_client::Error>, StoreError> {
+        tokio::time::timeout(self.op_timeout, call)
+            .await
+            .map_err(|_| {
+                StoreError::Backend(format!(
+                    "etcd: {what} took longer than {:?} (is etcd reachable?)",
+                    self.op_timeout
+                ))
+            })
+    }
+
+    /// Reads the whole prefix at one revision, page by page.
+    async fn load_all(&self) -> Result<Snapshot, StoreError> {
+        let end = prefix_end(&self.keys.prefix);
+        let mut start = self.keys.prefix.clone().into_bytes();
+        let mut snapshot = Snapshot::default();
+        let mut at: Option<i64> = None;
+        loop {
+            let mut options = GetOptions::new().with_range(end.clone()).with_limit(LOAD_PAGE);
+            if let Some(revision) = at {
+                options = options.with_revision(revision);
+            }
+            let mut kv = self.client.kv_client();
+            let page = self
+                .call("load", kv.get(start.clone(), Some(options)))
+                .await?
+                .map_err(etcd_error)?;
+            let revision = *at.get_or_insert(revision_of(page.header()) as i64);
+            snapshot.revision = revision as Revision;
+            for kv in page.kvs() {
+                self.absorb(&mut snapshot, kv)?;
+            }
+            match page.kvs().last() {
+                Some(last) if page.more() => {
+                    start = last.key().to_vec();
+                    start.push(0);
+                }
+                _ => return Ok(snapshot),
+            }
+        }
+    }
+
+    fn absorb(&self, snapshot: &mut Snapshot, kv: &etcd_client::KeyValue) -> Result<(), StoreError> {
+        match self.keys.kind(kv.key())? {
+            KeyKind::Guard => snapshot.guard = kv.mod_revision().max(0) as Revision,
+            KeyKind::Worker(slot) => snapshot
+                .workers
+                .push(decode_worker(slot, kv.key(), kv.value())?),
+            KeyKind::Request(id) => {
+                let record = decode_request(kv.value())
+                    .ok_or_else(|| corrupt(kv.key(), "bad request value"))?;
+                snapshot.requests.push((id, record));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The first key after every key that starts with `prefix`.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    // The prefix ends in '/', so the last byte can be incremented.
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    end
+}
+
+impl Store for EtcdStore {
+    fn load(&self) -> StoreFuture<'_, Snapshot> {
+        Box::pin(self.etcd.load_all())
+    }
+
+    fn subscribe(&self, after: Revision) -> StoreEvents {
+        let (sender, receiver) = mpsc::channel(EVENT_BUFFER);
+        let follower = Follower {
+            etcd: self.etcd.clone(),
+            events: sender,
+            seen: after,
+        };
+        tokio::spawn(follower.run());
+        receiver
+    }
+
+    fn commit_workers<'a>(
+        &'a self,
+        change: &'a WorkerChange,
+        guard: Revision,
+    ) -> StoreFuture<'a, Revision> {
+        Box::pin(async move {
+            let keys = &self.etcd.keys;
+            let guard_key = keys.guard();
+            let compare = if guard == 0 {
+                Compare::version(guard_key.clone(), CompareOp::Equal, 0)
+            } else {
+                Compare::mod_revision(guard_key.clone(), CompareOp::Equal, guard as i64)
+            };
+            let mut ops = Vec::new();
+            // etcd refuses a key twice in one transaction; a slot written anyway needs no delete.
+            for slot in &change.remove {
+                if !change.put.iter().any(|w| w.slot == *slot) {
+                    ops.push(TxnOp::delete(keys.worker(*slot), None));
+                }
+            }
+            for worker in &change.put {
+                let options = worker.lease.map(|l| PutOptions::new().with_lease(l.id));
+                ops.push(TxnOp::put(
+                    keys.worker(worker.slot),
+                    encode_worker(worker),
+                    options,
+                ));
+            }
+            ops.push(TxnOp::put(guard_key, Vec::new(), None));
+            if ops.len() > MAX_TXN_OPS {
+                return Err(StoreError::Backend(format!(
+                    "a change of {} workers is more than one etcd transaction holds",
+                    ops.len() - 1
+                )));
+            }
+            let txn = Txn::new().when([compare]).and_then(ops);
+            let mut kv = self.etcd.client.kv_client();
+            let response = match self.etcd.call("commit", kv.txn(txn)).await? {
+                Ok(response) => response,
+                Err(err) if is_lease_not_found(&err) => {
+                    let lease = change.put.iter().find_map(|w| w.lease).map_or(0, |l| l.id);
+                    return Err(StoreError::LeaseNotFound(lease));
+                }
+                Err(err) => return Err(etcd_error(err)),
+            };
+            if !response.succeeded() {
+                return Err(StoreError::Conflict);
+            }
+            Ok(revision_of(response.header()))
+        })
+    }
+
+    fn grant_lease(&self, ttl: u32) -> StoreFuture<'_, Lease> {
+        Box::pin(async move {
+            let mut lease = self.etcd.client.lease_client();
+            let granted = self
+                .etcd
+                .call("lease grant", lease.grant(i64::from(ttl), None))
+                .await?
+                .map_err(etcd_error)?;
+            Ok(Lease {
+                id: granted.id(),
+                ttl: u32::try_from(granted.ttl()).unwrap_or(ttl),
+            })
+        })
+    }
+
+    fn keep_alive(&self, id: LeaseId) -> StoreFuture<'_, Option<u32>> {
+        Box::pin(async move {
+            let mut lease = self.etcd.client.lease_client();
+            match self.etcd.call("lease keepalive", lease.keep_alive(id)).await? {
+                Ok(_) => {}
+                Err(err) if is_lease_not_found(&err) => return Ok(None),
+                Err(err) => return Err(etcd_error(err)),
+            }
+            let info = self
+                .etcd
+                .call("lease ttl", lease.time_to_live(id, None))
+                .await?
+                .map_err(etcd_error)?;
+            Ok(u32::try_from(info.granted_ttl()).ok().filter(|_| info.ttl() > 0))
+        })
+    }
+
+    fn revoke_lease(&self, id: LeaseId) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let mut lease = self.etcd.client.lease_client();
+            match self.etcd.call("lease revoke", lease.revoke(id)).await? {
+                Ok(_) => Ok(true),
+                Err(err) if is_lease_not_found(&err) => Ok(false),
+                Err(err) => Err(etcd_error(err)),
+            }
+        })
+    }
+
+    fn put_request<'a>(&'a self, req_id: &'a str, record: RequestRecord) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            // One retry: a window's lease can vanish (revoked by hand, or etcd restored from a
+            // backup); the retry grants a fresh one.
+            match self.put_request_once(req_id, record).await? {
+                Err(err) if is_lease_not_found(&err) => {
+                    self.put_request_once(req_id, record).await?.map_err(etcd_error)
+                }
+                result => result.map_err(etcd_error),
+            }
+        })
+    }
+
+    fn remove_requests<'a>(&'a self, req_ids: &'a [Arc<str>]) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            for chunk in req_ids.chunks(MAX_TXN_OPS) {
+                let ops: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|id| TxnOp::delete(self.etcd.keys.request(id), None))
+                    .collect();
+                let mut kv = self.etcd.client.kv_client();
+                self.etcd
+                    .call("delete requests", kv.txn(Txn::new().and_then(ops)))
+                    .await?
+                    .map_err(etcd_error)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn forget_expired<'a>(&'a self, _req_ids: &'a [Arc<str>]) -> StoreFuture<'a, ()> {
+        // Their window's lease deletes them.
+        Box::pin(async { Ok(()) })
+    }
+
+    fn flush(&self) -> StoreFuture<'_, ()> {
+        // etcd acknowledges a write once a quorum has it on disk.
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Follows the cluster's prefix with an etcd watch and reports what changed.
+struct Follower {
+    etcd: Arc<Etcd>,
+    events: mpsc::Sender<StoreEvent>,
+    /// The last revision reported.
+    seen: Revision,
+}
+
+/// Why a watch ended.
+enum WatchEnd {
+    /// The registry went away.
+    Closed,
+    /// etcd no longer has the revisions after `seen`: reload.
+    Compacted,
+    /// The connection failed.
+    Failed(String),
+}
+
+impl Follower {
+    async fn run(mut self) {
+        let mut backoff = None;
+        loop {
+            let end = self.watch().await;
+            let reason = match end {
+                WatchEnd::Closed => return,
+                WatchEnd::Compacted => match self.etcd.load_all().await {
+                    Ok(snapshot) => {
+                        tracing::warn!(
+                            revision = snapshot.revision,
+                            "etcd compacted past this replica's revision; reloading"
+                        );
+                        self.seen = snapshot.revision;
+                        if self.events.send(StoreEvent::Reset(snapshot)).await.is_err() {
+                            return;
+                        }
+                        backoff = None;
+                        continue;
+                    }
+                    Err(err) => err.to_string(),
+                },
+                WatchEnd::Failed(reason) => reason,
+            };
+            let delay = backoff
+                .get_or_insert_with(|| {
+                    ExponentialBuilder::default()
+                        .with_min_delay(Duration::from_millis(100))
+                        .with_max_delay(Duration::from_secs(2))
+                        .without_max_times()
+                        .build()
+                })
+                .next()
+                .unwrap_or(Duration::from_secs(2));
+            tracing::warn!(
+                error = %reason,
+                revision = self.seen,
+                retry_in = ?delay,
+                "etcd watch lost; serving reads from the cache until it is back"
+            );
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// Watches from `seen + 1` until the watch ends.
+    async fn watch(&mut self) -> WatchEnd {
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_prev_key()
+            .with_start_revision(self.seen as i64 + 1);
+        let mut client = self.etcd.client.watch_client();
+        let started = tokio::time::timeout(
+            self.etcd.op_timeout,
+            client.watch(self.etcd.keys.prefix.clone(), Some(options)),
+        )
+        .await;
+        let mut stream = match started {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(err)) => return WatchEnd::Failed(err.to_string()),
+            Err(_) => return WatchEnd::Failed("etcd did not answer the watch".to_owned()),
+        };
+        loop {
+            let response = match stream.message().await {
+                Ok(Some(response)) => response,
+                Ok(None) => return WatchEnd::Failed("etcd closed the watch".to_owned()),
+                Err(err) => return WatchEnd::Failed(err.to_string()),
+            };
+            if response.compact_revision() > 0 {
+                return WatchEnd::Compacted;
+            }
+            if response.canceled() {
+                return WatchEnd::Failed(format!(
+                    "etcd cancelled the watch: {}",
+                    response.cancel_reason()
+                ));
+            }
+            match self.report(response.events()).await {
+                Ok(true) => {}
+                Ok(false) => return WatchEnd::Closed,
+                Err(err) => return WatchEnd::Failed(err.to_string()),
+            }
+        }
+    }
+
+    /// Reports one watch response's events, one store event per revision and kind; false when
+    /// the registry has gone away.
+    async fn report(&mut self, events: &[etcd_client::Event]) -> Result<bool, StoreError> {
+        let mut start = 0;
+        while start < events.len() {
+            let revision = mod_revision(&events[start]);
+            let end = start
+                + events[start..]
+                    .iter()
+                    .take_while(|e| mod_revision(e) == revision)
+                    .count();
+            for event in self.translate(revision, &events[start..end])? {
+                if self.events.send(event).await.is_err() {
+                    return Ok(false);
+                }
+            }
+            self.seen = revision;
+            start = end;
+        }
+        Ok(true)
+    }
+
+    /// Turns the etcd events of one revision into store events.
+    fn translate(
+        &self,
+        revision: Revision,
+        events: &[etcd_client::Event],
+    ) -> Result<Vec<StoreEvent>, StoreError> {
+        let mut workers = WorkerChange::default();
+        let mut guard = false;
+        let (mut put_requests, mut removed_requests) = (Vec::new(), Vec::new());
+        for event in events {
+            let Some(kv) = event.kv() else { continue };
+            let deleted = event.event_type() == EventType::Delete;
+            match self.etcd.keys.kind(kv.key())? {
+                KeyKind::Guard => guard |= !deleted,
+                KeyKind::Worker(slot) if deleted => workers.remove.push(slot),
+                KeyKind::Worker(slot) => workers
+                    .put
+                    .push(decode_worker(slot, kv.key(), kv.value())?),
+                KeyKind::Request(id) if deleted => removed_requests.push(id),
+                KeyKind::Request(id) => {
+                    let record = decode_request(kv.value())
+                        .ok_or_else(|| corrupt(kv.key(), "bad request value"))?;
+                    put_requests.push((id, record));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        if guard || !workers.is_empty() {
+            out.push(StoreEvent::Workers {
+                revision,
+                remove: workers.remove,
+                put: workers.put,
+                guard,
+            });
+        }
+        if !put_requests.is_empty() || !removed_requests.is_empty() {
+            out.push(StoreEvent::Requests {
+                revision,
+                put: put_requests,
+                remove: removed_requests,
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn mod_revision(event: &etcd_client::Event) -> Revision {
+    event.kv().map_or(0, |kv| kv.mod_revision().max(0) as Revision)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_parsed_back() {
+        let keys = Keys {
+            prefix: "/pd-bootstrap/c1/".to_owned(),
+        };
+        let slot = Slot { dp: 3, tp: 65_535, pp: 0 };
+        assert!(matches!(keys.kind(keys.worker(slot).as_bytes()), Ok(KeyKind::Worker(s)) if s == slot));
+        assert!(matches!(keys.kind(keys.guard().as_bytes()), Ok(KeyKind::Guard)));
+        assert!(matches!(
+            keys.kind(keys.request("a/b c").as_bytes()),
+            Ok(KeyKind::Request(id)) if id == "a/b c"
+        ));
+        assert!(keys.kind(b"/pd-bootstrap/c1/workers/1/2").is_err());
+        assert!(keys.kind(b"/pd-bootstrap/other/guard").is_err());
+        assert_eq!(prefix_end("/a/"), b"/a0".to_vec());
+    }
+
+    #[test]
+    fn store_urls_are_checked() {
+        assert_eq!(
+            EtcdConfig::parse_url("etcd://10.0.0.1:2379,10.0.0.2:2379"),
+            Ok(vec!["10.0.0.1:2379".to_owned(), "10.0.0.2:2379".to_owned()])
+        );
+        for bad in ["10.0.0.1:2379", "etcd://", "etcd://host", "etcd://h:1,", "etcd://http://h:1"] {
+            assert!(EtcdConfig::parse_url(bad).is_err(), "{bad:?} passed");
+        }
+    }
+}
