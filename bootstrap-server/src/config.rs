@@ -103,11 +103,14 @@ impl Args {
         ServerConfig {
             addr: (self.host, self.port).into(),
             data_dir: self.data_dir.clone(),
-            etcd: self.store.clone().map(|EtcdEndpoints(endpoints)| EtcdConfig {
-                endpoints,
-                cluster: self.cluster.clone(),
-                op_timeout: self.store_timeout,
-            }),
+            etcd: self
+                .store
+                .clone()
+                .map(|EtcdEndpoints(endpoints)| EtcdConfig {
+                    endpoints,
+                    cluster: self.cluster.clone(),
+                    op_timeout: self.store_timeout,
+                }),
             auth_token: self.auth_token.clone().filter(|t| !t.is_empty()),
             registry: RegistryConfig {
                 expected,

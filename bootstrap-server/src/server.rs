@@ -66,12 +66,11 @@ impl Server {
         let (store, described): (Arc<dyn Store>, String) = match &config.etcd {
             None => {
                 let described = config.data_dir.display().to_string();
-                let store = SledStore::open(&config.data_dir).map_err(|source| {
-                    ServerError::Store {
+                let store =
+                    SledStore::open(&config.data_dir).map_err(|source| ServerError::Store {
                         store: described.clone(),
                         source,
-                    }
-                })?;
+                    })?;
                 (Arc::new(store), described)
             }
             Some(etcd) => {

@@ -7,7 +7,6 @@ use common::{start, start_with};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-#[tokio::test]
 async fn engine_keyed_registration_and_query() {
     let server = start().await;
     assert_eq!(server.get("/query").await, (StatusCode::OK, json!({})));
@@ -47,7 +46,6 @@ async fn engine_keyed_registration_and_query() {
     assert!(body["detail"].as_str().unwrap().contains("nope"));
 }
 
-#[tokio::test]
 async fn conflicts_use_vllm_wording() {
     let server = start().await;
     server.register("A", 0, 0, 0, "tcp://h:1").await;
@@ -67,7 +65,6 @@ async fn conflicts_use_vllm_wording() {
     );
 }
 
-#[tokio::test]
 async fn a_restarted_engine_takes_its_ranks_back() {
     let server = start().await;
     server.register("old", 0, 0, 0, "tcp://h:1").await;
@@ -117,7 +114,6 @@ async fn a_restarted_engine_takes_its_ranks_back() {
     assert_eq!(body["removed"], 0);
 }
 
-#[tokio::test]
 async fn replace_policy_lets_vllm_clients_restart() {
     let server = start_with(|c| c.registry.engine_conflict = EngineConflictPolicy::Replace).await;
     server.register("old", 0, 0, 0, "tcp://h:1").await;
@@ -129,7 +125,6 @@ async fn replace_policy_lets_vllm_clients_restart() {
     assert_eq!(topology["0"]["engine_id"], "new");
 }
 
-#[tokio::test]
 async fn expected_topology_gates_query_and_ranks() {
     let server = start_with(|c| {
         c.registry.expected = Some(ExpectedTopology {
@@ -182,7 +177,6 @@ async fn expected_topology_gates_query_and_ranks() {
     );
 }
 
-#[tokio::test]
 async fn request_keyed_api() {
     let server = start().await;
     let ok = (StatusCode::OK, json!({"status": "ok"}));
@@ -267,7 +261,6 @@ async fn request_keyed_api() {
     assert_eq!(body["results"]["r1"], json!(["retry", []]));
 }
 
-#[tokio::test]
 async fn tp_rank_not_registered_is_a_per_request_error() {
     let server = start().await;
     server.register("e", 0, 0, 0, "tcp://p:1").await;
@@ -288,7 +281,6 @@ async fn tp_rank_not_registered_is_a_per_request_error() {
     );
 }
 
-#[tokio::test]
 async fn request_ids_expire_after_the_ttl() {
     let server =
         start_with(|c| c.registry.request_ttl = std::time::Duration::from_millis(300)).await;
@@ -310,7 +302,6 @@ async fn request_ids_expire_after_the_ttl() {
     assert!(metrics.contains("bootstrap_live_requests 0"), "{metrics}");
 }
 
-#[tokio::test]
 async fn a_full_request_map_answers_503() {
     let server = start_with(|c| c.registry.max_requests = 2).await;
     for id in ["a", "b"] {
@@ -337,7 +328,6 @@ async fn a_full_request_map_answers_503() {
     );
 }
 
-#[tokio::test]
 async fn health_and_metrics() {
     let server = start().await;
     assert_eq!(
@@ -377,7 +367,6 @@ async fn health_and_metrics() {
     }
 }
 
-#[tokio::test]
 async fn writes_need_the_token_and_reads_stay_open() {
     let server = start_with(|c| c.auth_token = Some("s3cret".into())).await;
     let body =
@@ -406,3 +395,5 @@ async fn writes_need_the_token_and_reads_stay_open() {
         .await;
     assert_eq!(status, StatusCode::OK);
 }
+
+on_both_backends!("current_thread"; engine_keyed_registration_and_query, conflicts_use_vllm_wording, a_restarted_engine_takes_its_ranks_back, replace_policy_lets_vllm_clients_restart, expected_topology_gates_query_and_ranks, request_keyed_api, tp_rank_not_registered_is_a_per_request_error, request_ids_expire_after_the_ttl, a_full_request_map_answers_503, health_and_metrics, writes_need_the_token_and_reads_stay_open);

@@ -10,7 +10,6 @@ fn raw(text: &str) -> Value {
     Value::String(format!("RAW:{text}"))
 }
 
-#[tokio::test]
 async fn bad_input_table() {
     let server = common::start_with(|c| {
         c.registry.expected = Some(ExpectedTopology {
@@ -226,3 +225,5 @@ async fn bad_input_table() {
     // Nothing bad was recorded, and the server still answers.
     assert_eq!(server.get("/ready").await.1["registered"], 0);
 }
+
+on_both_backends!("current_thread"; bad_input_table);

@@ -5,7 +5,6 @@ mod common;
 use futures_util::future::join_all;
 use serde_json::json;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_registrations_at_once_lose_nothing() {
     let server = common::start().await;
     let calls = (0..8u32)
@@ -36,7 +35,6 @@ async fn many_registrations_at_once_lose_nothing() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contested_slots_have_exactly_one_winner() {
     let server = common::start().await;
     // 32 engines race for dp rank 0, and 32 addresses race for one slot of a second engine.
@@ -90,3 +88,5 @@ async fn contested_slots_have_exactly_one_winner() {
         "one rank's 32 calls succeed (first + replays), the other's 32 conflict"
     );
 }
+
+on_both_backends!("multi_thread"; many_registrations_at_once_lose_nothing, contested_slots_have_exactly_one_winner);

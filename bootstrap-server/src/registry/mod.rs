@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use worker_client::protocol::{
-    validate_addr, validate_id, validate_lease_ttl, validate_rank, Deregister, FieldError,
-    LeaseId, QueryRequests, QueryRequestsResponse, Rank, RegisterLegacyWorker, RegisterRequest,
+    validate_addr, validate_id, validate_lease_ttl, validate_rank, Deregister, FieldError, LeaseId,
+    QueryRequests, QueryRequestsResponse, Rank, RegisterLegacyWorker, RegisterRequest,
     RegisterResponse, RegisterWorker, RequestLocation, Revision, WatchBatch, WorkerEvent,
     WorkerEventKind, WorkerInfo, WorkerList, MAX_QUERY_IDS,
 };
@@ -22,8 +22,8 @@ pub use requests::{Inserted, RequestConflict, RequestTable};
 pub use workers::{EngineConflictPolicy, RegisterOutcome, WorkerConflict, WorkerTable};
 
 use crate::store::{
-    RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvent, StoreEvents,
-    WorkerChange, WorkerRecord,
+    RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvent, StoreEvents, WorkerChange,
+    WorkerRecord,
 };
 
 /// How many expired ids one pruning step removes before it lets others take the lock.
@@ -785,7 +785,11 @@ impl Registry {
 
     /// `GET /watch?since=REV`: the worker changes after `since`, waiting up to `wait` for the
     /// first one. An empty batch means the wait ran out.
-    pub async fn watch(&self, since: Revision, wait: Duration) -> Result<WatchBatch, RegistryError> {
+    pub async fn watch(
+        &self,
+        since: Revision,
+        wait: Duration,
+    ) -> Result<WatchBatch, RegistryError> {
         let mut applied = self.applied.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
         loop {

@@ -408,16 +408,19 @@ impl WorkerTable {
     /// Every registered worker, in (dp, tp, pp) order.
     pub fn records(&self) -> impl Iterator<Item = WorkerRecord> + '_ {
         self.groups.iter().flat_map(|(dp, group)| {
-            group.workers.iter().map(move |((tp, pp), worker)| WorkerRecord {
-                slot: Slot {
-                    dp: *dp,
-                    tp: *tp,
-                    pp: *pp,
-                },
-                engine_id: group.engine_id.clone(),
-                addr: worker.addr.clone(),
-                lease: worker.lease,
-            })
+            group
+                .workers
+                .iter()
+                .map(move |((tp, pp), worker)| WorkerRecord {
+                    slot: Slot {
+                        dp: *dp,
+                        tp: *tp,
+                        pp: *pp,
+                    },
+                    engine_id: group.engine_id.clone(),
+                    addr: worker.addr.clone(),
+                    lease: worker.lease,
+                })
         })
     }
 
@@ -449,7 +452,14 @@ mod tests {
         let mut table = WorkerTable::default();
         for (engine, slot, addr) in entries {
             let plan = table
-                .plan_register(engine, *slot, addr, false, EngineConflictPolicy::Reject, None)
+                .plan_register(
+                    engine,
+                    *slot,
+                    addr,
+                    false,
+                    EngineConflictPolicy::Reject,
+                    None,
+                )
                 .unwrap();
             table.apply(&plan.change);
         }
@@ -465,7 +475,8 @@ mod tests {
                 slot(0, 0, 0),
                 "tcp://h:1",
                 false,
-                EngineConflictPolicy::Reject, None,
+                EngineConflictPolicy::Reject,
+                None,
             )
             .unwrap();
         assert_eq!(replay.outcome, RegisterOutcome::Replayed);
@@ -477,7 +488,8 @@ mod tests {
                 slot(0, 1, 0),
                 "tcp://h:2",
                 false,
-                EngineConflictPolicy::Reject, None,
+                EngineConflictPolicy::Reject,
+                None,
             )
             .unwrap_err();
         assert_eq!(
@@ -490,7 +502,8 @@ mod tests {
                 slot(0, 0, 0),
                 "tcp://h:9",
                 false,
-                EngineConflictPolicy::Reject, None,
+                EngineConflictPolicy::Reject,
+                None,
             )
             .unwrap_err();
         assert_eq!(
@@ -513,7 +526,8 @@ mod tests {
                 slot(0, 0, 0),
                 "tcp://h:4",
                 true,
-                EngineConflictPolicy::Reject, None,
+                EngineConflictPolicy::Reject,
+                None,
             )
             .unwrap();
         assert_eq!(
@@ -535,7 +549,8 @@ mod tests {
                 slot(1, 0, 0),
                 "tcp://h:5",
                 false,
-                EngineConflictPolicy::Replace, None,
+                EngineConflictPolicy::Replace,
+                None,
             )
             .unwrap();
         assert!(matches!(
@@ -560,7 +575,8 @@ mod tests {
                 slot(0, 0, 0),
                 "tcp://h:3",
                 false,
-                EngineConflictPolicy::Reject, None
+                EngineConflictPolicy::Reject,
+                None
             )
             .is_ok());
     }
@@ -592,7 +608,8 @@ mod tests {
                 slot(0, 0, 0),
                 "tcp://h:2",
                 false,
-                EngineConflictPolicy::Reject, None,
+                EngineConflictPolicy::Reject,
+                None,
             )
             .unwrap();
         table.apply(&plan.change);

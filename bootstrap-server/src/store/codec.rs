@@ -39,7 +39,11 @@ pub(super) fn encode_worker(worker: &WorkerRecord) -> Vec<u8> {
 }
 
 /// Decodes the worker stored at `key` for `slot`.
-pub(super) fn decode_worker(slot: Slot, key: &[u8], value: &[u8]) -> Result<WorkerRecord, StoreError> {
+pub(super) fn decode_worker(
+    slot: Slot,
+    key: &[u8],
+    value: &[u8],
+) -> Result<WorkerRecord, StoreError> {
     let stored: StoredWorker =
         serde_json::from_slice(value).map_err(|e| corrupt(key, e.to_string()))?;
     let lease = match (stored.lease_id, stored.lease_ttl) {
@@ -83,7 +87,11 @@ mod tests {
         };
         assert_eq!(decode_request(&encode_request(record)), Some(record));
         assert_eq!(decode_request(b"short"), None);
-        let slot = Slot { dp: 1, tp: 2, pp: 3 };
+        let slot = Slot {
+            dp: 1,
+            tp: 2,
+            pp: 3,
+        };
         for lease in [None, Some(Lease { id: 99, ttl: 5 })] {
             let worker = WorkerRecord {
                 slot,
@@ -91,7 +99,10 @@ mod tests {
                 addr: "tcp://h:1".into(),
                 lease,
             };
-            assert_eq!(decode_worker(slot, b"k", &encode_worker(&worker)).unwrap(), worker);
+            assert_eq!(
+                decode_worker(slot, b"k", &encode_worker(&worker)).unwrap(),
+                worker
+            );
         }
         assert!(matches!(
             decode_worker(slot, b"k", b"{"),

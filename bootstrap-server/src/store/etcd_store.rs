@@ -264,7 +264,9 @@ impl Etcd {
         let mut snapshot = Snapshot::default();
         let mut at: Option<i64> = None;
         loop {
-            let mut options = GetOptions::new().with_range(end.clone()).with_limit(LOAD_PAGE);
+            let mut options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(LOAD_PAGE);
             if let Some(revision) = at {
                 options = options.with_revision(revision);
             }
@@ -288,12 +290,18 @@ impl Etcd {
         }
     }
 
-    fn absorb(&self, snapshot: &mut Snapshot, kv: &etcd_client::KeyValue) -> Result<(), StoreError> {
+    fn absorb(
+        &self,
+        snapshot: &mut Snapshot,
+        kv: &etcd_client::KeyValue,
+    ) -> Result<(), StoreError> {
         match self.keys.kind(kv.key())? {
             KeyKind::Guard => snapshot.guard = kv.mod_revision().max(0) as Revision,
-            KeyKind::Worker(slot) => snapshot
-                .workers
-                .push(decode_worker(slot, kv.key(), kv.value())?),
+            KeyKind::Worker(slot) => {
+                snapshot
+                    .workers
+                    .push(decode_worker(slot, kv.key(), kv.value())?)
+            }
             KeyKind::Request(id) => {
                 let record = decode_request(kv.value())
                     .ok_or_else(|| corrupt(kv.key(), "bad request value"))?;
@@ -400,7 +408,11 @@ impl Store for EtcdStore {
     fn keep_alive(&self, id: LeaseId) -> StoreFuture<'_, Option<u32>> {
         Box::pin(async move {
             let mut lease = self.etcd.client.lease_client();
-            match self.etcd.call("lease keepalive", lease.keep_alive(id)).await? {
+            match self
+                .etcd
+                .call("lease keepalive", lease.keep_alive(id))
+                .await?
+            {
                 Ok(_) => {}
                 Err(err) if is_lease_not_found(&err) => return Ok(None),
                 Err(err) => return Err(etcd_error(err)),
@@ -410,7 +422,9 @@ impl Store for EtcdStore {
                 .call("lease ttl", lease.time_to_live(id, None))
                 .await?
                 .map_err(etcd_error)?;
-            Ok(u32::try_from(info.granted_ttl()).ok().filter(|_| info.ttl() > 0))
+            Ok(u32::try_from(info.granted_ttl())
+                .ok()
+                .filter(|_| info.ttl() > 0))
         })
     }
 
@@ -430,9 +444,10 @@ impl Store for EtcdStore {
             // One retry: a window's lease can vanish (revoked by hand, or etcd restored from a
             // backup); the retry grants a fresh one.
             match self.put_request_once(req_id, record).await? {
-                Err(err) if is_lease_not_found(&err) => {
-                    self.put_request_once(req_id, record).await?.map_err(etcd_error)
-                }
+                Err(err) if is_lease_not_found(&err) => self
+                    .put_request_once(req_id, record)
+                    .await?
+                    .map_err(etcd_error),
                 result => result.map_err(etcd_error),
             }
         })
@@ -605,9 +620,9 @@ impl Follower {
             match self.etcd.keys.kind(kv.key())? {
                 KeyKind::Guard => guard |= !deleted,
                 KeyKind::Worker(slot) if deleted => workers.remove.push(slot),
-                KeyKind::Worker(slot) => workers
-                    .put
-                    .push(decode_worker(slot, kv.key(), kv.value())?),
+                KeyKind::Worker(slot) => {
+                    workers.put.push(decode_worker(slot, kv.key(), kv.value())?)
+                }
                 KeyKind::Request(id) if deleted => removed_requests.push(id),
                 KeyKind::Request(id) => {
                     let record = decode_request(kv.value())
@@ -637,7 +652,9 @@ impl Follower {
 }
 
 fn mod_revision(event: &etcd_client::Event) -> Revision {
-    event.kv().map_or(0, |kv| kv.mod_revision().max(0) as Revision)
+    event
+        .kv()
+        .map_or(0, |kv| kv.mod_revision().max(0) as Revision)
 }
 
 #[cfg(test)]
@@ -649,9 +666,18 @@ mod tests {
         let keys = Keys {
             prefix: "/pd-bootstrap/c1/".to_owned(),
         };
-        let slot = Slot { dp: 3, tp: 65_535, pp: 0 };
-        assert!(matches!(keys.kind(keys.worker(slot).as_bytes()), Ok(KeyKind::Worker(s)) if s == slot));
-        assert!(matches!(keys.kind(keys.guard().as_bytes()), Ok(KeyKind::Guard)));
+        let slot = Slot {
+            dp: 3,
+            tp: 65_535,
+            pp: 0,
+        };
+        assert!(
+            matches!(keys.kind(keys.worker(slot).as_bytes()), Ok(KeyKind::Worker(s)) if s == slot)
+        );
+        assert!(matches!(
+            keys.kind(keys.guard().as_bytes()),
+            Ok(KeyKind::Guard)
+        ));
         assert!(matches!(
             keys.kind(keys.request("a/b c").as_bytes()),
             Ok(KeyKind::Request(id)) if id == "a/b c"
@@ -667,7 +693,13 @@ mod tests {
             EtcdConfig::parse_url("etcd://10.0.0.1:2379,10.0.0.2:2379"),
             Ok(vec!["10.0.0.1:2379".to_owned(), "10.0.0.2:2379".to_owned()])
         );
-        for bad in ["10.0.0.1:2379", "etcd://", "etcd://host", "etcd://h:1,", "etcd://http://h:1"] {
+        for bad in [
+            "10.0.0.1:2379",
+            "etcd://",
+            "etcd://host",
+            "etcd://h:1,",
+            "etcd://http://h:1",
+        ] {
             assert!(EtcdConfig::parse_url(bad).is_err(), "{bad:?} passed");
         }
     }

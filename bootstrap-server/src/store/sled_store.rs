@@ -183,7 +183,11 @@ impl Inner {
             state.guard = revision;
         }
         self.leases().track(&change);
-        let events = self.events.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let events = self
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         if let Some(events) = events {
             // A registry that went away no longer needs the event.
             let _ = events
@@ -208,7 +212,11 @@ impl Inner {
         if slots.is_empty() {
             return Ok(());
         }
-        tracing::info!(lease, workers = slots.len(), "lease ended, its workers are removed");
+        tracing::info!(
+            lease,
+            workers = slots.len(),
+            "lease ended, its workers are removed"
+        );
         let change = WorkerChange {
             remove: slots,
             put: Vec::new(),
@@ -388,7 +396,10 @@ mod tests {
     async fn stale_guards_and_dead_leases_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path()).unwrap();
-        store.commit_workers(&put(&worker(0, None)), 0).await.unwrap();
+        store
+            .commit_workers(&put(&worker(0, None)), 0)
+            .await
+            .unwrap();
         assert!(matches!(
             store.commit_workers(&put(&worker(1, None)), 0).await,
             Err(StoreError::Conflict)

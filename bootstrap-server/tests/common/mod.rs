@@ -1,19 +1,81 @@
-//! Shared helpers: a real server on 127.0.0.1:0 with a temporary database, and a JSON client.
+//! Shared helpers: a real server on 127.0.0.1:0 with a temporary database (or its own prefix in
+//! a real etcd), and a JSON client.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod etcd;
+
+use std::future::Future;
 use std::time::Duration;
 
 use bootstrap_server::registry::RegistryConfig;
 use bootstrap_server::server::ServerHandle;
+use bootstrap_server::store::EtcdConfig;
 use bootstrap_server::{Server, ServerConfig};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
+
+/// Which store the servers of a test use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The embedded sled database.
+    Sled,
+    /// The test binary's shared etcd, under a cluster name of the test's own.
+    Etcd,
+}
+
+tokio::task_local! {
+    static BACKEND: Backend;
+}
+
+/// Runs a test with every server it starts on `backend`.
+pub async fn on<F: Future>(backend: Backend, test: F) -> F::Output {
+    BACKEND.scope(backend, test).await
+}
+
+/// The backend of the running test (sled unless run through [`on`]).
+pub fn backend() -> Backend {
+    BACKEND.try_with(|b| *b).unwrap_or(Backend::Sled)
+}
+
+/// Runs each named test (an `async fn` without arguments) once on sled and once on etcd.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($flavor:tt; $($test:ident),+ $(,)?) => {
+        mod sled {
+            $(
+                #[tokio::test(flavor = $flavor)]
+                async fn $test() {
+                    $crate::common::on($crate::common::Backend::Sled, super::$test()).await
+                }
+            )+
+        }
+        mod etcd {
+            $(
+                #[tokio::test(flavor = $flavor)]
+                async fn $test() {
+                    $crate::common::on($crate::common::Backend::Etcd, super::$test()).await
+                }
+            )+
+        }
+    };
+}
+
+/// Settings for a server on the shared etcd under `cluster`.
+pub fn etcd_config(endpoint: &str, cluster: &str) -> EtcdConfig {
+    EtcdConfig {
+        endpoints: vec![endpoint.to_owned()],
+        cluster: cluster.to_owned(),
+        op_timeout: Duration::from_secs(2),
+    }
+}
 
 /// A running server and the folder its database lives in.
 pub struct TestServer {
     pub handle: ServerHandle,
     pub dir: tempfile::TempDir,
     pub client: reqwest::Client,
+    /// What it was started with.
+    pub config: ServerConfig,
 }
 
 pub fn config(dir: &std::path::Path) -> ServerConfig {
@@ -29,8 +91,12 @@ pub fn config(dir: &std::path::Path) -> ServerConfig {
 pub async fn start_with(edit: impl FnOnce(&mut ServerConfig)) -> TestServer {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(dir.path());
+    if backend() == Backend::Etcd {
+        let endpoint = etcd::shared();
+        config.etcd = Some(etcd_config(endpoint, &etcd::unique_cluster()));
+    }
     edit(&mut config);
-    let handle = Server::bind(config).await.unwrap().spawn();
+    let handle = Server::bind(config.clone()).await.unwrap().spawn();
     TestServer {
         handle,
         dir,
@@ -38,6 +104,7 @@ pub async fn start_with(edit: impl FnOnce(&mut ServerConfig)) -> TestServer {
             .timeout(Duration::from_secs(10))
             .build()
             .unwrap(),
+        config,
     }
 }
 
@@ -46,6 +113,27 @@ pub async fn start() -> TestServer {
 }
 
 impl TestServer {
+    /// Another server on the same store: the same data folder after this one has shut down
+    /// (sled), or a second replica of the same cluster (etcd).
+    pub async fn successor(self) -> TestServer {
+        let TestServer {
+            handle,
+            dir,
+            client,
+            config,
+        } = self;
+        if config.etcd.is_none() {
+            handle.shutdown().await.unwrap();
+        }
+        let handle = Server::bind(config.clone()).await.unwrap().spawn();
+        TestServer {
+            handle,
+            dir,
+            client,
+            config,
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.handle.url())
     }
