@@ -161,7 +161,9 @@ impl Server {
         let app = http::router(state, auth);
         let served = serve(listener, app, shutdown, ServeLimits::default()).await;
         pruner.abort();
-        if let Err(err) = registry.flush().await {
+        // Awaited, so its registry handle is gone before `run` returns.
+        let _ = pruner.await;
+        if let Err(err) = registry.close().await {
             tracing::error!(error = %err, "could not flush the store at shutdown");
         }
         tracing::info!("bootstrap server stopped");

@@ -1,39 +1,12 @@
 //! The real binary: what got a 200 survives `kill -9`; request ids survive a graceful restart.
 
-use std::process::Stdio;
+mod common;
+
 use std::time::Duration;
 
+use common::binary::start_binary;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-
-/// Starts `bootstrap-server` on an ephemeral port and returns it with its base URL.
-async fn start_binary(data_dir: &std::path::Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_bootstrap-server"))
-        .args(["--host", "127.0.0.1", "--port", "0", "--log-format", "json"])
-        .arg("--data-dir")
-        .arg(data_dir)
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the bootstrap-server binary starts");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            let event: Value = serde_json::from_str(&line).unwrap_or_default();
-            if event["fields"]["message"] == "bootstrap server listening" {
-                return event["fields"]["addr"].as_str().unwrap().to_owned();
-            }
-        }
-        panic!("the server exited before listening");
-    })
-    .await
-    .expect("the server listens within 30 s");
-    // Keep draining stderr so the server never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, format!("http://{addr}"))
-}
+use tokio::process::Child;
 
 async fn post(url: &str, body: Value) -> reqwest::StatusCode {
     reqwest::Client::new()
@@ -52,7 +25,7 @@ async fn get_json(url: &str) -> Value {
 #[tokio::test]
 async fn registrations_survive_kill_9() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut server, url) = start_binary(dir.path()).await;
+    let (mut server, url) = start_binary(&[dir.path().as_os_str()]).await;
     for tp in 0..4 {
         let body = json!({"engine_id": "e", "dp_rank": 0, "tp_rank": tp, "pp_rank": 0, "addr": format!("tcp://p:{}", 100 + tp)});
         assert_eq!(post(&format!("{url}/register"), body).await, 200);
@@ -61,7 +34,7 @@ async fn registrations_survive_kill_9() {
     server.start_kill().unwrap(); // SIGKILL: no flush, no shutdown
     server.wait().await.unwrap();
 
-    let (_server, url) = start_binary(dir.path()).await;
+    let (_server, url) = start_binary(&[dir.path().as_os_str()]).await;
     assert_eq!(get_json(&format!("{url}/query")).await, before);
     assert_eq!(before["0"]["worker_addr"].as_object().unwrap().len(), 4);
 }
@@ -69,7 +42,7 @@ async fn registrations_survive_kill_9() {
 #[tokio::test]
 async fn request_ids_survive_a_graceful_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let (server, url) = start_binary(dir.path()).await;
+    let (server, url) = start_binary(&[dir.path().as_os_str()]).await;
     let body =
         json!({"engine_id": "e", "dp_rank": 0, "tp_rank": 0, "pp_rank": 0, "addr": "tcp://p:1"});
     assert_eq!(post(&format!("{url}/register"), body).await, 200);
@@ -86,7 +59,7 @@ async fn request_ids_survive_a_graceful_restart() {
         .expect("the server stops within 10 s of SIGTERM");
     assert!(status.success(), "graceful shutdown exits 0, got {status}");
 
-    let (_server, url) = start_binary(dir.path()).await;
+    let (_server, url) = start_binary(&[dir.path().as_os_str()]).await;
     let ids: Vec<String> = (0..100).map(|i| format!("r{i}")).collect();
     let answer: Value = reqwest::Client::new()
         .post(format!("{url}/query_requests"))

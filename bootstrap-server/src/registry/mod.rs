@@ -327,12 +327,9 @@ impl Registry {
                 state.history.extend(events);
                 revision
             }
-            StoreEvent::Requests {
-                revision,
-                put,
-                remove,
-            } => {
-                let mut state = self.write_workers();
+            StoreEvent::Requests { put, remove, .. } => {
+                // Request ids are not part of the watched history: no revision moves and no
+                // watcher wakes up for them.
                 let now = now_ms();
                 let mut requests = lock(&self.requests);
                 for (id, record) in put {
@@ -342,8 +339,7 @@ impl Registry {
                 for id in remove {
                     requests.remove(&id);
                 }
-                state.revision = state.revision.max(revision);
-                revision
+                return;
             }
             StoreEvent::Reset(snapshot) => {
                 let revision = snapshot.revision;
@@ -839,8 +835,9 @@ impl Registry {
         }
     }
 
-    /// Makes every buffered write durable (graceful shutdown).
-    pub async fn flush(&self) -> Result<(), StoreError> {
-        self.store.flush().await
+    /// Makes every buffered write durable and stops the store's background work (graceful
+    /// shutdown).
+    pub async fn close(&self) -> Result<(), StoreError> {
+        self.store.close().await
     }
 }

@@ -85,6 +85,8 @@ impl EtcdConfig {
 /// The etcd-backed [`Store`].
 pub struct EtcdStore {
     etcd: Arc<Etcd>,
+    /// The watch task, once subscribed.
+    follower: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The lease of each request expiry window, by the window's end (Unix ms).
     request_leases: tokio::sync::Mutex<BTreeMap<u64, LeaseId>>,
 }
@@ -196,6 +198,7 @@ impl EtcdStore {
                 op_timeout: config.op_timeout,
             }),
             request_leases: tokio::sync::Mutex::new(BTreeMap::new()),
+            follower: std::sync::Mutex::new(None),
         })
     }
 
@@ -334,7 +337,8 @@ impl Store for EtcdStore {
             events: sender,
             seen: after,
         };
-        tokio::spawn(follower.run());
+        let task = tokio::spawn(follower.run());
+        *self.follower.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
         receiver
     }
 
@@ -475,9 +479,20 @@ impl Store for EtcdStore {
         Box::pin(async { Ok(()) })
     }
 
-    fn flush(&self) -> StoreFuture<'_, ()> {
-        // etcd acknowledges a write once a quorum has it on disk.
-        Box::pin(async { Ok(()) })
+    fn close(&self) -> StoreFuture<'_, ()> {
+        // Nothing to flush: etcd acknowledges a write once a quorum has it on disk.
+        Box::pin(async move {
+            let follower = self
+                .follower
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some(follower) = follower {
+                follower.abort();
+                let _ = follower.await;
+            }
+            Ok(())
+        })
     }
 }
 
@@ -642,7 +657,6 @@ impl Follower {
         }
         if !put_requests.is_empty() || !removed_requests.is_empty() {
             out.push(StoreEvent::Requests {
-                revision,
                 put: put_requests,
                 remove: removed_requests,
             });

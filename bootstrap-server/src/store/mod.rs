@@ -140,8 +140,6 @@ pub enum StoreEvent {
     },
     /// Request ids written or deleted by any replica (shared backends only).
     Requests {
-        /// The revision of the change.
-        revision: Revision,
         /// Ids written.
         put: Vec<(String, RequestRecord)>,
         /// Ids deleted (released or expired).
@@ -158,7 +156,7 @@ pub type StoreEvents = tokio::sync::mpsc::Receiver<StoreEvent>;
 /// Storage of workers, leases and request ids, shared by one or more registry replicas.
 ///
 /// Worker changes are durable when their future resolves (they survive `kill -9`) and reach every
-/// replica as [`StoreEvent`]s; request-id writes may be buffered until [`Store::flush`] (they are
+/// replica as [`StoreEvent`]s; request-id writes may be buffered until [`Store::close`] (they are
 /// many, short-lived and re-creatable).
 pub trait Store: Send + Sync + 'static {
     /// Reads everything stored.
@@ -188,6 +186,7 @@ pub trait Store: Send + Sync + 'static {
     fn forget_expired<'a>(&'a self, req_ids: &'a [Arc<str>]) -> StoreFuture<'a, ()> {
         self.remove_requests(req_ids)
     }
-    /// Makes every buffered write durable.
-    fn flush(&self) -> StoreFuture<'_, ()>;
+    /// Makes every buffered write durable and stops the store's background work (graceful
+    /// shutdown); the store reports no events afterwards.
+    fn close(&self) -> StoreFuture<'_, ()>;
 }

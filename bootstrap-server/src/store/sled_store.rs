@@ -3,7 +3,7 @@
 //! Two trees: `workers` (key: dp, tp, pp as big-endian u32s; value: JSON; plus the key `revision`
 //! holding the revision of the last worker change) and `requests` (key: the request id; value: dp
 //! rank and expiry as big-endian integers). Worker commits are flushed to disk before they are
-//! acknowledged; request ids are flushed by sled every `flush_every_ms` and on [`Store::flush`]
+//! acknowledged; request ids are flushed by sled every `flush_every_ms` and on [`Store::close`]
 //! (graceful shutdown). Leases live in memory ([`SledLeases`]) and expire on a background task.
 
 use std::path::Path;
@@ -38,6 +38,9 @@ const EVENT_BUFFER: usize = 1024;
 /// The sled-backed [`Store`].
 pub struct SledStore {
     inner: Arc<Inner>,
+    /// The lease sweeper, and how to stop it.
+    sweeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    stop_sweeper: Arc<tokio::sync::Notify>,
 }
 
 struct Inner {
@@ -110,6 +113,8 @@ impl SledStore {
                 leases: Mutex::new(SledLeases::default()),
                 events: Mutex::new(None),
             }),
+            sweeper: Mutex::new(None),
+            stop_sweeper: Arc::new(tokio::sync::Notify::new()),
         })
     }
 }
@@ -224,12 +229,15 @@ impl Inner {
         self.commit_locked(state, change, false).await.map(drop)
     }
 
-    /// Removes the workers of expired leases until the store is dropped.
-    async fn expire_leases(inner: Weak<Inner>) {
+    /// Removes the workers of expired leases until `stop` is notified or the store is dropped.
+    async fn expire_leases(inner: Weak<Inner>, stop: Arc<tokio::sync::Notify>) {
         let mut tick = tokio::time::interval(LEASE_SWEEP);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = stop.notified() => return,
+            }
             let Some(inner) = inner.upgrade() else { return };
             let mut state = inner.commits.lock().await;
             let expired = inner.leases().take_expired(Instant::now());
@@ -257,7 +265,11 @@ impl Store for SledStore {
         // serves, and nothing else writes to the embedded store.
         let (sender, receiver) = mpsc::channel(EVENT_BUFFER);
         *self.inner.events.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender);
-        tokio::spawn(Inner::expire_leases(Arc::downgrade(&self.inner)));
+        let sweeper = tokio::spawn(Inner::expire_leases(
+            Arc::downgrade(&self.inner),
+            self.stop_sweeper.clone(),
+        ));
+        *self.sweeper.lock().unwrap_or_else(|e| e.into_inner()) = Some(sweeper);
         receiver
     }
 
@@ -321,8 +333,24 @@ impl Store for SledStore {
         })
     }
 
-    fn flush(&self) -> StoreFuture<'_, ()> {
+    fn close(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
+            // Stopped and awaited, so nothing holds the database open once the store is dropped
+            // (a restart in the same process can lock it again at once).
+            self.stop_sweeper.notify_one();
+            let sweeper = self
+                .sweeper
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some(sweeper) = sweeper {
+                let _ = sweeper.await;
+            }
+            self.inner
+                .events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
             self.inner.db.flush_async().await.map_err(backend)?;
             Ok(())
         })
@@ -380,7 +408,7 @@ mod tests {
             store.put_request("r1", record).await.unwrap();
             store.put_request("r2", record).await.unwrap();
             store.remove_requests(&[Arc::from("r2")]).await.unwrap();
-            store.flush().await.unwrap();
+            store.close().await.unwrap();
         }
         let store = SledStore::open(dir.path()).unwrap();
         let state = store.load().await.unwrap();

@@ -19,6 +19,9 @@ pub struct Etcd {
     peer_port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    /// Killed by the kernel when the thread that started it ends (the shared member, whose
+    /// owner never returns); other members are killed by `Drop`, also on a failed test.
+    dies_with_thread: bool,
 }
 
 fn free_port() -> u16 {
@@ -57,13 +60,19 @@ fn data_dir() -> PathBuf {
 }
 
 impl Etcd {
-    /// Starts a new member with an empty data folder and waits until it is healthy.
+    /// Starts a new member with an empty data folder and waits until it is healthy. It blocks:
+    /// call it from `spawn_blocking` where servers run on the same runtime.
     pub fn start() -> Etcd {
+        Self::start_with(false)
+    }
+
+    fn start_with(dies_with_thread: bool) -> Etcd {
         let mut etcd = Etcd {
             client_port: free_port(),
             peer_port: free_port(),
             dir: data_dir(),
             child: None,
+            dies_with_thread,
         };
         etcd.resume();
         etcd
@@ -79,7 +88,8 @@ impl Etcd {
         format!("127.0.0.1:{}", self.client_port)
     }
 
-    /// Starts the member again on the same ports and data (after [`Etcd::stop`]).
+    /// Starts the member again on the same ports and data (after [`Etcd::stop`]); blocks until it
+    /// is healthy.
     pub fn resume(&mut self) {
         assert!(self.child.is_none(), "etcd is already running");
         let client = format!("http://127.0.0.1:{}", self.client_port);
@@ -96,13 +106,15 @@ impl Etcd {
             .arg(format!("--initial-cluster=test={peer}"))
             .stdout(Stdio::null())
             .stderr(log);
-        // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill etcd when the
-        // thread that started it ends, so no etcd outlives the tests.
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
+        if self.dies_with_thread {
+            // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill etcd when the
+            // thread that started it ends, so the shared member does not outlive the tests.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
         }
         let child = command
             .spawn()
@@ -166,7 +178,7 @@ pub fn shared() -> &'static str {
     ENDPOINT.get_or_init(|| {
         let (sender, receiver) = mpsc::channel();
         std::thread::spawn(move || {
-            let etcd = Etcd::start();
+            let etcd = Etcd::start_with(true);
             sender.send(etcd.endpoint()).unwrap();
             // Owning the member keeps it (and the death signal's parent thread) alive.
             loop {

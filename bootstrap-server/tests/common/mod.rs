@@ -2,6 +2,7 @@
 //! a real etcd), and a JSON client.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod binary;
 pub mod etcd;
 
 use std::future::Future;

@@ -1,0 +1,41 @@
+//! The real `bootstrap-server` binary, started on an ephemeral port.
+
+use std::ffi::OsStr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Starts `bootstrap-server` on an ephemeral port with `--data-dir DIR` (one argument) or the
+/// given flags, and returns it with its base URL.
+pub async fn start_binary(args: &[&OsStr]) -> (Child, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_bootstrap-server"));
+    command.args(["--host", "127.0.0.1", "--port", "0", "--log-format", "json"]);
+    match args {
+        [data_dir] => command.arg("--data-dir").arg(data_dir),
+        flags => command.args(flags),
+    };
+    let mut child = command
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the bootstrap-server binary starts");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let event: Value = serde_json::from_str(&line).unwrap_or_default();
+            if event["fields"]["message"] == "bootstrap server listening" {
+                return event["fields"]["addr"].as_str().unwrap().to_owned();
+            }
+        }
+        panic!("the server exited before listening");
+    })
+    .await
+    .expect("the server listens within 30 s");
+    // Keep draining stderr so the server never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, format!("http://{addr}"))
+}

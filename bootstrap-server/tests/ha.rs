@@ -1,0 +1,287 @@
+//! Several bootstrap replicas on one real etcd behave as one server: what is registered on one is
+//! served by the others, a killed replica leaves the rest serving, and an etcd outage keeps reads
+//! working, fails writes with a 503, and heals by itself.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::time::{Duration, Instant};
+
+use common::binary::start_binary;
+use common::etcd::{self, Etcd};
+use common::{etcd_config, start_with, TestServer};
+use futures_util::future::join_all;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+/// Two in-process replicas of one new cluster on the etcd at `endpoint`.
+async fn two_replicas(endpoint: &str) -> (TestServer, TestServer) {
+    let cluster = etcd::unique_cluster();
+    let a = start_with(|c| c.etcd = Some(etcd_config(endpoint, &cluster))).await;
+    let b = start_with(|c| c.etcd = Some(etcd_config(endpoint, &cluster))).await;
+    (a, b)
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, for at most `limit`.
+async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{what} within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn lookup(ids: &[&str]) -> Value {
+    json!({"req_ids": ids, "tp_rank": 0, "tp_size": 1})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_behave_as_one_server() {
+    let (a, b) = two_replicas(etcd::shared()).await;
+
+    // A watch on B hears about a registration on A.
+    let since = b.get("/workers").await.1["revision"].as_u64().unwrap();
+    let watch_path = format!("/watch?since={since}&timeout_ms=5000");
+    let watching = b.get(&watch_path);
+    let registering = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.register("e1", 0, 0, 0, "tcp://p:1").await
+    };
+    let ((status, batch), (registered, _)) = tokio::join!(watching, registering);
+    assert_eq!((status, registered), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(batch["events"][0]["worker"]["addr"], "tcp://p:1", "{batch}");
+    let (_, on_b) = b.get("/query").await;
+    assert_eq!(on_b["0"]["engine_id"], "e1");
+
+    // Request ids registered on A resolve on B; released on B, they are gone on A.
+    let (status, _) = a
+        .post("/register_request", json!({"req_id": "r1", "dp_rank": 0}))
+        .await;
+    assert_eq!(status, 200);
+    eventually(Duration::from_secs(3), "r1 resolves on B", || async {
+        let (_, answer) = b.post("/query_requests", lookup(&["r1"])).await;
+        (answer["results"]["r1"][0] == "ok").then_some(())
+    })
+    .await;
+    let (status, _) = b.call(Method::DELETE, "/requests/r1", None).await;
+    assert_eq!(status, 200);
+    eventually(Duration::from_secs(3), "r1 released on A", || async {
+        let (_, answer) = a.post("/query_requests", lookup(&["r1"])).await;
+        (answer["results"]["r1"][0] == "retry").then_some(())
+    })
+    .await;
+
+    // A lease granted through A is kept alive and revoked through B.
+    let (status, body) = a
+        .post(
+            "/register",
+            json!({"engine_id": "e1", "dp_rank": 0, "tp_rank": 1, "pp_rank": 0,
+                   "addr": "tcp://p:2", "lease_ttl": 30}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let lease = body["lease_id"].as_i64().unwrap();
+    let (status, _) = b
+        .post(&format!("/leases/{lease}/keepalive"), json!({}))
+        .await;
+    assert_eq!(status, 200);
+    let (status, body) = b
+        .call(Method::DELETE, &format!("/leases/{lease}"), None)
+        .await;
+    assert_eq!((status, &body["revoked"]), (StatusCode::OK, &json!(true)));
+    eventually(
+        Duration::from_secs(3),
+        "the leased worker leaves A",
+        || async {
+            let (_, list) = a.get("/workers").await;
+            (list["workers"].as_array().unwrap().len() == 1).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contested_dp_rank_has_one_owner_across_replicas() {
+    let (a, b) = two_replicas(etcd::shared()).await;
+    let attempts = (0..16u32).map(|i| {
+        let replica = if i % 2 == 0 { &a } else { &b };
+        async move {
+            let engine = format!("engine-{i}");
+            let (status, body) = replica
+                .register(&engine, 5, 0, 0, &format!("tcp://p:{}", 100 + i))
+                .await;
+            (engine, status, body)
+        }
+    });
+    let results = join_all(attempts).await;
+    let winners: Vec<&String> = results
+        .iter()
+        .filter(|(_, status, _)| *status == 200)
+        .map(|(engine, _, _)| engine)
+        .collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    for (_, status, body) in &results {
+        if *status != 200 {
+            assert_eq!(*status, 400, "{body}");
+            assert!(body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("Engine ID mismatch"));
+        }
+    }
+    for replica in [&a, &b] {
+        let owner = eventually(Duration::from_secs(3), "both replicas agree", || async {
+            let (_, topology) = replica.get("/query").await;
+            topology["5"]["engine_id"].as_str().map(str::to_owned)
+        })
+        .await;
+        assert_eq!(&owner, winners[0]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_leaves_the_others_serving() {
+    let cluster = etcd::unique_cluster();
+    let store = format!("etcd://{}", etcd::shared());
+    let flags: [&OsStr; 4] = [
+        "--store".as_ref(),
+        store.as_ref(),
+        "--cluster".as_ref(),
+        cluster.as_ref(),
+    ];
+    let (mut a, url_a) = start_binary(&flags).await;
+    let (_b, url_b) = start_binary(&flags).await;
+    let client = reqwest::Client::new();
+    let register = |url: String, tp: u32| {
+        let client = client.clone();
+        async move {
+            client
+                .post(format!("{url}/register"))
+                .json(
+                    &json!({"engine_id": "e1", "dp_rank": 0, "tp_rank": tp, "pp_rank": 0,
+                              "addr": format!("tcp://p:{}", 100 + tp)}),
+                )
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(register(url_a.clone(), 0).await, 200);
+    a.kill().await.unwrap();
+    assert!(client.get(format!("{url_a}/health")).send().await.is_err());
+    assert_eq!(register(url_b.clone(), 1).await, 200);
+    let topology: Value = client
+        .get(format!("{url_b}/query"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let tps = topology["0"]["worker_addr"].as_object().unwrap();
+    assert_eq!(tps.len(), 2, "{topology}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_outage_serves_reads_fails_writes_and_heals() {
+    let mut etcd = tokio::task::spawn_blocking(Etcd::start).await.unwrap();
+    let (a, b) = two_replicas(&etcd.endpoint()).await;
+    assert_eq!(a.register("e1", 0, 0, 0, "tcp://p:1").await.0, 200);
+    let (status, _) = a
+        .post("/register_request", json!({"req_id": "r1", "dp_rank": 0}))
+        .await;
+    assert_eq!(status, 200);
+    eventually(Duration::from_secs(3), "B has r1", || async {
+        let (_, answer) = b.post("/query_requests", lookup(&["r1"])).await;
+        (answer["results"]["r1"][0] == "ok").then_some(())
+    })
+    .await;
+    let (_, before) = b.get("/query").await;
+    let since = a.get("/workers").await.1["revision"].as_u64().unwrap();
+
+    etcd.stop();
+
+    // Reads come from each replica's cache.
+    for replica in [&a, &b] {
+        let (status, topology) = replica.get("/query").await;
+        assert_eq!((status, &topology), (StatusCode::OK, &before));
+        let (status, answer) = replica.post("/query_requests", lookup(&["r1"])).await;
+        assert_eq!(status, 200);
+        assert_eq!(answer["results"]["r1"][0], "ok");
+    }
+    // Writes fail fast with a 503 that names etcd.
+    for (path, body) in [
+        (
+            "/register",
+            json!({"engine_id": "e1", "dp_rank": 0, "tp_rank": 1, "pp_rank": 0, "addr": "tcp://p:2"}),
+        ),
+        ("/register_request", json!({"req_id": "r2", "dp_rank": 0})),
+    ] {
+        let started = Instant::now();
+        let (status, answer) = b.post(path, body).await;
+        assert_eq!(status, 503, "{path}: {answer}");
+        assert!(
+            answer["detail"].as_str().unwrap().contains("etcd"),
+            "{answer}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{path} took {:?}",
+            started.elapsed()
+        );
+    }
+
+    // A watcher on A waits across the outage.
+    let watcher = {
+        let client = a.client.clone();
+        let url = a.url("/watch");
+        tokio::spawn(async move {
+            let mut since = since;
+            loop {
+                let batch: Value = client
+                    .get(format!("{url}?since={since}&timeout_ms=2000"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                if let Some(event) = batch["events"].as_array().and_then(|e| e.first()) {
+                    return event.clone();
+                }
+                since = batch["revision"].as_u64().unwrap();
+            }
+        })
+    };
+
+    let etcd = tokio::task::spawn_blocking(move || {
+        etcd.resume();
+        etcd
+    })
+    .await
+    .unwrap();
+
+    // Without restarting anything, writes work again and reach the other replica.
+    eventually(
+        Duration::from_secs(20),
+        "B accepts writes again",
+        || async { (b.register("e1", 0, 0, 1, "tcp://p:3").await.0 == 200).then_some(()) },
+    )
+    .await;
+    let event = tokio::time::timeout(Duration::from_secs(10), watcher)
+        .await
+        .expect("A's watcher hears about B's registration")
+        .unwrap();
+    assert_eq!(event["worker"]["addr"], "tcp://p:3");
+    let (_, topology) = a.get("/query").await;
+    assert_eq!(topology["0"]["worker_addr"]["0"]["1"], "tcp://p:3");
+    drop(etcd);
+}
