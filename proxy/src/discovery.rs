@@ -1,16 +1,19 @@
 //! Learning each prefill's dp ranks and their engine ids: wait for P's `/health`, then
 //! `GET {bootstrap}/query`. Retried with backoff forever in the background, repeated periodically
-//! and on demand (D reported an unknown engine, or P came back healthy), so a restarted P with a
-//! new engine id is picked up and one failure never makes the proxy unusable.
+//! and on demand (D reported an unknown engine, P came back healthy, or the bootstrap server's
+//! `GET /watch` reported a worker change), so a new or restarted P is picked up at once and one
+//! failure never makes the proxy unusable. A bootstrap server without `/watch` (vLLM's own, or
+//! an older pd-bootstrap) is simply polled.
 
 use std::sync::Arc;
 
 use backon::{ExponentialBuilder, Retryable};
+use futures_util::StreamExt;
 use worker_client::protocol::Rank;
 use worker_client::service::error_chain;
-use worker_client::BootstrapClient;
+use worker_client::{BootstrapClient, RetryPolicy, WatchUpdate};
 
-use crate::backend::Pool;
+use crate::backend::{Pool, Prefill};
 use crate::config::DiscoveryConfig;
 
 /// Why one discovery attempt failed (it is retried).
@@ -90,13 +93,17 @@ pub async fn discover_once(
     Ok(pool.set_ranks(index, &ranks))
 }
 
-/// Discovers prefill `index` forever: retries with exponential backoff until an attempt
-/// succeeds, then waits for the refresh interval or a refresh request, and starts again.
+/// Discovers prefill `index` forever: polls as [`poll_forever`] does, and wakes it on every
+/// change the bootstrap server reports ([`follow_changes`]).
 pub async fn run(pool: Arc<Pool>, index: usize, client: reqwest::Client, config: DiscoveryConfig) {
     let prefill = pool.prefills[index].clone();
     // Built from a validated prefill URL and port, so this does not fail in practice.
     let bootstrap = match BootstrapClient::builder(&*prefill.bootstrap_addr)
         .request_timeout(config.timeout)
+        .retry_policy(RetryPolicy {
+            initial_backoff: config.backoff_min,
+            max_backoff: config.backoff_max,
+        })
         .build()
     {
         Ok(bootstrap) => bootstrap,
@@ -108,13 +115,86 @@ pub async fn run(pool: Arc<Pool>, index: usize, client: reqwest::Client, config:
             return;
         }
     };
+    tokio::join!(
+        poll_forever(&pool, index, &client, &bootstrap, &config),
+        follow_changes(&prefill, &bootstrap),
+    );
+}
+
+/// Follows the bootstrap server's worker changes (`GET /watch`) and wakes the discovery of
+/// `prefill` on each one (and on each re-list), so that a new or restarted P is routable at once
+/// rather than at the next poll. Transient failures are retried by the stream, with backoff.
+/// Returns, quietly, when the server has no `/watch` (404): discovery then only polls.
+pub async fn follow_changes(prefill: &Prefill, bootstrap: &BootstrapClient) {
+    let metrics = &prefill.discovery_metrics;
+    let mut updates = bootstrap.watch(None);
+    let mut listed = false;
+    while let Some(update) = updates.next().await {
+        let changes = match update {
+            // The first list is what discovery fetches anyway.
+            Ok(WatchUpdate::Snapshot(_)) if !listed => {
+                listed = true;
+                metrics.watching.set(1);
+                tracing::info!(
+                    bootstrap = &*prefill.bootstrap_addr,
+                    "following the bootstrap server's worker changes"
+                );
+                continue;
+            }
+            Ok(WatchUpdate::Snapshot(list)) => list.workers.len(),
+            Ok(WatchUpdate::Events(batch)) => batch.events.len(),
+            Err(err) if err.status() == Some(404) => {
+                tracing::info!(
+                    bootstrap = &*prefill.bootstrap_addr,
+                    "the bootstrap server has no /watch: discovery polls it"
+                );
+                break;
+            }
+            Err(err) if err.is_retryable() => {
+                metrics.watching.set(0);
+                tracing::debug!(
+                    bootstrap = &*prefill.bootstrap_addr,
+                    "watch failed, retrying: {err}"
+                );
+                continue;
+            }
+            Err(err) => {
+                tracing::warn!(
+                    bootstrap = &*prefill.bootstrap_addr,
+                    "watch failed: {err}; discovery polls the bootstrap server"
+                );
+                break;
+            }
+        };
+        metrics.watching.set(1);
+        metrics.watch_refreshes.inc();
+        tracing::debug!(
+            bootstrap = &*prefill.bootstrap_addr,
+            changes,
+            "the bootstrap server reported worker changes: discovering again"
+        );
+        prefill.refresh.notify_one();
+    }
+    metrics.watching.set(0);
+}
+
+/// Discovers prefill `index` forever: retries with exponential backoff until an attempt
+/// succeeds, then waits for the refresh interval or a refresh request, and starts again.
+async fn poll_forever(
+    pool: &Pool,
+    index: usize,
+    client: &reqwest::Client,
+    bootstrap: &BootstrapClient,
+    config: &DiscoveryConfig,
+) {
+    let prefill = &pool.prefills[index];
     let backoff = ExponentialBuilder::default()
         .with_min_delay(config.backoff_min)
         .with_max_delay(config.backoff_max)
         .with_jitter()
         .without_max_times();
     loop {
-        let attempt = || discover_once(&pool, index, &client, &bootstrap, &config);
+        let attempt = || discover_once(pool, index, client, bootstrap, config);
         let result = attempt
             .retry(backoff)
             .sleep(tokio::time::sleep)

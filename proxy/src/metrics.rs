@@ -134,6 +134,10 @@ impl BackendMetrics {
 pub struct DiscoveryMetrics {
     /// Discovered dp ranks.
     pub dp_ranks: IntGauge,
+    /// 1 while the bootstrap server's `/watch` answers; 0 while discovery only polls.
+    pub watching: IntGauge,
+    /// Discoveries woken by a worker change the bootstrap server's `/watch` reported.
+    pub watch_refreshes: IntCounter,
     discoveries_ok: IntCounter,
     discoveries_failed: IntCounter,
 }
@@ -203,6 +207,8 @@ pub struct Metrics {
     healthy: IntGaugeVec,
     dp_ranks: IntGaugeVec,
     discoveries: IntCounterVec,
+    watching: IntGaugeVec,
+    watch_refreshes: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -313,6 +319,22 @@ impl Metrics {
             &["backend", "outcome"],
         )
         .expect("valid metric");
+        let watching = IntGaugeVec::new(
+            Opts::new(
+                "pd_proxy_discovery_watching",
+                "1 while a prefill's bootstrap server reports worker changes through /watch, 0 while discovery only polls it",
+            ),
+            &["backend"],
+        )
+        .expect("valid metric");
+        let watch_refreshes = IntCounterVec::new(
+            Opts::new(
+                "pd_proxy_discovery_watch_refreshes_total",
+                "Discoveries woken by a worker change a prefill's bootstrap server reported through /watch",
+            ),
+            &["backend"],
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
@@ -325,6 +347,8 @@ impl Metrics {
             Box::new(healthy.clone()),
             Box::new(dp_ranks.clone()),
             Box::new(discoveries.clone()),
+            Box::new(watching.clone()),
+            Box::new(watch_refreshes.clone()),
         ] {
             registry
                 .register(collector)
@@ -343,6 +367,8 @@ impl Metrics {
             healthy,
             dp_ranks,
             discoveries,
+            watching,
+            watch_refreshes,
         }
     }
 
@@ -371,6 +397,8 @@ impl Metrics {
     pub fn discovery(&self, url: &str) -> DiscoveryMetrics {
         DiscoveryMetrics {
             dp_ranks: self.dp_ranks.with_label_values(&[url]),
+            watching: self.watching.with_label_values(&[url]),
+            watch_refreshes: self.watch_refreshes.with_label_values(&[url]),
             discoveries_ok: self.discoveries.with_label_values(&[url, "ok"]),
             discoveries_failed: self.discoveries.with_label_values(&[url, "error"]),
         }

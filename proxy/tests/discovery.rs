@@ -7,11 +7,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bootstrap_server::registry::RegistryConfig;
+use bootstrap_server::server::ServerHandle;
 use bootstrap_server::{Server, ServerConfig};
 use common::*;
 use pd_proxy::config::parse_prefill;
 use pd_proxy::ProxyHandle;
-use serde_json::{json, Value};
+use serde_json::json;
+use worker_client::protocol::RegisterWorker;
+use worker_client::BootstrapClient;
 
 async fn post(proxy: &ProxyHandle) -> u16 {
     client()
@@ -205,29 +208,10 @@ async fn periodic_rediscovery_picks_up_a_new_engine_id_and_survives_outages() {
 #[tokio::test]
 async fn the_real_bootstrap_server_is_understood() {
     let dir = tempfile::tempdir().unwrap();
-    let bootstrap = Server::bind(ServerConfig {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.path().to_path_buf(),
-        etcd: None,
-        auth_token: None,
-        registry: RegistryConfig::default(),
-    })
-    .await
-    .unwrap()
-    .spawn();
-    let client = client();
+    let bootstrap = real_bootstrap(dir.path()).await;
     let register = |engine: &'static str, dp_rank: u32, replace: bool| {
-        let client = client.clone();
-        let url = format!("{}/register", bootstrap.url());
-        async move {
-            let mut body = json!({"engine_id": engine, "dp_rank": dp_rank, "tp_rank": 0,
-                                  "pp_rank": 0, "addr": format!("tcp://127.0.0.1:{}", 42000 + dp_rank)});
-            if replace {
-                body["replace"] = Value::Bool(true);
-            }
-            let response = client.post(url).json(&body).send().await.unwrap();
-            assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
-        }
+        let url = bootstrap.url();
+        async move { register_rank(&url, engine, dp_rank, replace).await }
     };
     register("engine-a0", 0, false).await;
     register("engine-a2", 2, false).await;
@@ -267,4 +251,117 @@ async fn the_real_bootstrap_server_is_understood() {
     wait_for_engine(&proxy, &decode, "engine-b0").await;
     proxy.shutdown().await.unwrap();
     bootstrap.shutdown().await.unwrap();
+}
+
+/// The real bootstrap server on a free port, storing in `dir`.
+async fn real_bootstrap(dir: &std::path::Path) -> ServerHandle {
+    Server::bind(ServerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.to_path_buf(),
+        etcd: None,
+        auth_token: None,
+        registry: RegistryConfig::default(),
+    })
+    .await
+    .unwrap()
+    .spawn()
+}
+
+/// Registers `engine` on dp rank `dp_rank` of the real bootstrap server at `url`.
+async fn register_rank(url: &str, engine: &str, dp_rank: u32, replace: bool) {
+    BootstrapClient::new(url)
+        .unwrap()
+        .register_worker(&RegisterWorker {
+            engine_id: engine.into(),
+            dp_rank,
+            tp_rank: 0,
+            pp_rank: 0,
+            addr: format!("tcp://127.0.0.1:{}", 42000 + dp_rank),
+            replace,
+            lease_ttl: None,
+        })
+        .await
+        .unwrap();
+}
+
+/// Waits until the proxy's metrics satisfy `check`.
+async fn wait_metrics(proxy: &ProxyHandle, what: &str, check: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !check(&metrics(proxy).await) {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn new_and_restarted_prefills_are_routable_at_once_through_the_watch() {
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = real_bootstrap(dir.path()).await;
+    let url = bootstrap.url();
+    register_rank(&url, "engine-a0", 0, false).await;
+    let prefill = Mock::prefill().await;
+    let decode = Mock::decode().await;
+    // Polling every 60 s: only the watch can make the changes below visible in time.
+    let proxy = start_proxy(config(vec![target(&prefill, &url)], vec![decode.url()])).await;
+    wait_ready(&proxy).await;
+    let backend = format!("backend=\"{}\"", prefill.url());
+    wait_metrics(&proxy, "the watch to start", |m| {
+        sample(m, "pd_proxy_discovery_watching", &backend) == 1.0
+    })
+    .await;
+
+    // A new dp rank registers.
+    let registered = Instant::now();
+    register_rank(&url, "engine-a1", 1, false).await;
+    wait_metrics(&proxy, "dp rank 1", |m| {
+        sample(m, "pd_proxy_prefill_dp_ranks", &backend) == 2.0
+    })
+    .await;
+    assert!(
+        registered.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        registered.elapsed()
+    );
+    wait_for_engine(&proxy, &decode, "engine-a1").await;
+
+    // dp rank 0 restarts under a new engine id.
+    let restarted = Instant::now();
+    register_rank(&url, "engine-b0", 0, true).await;
+    wait_for_engine(&proxy, &decode, "engine-b0").await;
+    assert!(
+        restarted.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        restarted.elapsed()
+    );
+
+    let text = metrics(&proxy).await;
+    assert!(sample(&text, "pd_proxy_discovery_watch_refreshes_total", &backend) >= 2.0);
+    proxy.shutdown().await.unwrap();
+    bootstrap.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_bootstrap_server_without_watch_is_polled_quietly() {
+    let cluster = Cluster::start(1, &[(0, "engine-old")], |config| {
+        config.discovery.interval = Duration::from_millis(200)
+    })
+    .await;
+    // One GET /workers answered 404, and the watch is given up for good.
+    eventually("the watch attempt", || cluster.bootstrap.misses() >= 1).await;
+    cluster.bootstrap.set(200, topology(&[(0, "engine-new")]));
+    wait_for_engine(&cluster.proxy, cluster.decode(), "engine-new").await;
+    assert_eq!(cluster.bootstrap.misses(), 1, "no /watch retries");
+    let text = cluster.metrics().await;
+    assert_eq!(
+        sample(&text, "pd_proxy_discovery_watching", "backend="),
+        0.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "pd_proxy_discovery_watch_refreshes_total",
+            "backend="
+        ),
+        0.0
+    );
 }

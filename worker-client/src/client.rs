@@ -9,9 +9,10 @@ use serde::Serialize;
 
 use crate::error::ClientError;
 use crate::protocol::{
-    Deregister, DeregisterResponse, ErrorBody, QueryRequests, QueryRequestsResponse, Rank,
-    ReadyStatus, RegisterRequest, RegisterWorker, ReleaseResponse, RequestLocation, Status,
-    Topology, MAX_QUERY_IDS,
+    Deregister, DeregisterResponse, ErrorBody, LeaseId, LeaseStatus, QueryRequests,
+    QueryRequestsResponse, Rank, ReadyStatus, RegisterRequest, RegisterResponse, RegisterWorker,
+    ReleaseResponse, RequestLocation, Revision, RevokeResponse, Status, Topology, WatchBatch,
+    WorkerList, MAX_QUERY_IDS,
 };
 use crate::retry::RetryPolicy;
 use crate::service::error_chain;
@@ -22,6 +23,7 @@ struct Settings {
     request_timeout: Duration,
     register_deadline: Duration,
     call_deadline: Duration,
+    watch_wait: Duration,
     retry: RetryPolicy,
     token: Option<String>,
 }
@@ -68,6 +70,13 @@ impl BootstrapClientBuilder {
     /// How long every other retried call keeps trying (default 30 s).
     pub fn call_deadline(mut self, deadline: Duration) -> Self {
         self.settings.call_deadline = deadline;
+        self
+    }
+
+    /// How long one `GET /watch` long poll waits for a change (default 20 s; the server caps it
+    /// at 25 s). Its HTTP timeout is this wait plus the request timeout.
+    pub fn watch_wait(mut self, wait: Duration) -> Self {
+        self.settings.watch_wait = wait;
         self
     }
 
@@ -161,6 +170,7 @@ impl BootstrapClient {
                 request_timeout: Duration::from_secs(5),
                 register_deadline: Duration::from_secs(600),
                 call_deadline: Duration::from_secs(30),
+                watch_wait: Duration::from_secs(20),
                 retry: RetryPolicy::default(),
                 token: None,
             },
@@ -191,14 +201,27 @@ impl BootstrapClient {
         self.settings.call_deadline
     }
 
+    /// The time allowed for one attempt of one call.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.settings.request_timeout
+    }
+
+    /// The backoff between retries.
+    pub(crate) fn retry_policy(&self) -> RetryPolicy {
+        self.settings.retry
+    }
+
+    /// One attempt of one call, allowed `timeout` (connection included). A 503 answer whose body
+    /// parses as `T` is returned like a success.
     async fn call<B: Serialize + ?Sized, T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
         body: Option<&B>,
+        timeout: Duration,
     ) -> Result<(StatusCode, T), ClientError> {
         let url = format!("{}{path}", self.base);
-        let mut request = self.http.request(method, &url);
+        let mut request = self.http.request(method, &url).timeout(timeout);
         if let Some(token) = &self.settings.token {
             request = request.bearer_auth(token);
         }
@@ -209,7 +232,7 @@ impl BootstrapClient {
             if err.is_timeout() {
                 ClientError::Timeout {
                     url: url.clone(),
-                    timeout: self.settings.request_timeout,
+                    timeout,
                 }
             } else if err.is_connect() {
                 ClientError::Connect {
@@ -258,15 +281,28 @@ impl BootstrapClient {
         })
     }
 
-    /// One attempt of a call whose success is a 2xx (a 503 body is an error even if it parses).
+    /// One attempt of a call whose success is a 2xx (a 503 body is an error even if it parses),
+    /// allowed the request timeout.
     async fn call_ok<B: Serialize + ?Sized, T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
         body: Option<&B>,
     ) -> Result<T, ClientError> {
+        self.call_ok_within(method, path, body, self.settings.request_timeout)
+            .await
+    }
+
+    /// [`Self::call_ok`] allowed `timeout` instead of the request timeout (long polls).
+    async fn call_ok_within<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        timeout: Duration,
+    ) -> Result<T, ClientError> {
         match self
-            .call::<B, serde_json::Value>(method, path, body)
+            .call::<B, serde_json::Value>(method, path, body, timeout)
             .await?
         {
             (status, value) if status.is_success() => {
@@ -286,7 +322,8 @@ impl BootstrapClient {
     /// Registers one P worker (`POST /register`), retrying connection failures, timeouts and
     /// 5xx/503 with backoff until the register deadline. A conflict (4xx) is returned at once as
     /// [`ClientError::Rejected`] with the server's text. Registration is idempotent, so retries
-    /// are safe.
+    /// are safe. The answer carries the lease when `worker.lease_ttl` asked for one; to keep a
+    /// lease alive, use [`BootstrapClient::register_leased`] instead.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), worker_client::ClientError> {
@@ -306,15 +343,65 @@ impl BootstrapClient {
     /// # Ok(()) }
     /// ```
     #[tracing::instrument(skip_all, fields(url = %self.base, engine_id = %worker.engine_id, dp = worker.dp_rank, tp = worker.tp_rank, pp = worker.pp_rank))]
-    pub async fn register_worker(&self, worker: &RegisterWorker) -> Result<(), ClientError> {
-        self.settings
+    pub async fn register_worker(
+        &self,
+        worker: &RegisterWorker,
+    ) -> Result<RegisterResponse, ClientError> {
+        let answer = self
+            .settings
             .retry
             .run(&self.base, self.settings.register_deadline, || {
-                self.call_ok::<_, Status>(Method::POST, "/register", Some(worker))
+                self.register_once(worker)
             })
             .await?;
-        tracing::info!("worker registered");
-        Ok(())
+        tracing::info!(lease_id = ?answer.lease_id, "worker registered");
+        Ok(answer)
+    }
+
+    /// One attempt of `POST /register`.
+    pub(crate) async fn register_once(
+        &self,
+        worker: &RegisterWorker,
+    ) -> Result<RegisterResponse, ClientError> {
+        self.call_ok(Method::POST, "/register", Some(worker)).await
+    }
+
+    /// Renews a lease (`POST /leases/{id}/keepalive`); one attempt. A lease that expired or was
+    /// revoked answers [`ClientError::Rejected`] with status 404: register again.
+    pub async fn keep_alive(&self, lease_id: LeaseId) -> Result<LeaseStatus, ClientError> {
+        let path = format!("/leases/{lease_id}/keepalive");
+        self.call_ok::<(), _>(Method::POST, &path, None).await
+    }
+
+    /// Ends a lease and removes the workers registered under it (`DELETE /leases/{id}`),
+    /// retried until the call deadline. Returns whether the lease was live.
+    #[tracing::instrument(skip(self), fields(url = %self.base))]
+    pub async fn revoke_lease(&self, lease_id: LeaseId) -> Result<bool, ClientError> {
+        let path = format!("/leases/{lease_id}");
+        let answer: RevokeResponse = self
+            .settings
+            .retry
+            .run(&self.base, self.settings.call_deadline, || {
+                self.call_ok::<(), _>(Method::DELETE, &path, None)
+            })
+            .await?;
+        Ok(answer.revoked)
+    }
+
+    /// Every registered worker and the revision to watch from (`GET /workers`); one attempt.
+    pub async fn workers(&self) -> Result<WorkerList, ClientError> {
+        self.call_ok::<(), _>(Method::GET, "/workers", None).await
+    }
+
+    /// One `GET /watch?since=REV` long poll, waiting up to the watch wait for a change (its HTTP
+    /// timeout is the wait plus the request timeout). A `since` older than the server's history
+    /// is [`ClientError::Rejected`] with status 410. See [`BootstrapClient::watch`] for a stream.
+    pub(crate) async fn watch_once(&self, since: Revision) -> Result<WatchBatch, ClientError> {
+        let wait = self.settings.watch_wait;
+        let path = format!("/watch?since={since}&timeout_ms={}", wait.as_millis());
+        let timeout = wait + self.settings.request_timeout;
+        self.call_ok_within::<(), _>(Method::GET, &path, None, timeout)
+            .await
     }
 
     /// Removes registrations (`DELETE /register`): a whole engine, or the ranks given. Returns
@@ -461,7 +548,7 @@ impl BootstrapClient {
     /// Readiness of the configured topology (`GET /ready`; a 503 answer is a not-ready status,
     /// not an error); one attempt.
     pub async fn ready(&self) -> Result<ReadyStatus, ClientError> {
-        self.call::<(), ReadyStatus>(Method::GET, "/ready", None)
+        self.call::<(), ReadyStatus>(Method::GET, "/ready", None, self.settings.request_timeout)
             .await
             .map(|(_, status)| status)
     }

@@ -2,9 +2,16 @@
 
 use std::time::Duration;
 
-/// A failed call to a bootstrap server. Every variant names the URL it was talking to.
+/// A failed call to a bootstrap server. Every variant but [`ClientError::InvalidInput`] names the
+/// URL it was talking to.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ClientError {
+    /// An argument cannot be sent as given (e.g. a lease ttl out of range); nothing was sent.
+    #[error("invalid input: {reason}")]
+    InvalidInput {
+        /// What is wrong, naming the argument.
+        reason: String,
+    },
     /// The URL given to the client is not an http(s) URL.
     #[error("invalid bootstrap URL {url:?}: {reason}")]
     InvalidUrl {

@@ -3,6 +3,9 @@
 //!
 //! - [`BootstrapClient`]: one server; P-side registration with bounded retries, request ids,
 //!   topology and readiness.
+//! - [`LeaseKeeper`] ([`BootstrapClient::register_leased`]): a registration kept alive by a
+//!   background task, gone from the registry when the worker is.
+//! - [`BootstrapClient::watch`]: the registry's worker changes as a stream of [`WatchUpdate`]s.
 //! - [`EngineDirectory`]: D side; where a remote engine's workers are, cached per bootstrap
 //!   address with shared (single-flight) lookups.
 //! - [`protocol`]: the JSON of every route.
@@ -16,13 +19,17 @@
 mod client;
 mod directory;
 mod error;
+mod lease;
 pub mod protocol;
 mod retry;
 pub mod serve;
 pub mod service;
 pub mod transfer;
+mod watch;
 
 pub use client::{BootstrapClient, BootstrapClientBuilder, RequestOutcome};
 pub use directory::{EngineDirectory, EngineInfo};
 pub use error::ClientError;
+pub use lease::{LeaseKeeper, LeaseState};
 pub use retry::RetryPolicy;
+pub use watch::WatchUpdate;

@@ -1,22 +1,35 @@
 //! `worker-client`: the bootstrap server from a shell, for operators and start-up scripts.
 //!
-//! Exit codes: 0 success; 1 the server refused the call (4xx), the topology is not ready, or a
-//! request id did not resolve; 2 bad command-line usage; 3 the server could not be reached in
-//! time (connection failure, timeout, 5xx).
+//! Exit codes: 0 success (for `register --lease-ttl` and `watch`: stopped by SIGINT/SIGTERM); 1
+//! the server refused the call (4xx; for `register --lease-ttl`: also refused to register the
+//! worker again after its lease was lost), the topology is not ready, or a request id did not
+//! resolve; 2 bad command-line usage; 3 the server could not be reached in time (connection
+//! failure, timeout, 5xx).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use futures_util::StreamExt;
 use worker_client::protocol::{
-    Deregister, QueryRequestsResponse, Rank, RegisterWorker, RequestLocation, Topology,
+    Deregister, QueryRequestsResponse, Rank, RegisterWorker, RequestLocation, Revision, Topology,
+    WorkerEventKind, WorkerInfo, MAX_LEASE_TTL,
 };
-use worker_client::service::{init_logging, parse_seconds, parse_seconds_or_zero, LogFormat};
-use worker_client::{BootstrapClient, ClientError, RequestOutcome};
+use worker_client::service::{
+    init_logging, parse_seconds, parse_seconds_or_zero, shutdown_signal, LogFormat,
+};
+use worker_client::{
+    BootstrapClient, ClientError, LeaseKeeper, LeaseState, RequestOutcome, WatchUpdate,
+};
 
 /// Talk to a pd-bootstrap (or vLLM Mooncake) bootstrap server.
+///
+/// Exit codes: 0 success (for `register --lease-ttl` and `watch`: stopped by SIGINT/SIGTERM);
+/// 1 the server refused the call (4xx), the topology is not ready, a request id did not resolve,
+/// or a lost lease could not be registered again; 2 bad usage; 3 the server could not be reached
+/// in time (connection failure, timeout, 5xx).
 #[derive(Debug, Parser)]
-#[command(name = "worker-client", version, about)]
+#[command(name = "worker-client", version, about, long_about)]
 struct Cli {
     /// The bootstrap server's base URL.
     #[arg(
@@ -43,7 +56,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Register one P worker, retrying until the server answers or --deadline passes.
+    /// Register one P worker, retrying until the server answers or --deadline passes. With
+    /// --lease-ttl, stay in the foreground keeping the lease alive until SIGINT/SIGTERM, then
+    /// revoke it (a sidecar for workers that are not written in Rust).
     Register {
         /// The engine id.
         #[arg(long)]
@@ -66,6 +81,10 @@ enum Command {
         /// Seconds to keep retrying.
         #[arg(long, default_value = "600", value_parser = parse_seconds)]
         deadline: Duration,
+        /// Register under a lease of this many seconds and keep it alive until SIGINT/SIGTERM:
+        /// if this process dies, the registration expires by itself.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LEASE_TTL)))]
+        lease_ttl: Option<u32>,
     },
     /// Remove an engine's registrations (all of them, or the ranks given).
     Deregister {
@@ -99,6 +118,18 @@ enum Command {
         /// Seconds to wait.
         #[arg(long, default_value = "60", value_parser = parse_seconds)]
         wait_timeout: Duration,
+    },
+    /// Print worker changes as they happen, one line each, until SIGINT/SIGTERM. Without --since
+    /// the registered workers are listed first (`listed` lines after a `snapshot` line), and
+    /// again whenever the server's history no longer reaches back far enough.
+    Watch {
+        /// Print the changes after this registry revision (no initial list).
+        #[arg(long)]
+        since: Option<Revision>,
+        /// Print one JSON object per line: `{"type":"snapshot","revision":R,"workers":[...]}`
+        /// or the server's event (`{"revision":R,"type":"put"|"delete","worker":{...}}`).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -151,7 +182,7 @@ impl From<ClientError> for Failure {
     fn from(err: ClientError) -> Self {
         let code = match &err {
             ClientError::Rejected { .. } | ClientError::UnknownEngine { .. } => 1,
-            ClientError::InvalidUrl { .. } => 2,
+            ClientError::InvalidUrl { .. } | ClientError::InvalidInput { .. } => 2,
             _ => 3,
         };
         Failure {
@@ -205,19 +236,24 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             addr,
             replace,
             deadline: _,
+            lease_ttl,
         } => {
-            client
-                .register_worker(&RegisterWorker {
-                    engine_id,
-                    dp_rank,
-                    tp_rank,
-                    pp_rank,
-                    addr,
-                    replace,
-                    lease_ttl: None,
-                })
-                .await?;
-            println!("registered");
+            let worker = RegisterWorker {
+                engine_id,
+                dp_rank,
+                tp_rank,
+                pp_rank,
+                addr,
+                replace,
+                lease_ttl: None,
+            };
+            match lease_ttl {
+                Some(ttl) => keep_registered(client.register_leased(&worker, ttl).await?).await?,
+                None => {
+                    client.register_worker(&worker).await?;
+                    println!("registered");
+                }
+            }
         }
         Command::Deregister {
             engine_id,
@@ -300,8 +336,105 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 ),
             }
         }
+        Command::Watch { since, json } => {
+            tokio::select! {
+                result = print_changes(&client, since, json) => result?,
+                () = shutdown_signal() => {}
+            }
+        }
     }
     Ok(())
+}
+
+/// `register --lease-ttl`: keeps the lease alive until a signal, then revokes it.
+async fn keep_registered(keeper: LeaseKeeper) -> Result<(), Failure> {
+    if let LeaseState::Alive { lease_id, ttl } = keeper.state() {
+        println!("registered under lease {lease_id} (ttl {ttl} s); keeping it alive until SIGINT/SIGTERM");
+    }
+    let mut state = keeper.subscribe();
+    tokio::select! {
+        failed = state.wait_for(|s| matches!(s, LeaseState::Failed { .. })) => {
+            let reason = match failed.as_deref() {
+                Ok(LeaseState::Failed { reason }) => reason.clone(),
+                _ => "the lease keeper stopped".to_owned(),
+            };
+            return Err(Failure { code: 1, message: reason });
+        }
+        () = shutdown_signal() => {}
+    }
+    let revoked = keeper.release().await?;
+    println!(
+        "{}",
+        if revoked {
+            "lease revoked"
+        } else {
+            "lease was already gone"
+        }
+    );
+    Ok(())
+}
+
+/// `watch`: prints every update of the watch stream until it ends with an error.
+async fn print_changes(
+    client: &BootstrapClient,
+    since: Option<Revision>,
+    json: bool,
+) -> Result<(), Failure> {
+    let mut updates = client.watch(since);
+    while let Some(update) = updates.next().await {
+        match update {
+            Ok(WatchUpdate::Snapshot(list)) if json => println!(
+                "{}",
+                serde_json::json!({"type": "snapshot", "revision": list.revision, "workers": list.workers})
+            ),
+            Ok(WatchUpdate::Snapshot(list)) => {
+                println!(
+                    "{}\tsnapshot\t{} worker(s)",
+                    list.revision,
+                    list.workers.len()
+                );
+                for worker in &list.workers {
+                    println!("{}\tlisted\t{}", list.revision, worker_line(worker));
+                }
+            }
+            Ok(WatchUpdate::Events(batch)) => {
+                for event in &batch.events {
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::to_string(event).expect("wire types serialize")
+                        );
+                    } else {
+                        let kind = match event.kind {
+                            WorkerEventKind::Put => "put",
+                            WorkerEventKind::Delete => "delete",
+                        };
+                        println!("{}\t{kind}\t{}", event.revision, worker_line(&event.worker));
+                    }
+                }
+            }
+            Err(err) if err.is_retryable() => {
+                tracing::warn!(error = %err, "watch failed; retrying");
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Ok(())
+}
+
+/// `ENGINE<TAB>DP<TAB>TP<TAB>PP<TAB>ADDR<TAB>LEASE` (`-` for what is absent).
+fn worker_line(worker: &WorkerInfo) -> String {
+    format!(
+        "{}\t{}\t{}\t{}\t{}\t{}",
+        worker.engine_id.as_deref().unwrap_or("-"),
+        worker.dp_rank,
+        worker.tp_rank,
+        worker.pp_rank,
+        worker.addr,
+        worker
+            .lease_id
+            .map_or_else(|| "-".to_owned(), |id| id.to_string())
+    )
 }
 
 #[tokio::main(flavor = "current_thread")]

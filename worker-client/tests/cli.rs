@@ -229,3 +229,131 @@ async fn unreachable_server_and_bad_usage() {
         run.stderr
     );
 }
+
+/// The CLI running in the background, its stdout read line by line.
+struct Background {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Background {
+    fn spawn(url: &str, args: &[&str]) -> Self {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_worker-client"))
+            .arg("--url")
+            .arg(url)
+            .args(args)
+            .env_remove("PD_BOOTSTRAP_TOKEN")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        Background {
+            child,
+            lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
+        }
+    }
+
+    /// The next line of stdout (bounded wait).
+    async fn line(&mut self) -> String {
+        tokio::time::timeout(Duration::from_secs(5), self.lines.next_line())
+            .await
+            .expect("a line in time")
+            .unwrap()
+            .expect("stdout still open")
+    }
+
+    /// Sends SIGTERM and returns the exit code (bounded wait).
+    async fn terminate(mut self) -> i32 {
+        let pid = self.child.id().expect("still running") as libc::pid_t;
+        // SAFETY: kill(2) with a pid this test spawned and still owns.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let status = tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .expect("exits after SIGTERM")
+            .unwrap();
+        status.code().unwrap_or(-1)
+    }
+}
+
+#[tokio::test]
+async fn register_with_a_lease_keeps_the_worker_until_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), None).await;
+    let mut sidecar = Background::spawn(
+        &server.url(),
+        &[
+            "register",
+            "--engine-id",
+            "e",
+            "--addr",
+            "tcp://p:1",
+            "--lease-ttl",
+            "1",
+        ],
+    );
+    let line = sidecar.line().await;
+    assert!(
+        line.starts_with("registered under lease ") && line.contains("(ttl 1 s)"),
+        "{line}"
+    );
+    let lease: i64 = line.split(' ').nth(3).unwrap().parse().unwrap();
+    // Alive across more than two ttls: the sidecar keeps it.
+    let until = std::time::Instant::now() + Duration::from_millis(2500);
+    while std::time::Instant::now() < until {
+        let workers = server.registry().list().workers;
+        assert_eq!(workers.len(), 1);
+        assert_eq!(workers[0].lease_id, Some(lease));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(sidecar.terminate().await, 0);
+    assert!(
+        server.registry().list().workers.is_empty(),
+        "revoked before exiting, not left to expire"
+    );
+}
+
+#[tokio::test]
+async fn watch_prints_the_snapshot_then_each_event_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), None).await;
+    let url = server.url();
+    let mut watch = Background::spawn(&url, &["watch", "--json"]);
+    let snapshot: serde_json::Value = serde_json::from_str(&watch.line().await).unwrap();
+    assert_eq!(snapshot["type"], "snapshot");
+    assert_eq!(snapshot["workers"], serde_json::json!([]));
+    let run = cli(
+        &url,
+        &[
+            "register",
+            "--engine-id",
+            "e",
+            "--dp-rank",
+            "2",
+            "--addr",
+            "tcp://p:7",
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let event: serde_json::Value = serde_json::from_str(&watch.line().await).unwrap();
+    assert_eq!(event["type"], "put");
+    assert_eq!(
+        event["worker"],
+        serde_json::json!({"engine_id": "e", "dp_rank": 2, "tp_rank": 0, "pp_rank": 0, "addr": "tcp://p:7"})
+    );
+    assert!(event["revision"].as_u64().unwrap() > snapshot["revision"].as_u64().unwrap());
+    assert_eq!(watch.terminate().await, 0);
+
+    // The text form: one tab-separated line per change.
+    let since = event["revision"].to_string();
+    let mut watch = Background::spawn(&url, &["watch", "--since", &since]);
+    cli(&url, &["deregister", "--engine-id", "e"]).await;
+    let line = watch.line().await;
+    assert!(
+        line.ends_with("\tdelete\te\t2\t0\t0\ttcp://p:7\t-"),
+        "{line}"
+    );
+    assert_eq!(watch.terminate().await, 0);
+}

@@ -1,55 +1,15 @@
 //! The library against the real bootstrap server on 127.0.0.1: happy paths and failure paths.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bootstrap_server::registry::RegistryConfig;
-use bootstrap_server::server::ServerHandle;
-use bootstrap_server::{Server, ServerConfig};
+use common::{fast_client, silent_server, start, start_at, worker};
 use futures_util::future::join_all;
-use worker_client::protocol::{Deregister, RegisterWorker};
-use worker_client::{BootstrapClient, ClientError, EngineDirectory, RequestOutcome, RetryPolicy};
-
-async fn start_at(addr: SocketAddr, dir: &std::path::Path) -> ServerHandle {
-    let config = ServerConfig {
-        addr,
-        data_dir: dir.to_path_buf(),
-        etcd: None,
-        auth_token: None,
-        registry: RegistryConfig::default(),
-    };
-    Server::bind(config).await.unwrap().spawn()
-}
-
-async fn start(dir: &std::path::Path) -> ServerHandle {
-    start_at("127.0.0.1:0".parse().unwrap(), dir).await
-}
-
-fn fast_client(url: &str) -> BootstrapClient {
-    BootstrapClient::builder(url)
-        .request_timeout(Duration::from_secs(2))
-        .retry_policy(RetryPolicy {
-            initial_backoff: Duration::from_millis(20),
-            max_backoff: Duration::from_millis(200),
-        })
-        .register_deadline(Duration::from_secs(20))
-        .call_deadline(Duration::from_secs(5))
-        .build()
-        .unwrap()
-}
-
-fn worker(engine: &str, dp: u32, tp: u32, port: u16) -> RegisterWorker {
-    RegisterWorker {
-        engine_id: engine.into(),
-        dp_rank: dp,
-        tp_rank: tp,
-        pp_rank: 0,
-        addr: format!("tcp://127.0.0.1:{port}"),
-        replace: false,
-        lease_ttl: None,
-    }
-}
+use worker_client::protocol::Deregister;
+use worker_client::{BootstrapClient, ClientError, EngineDirectory, RequestOutcome};
 
 /// The value of one metric line of the server, 0 when absent.
 async fn metric(url: &str, line_prefix: &str) -> u64 {
@@ -296,17 +256,6 @@ async fn retry_ids_are_asked_again_until_resolved_or_deadline() {
         elapsed >= Duration::from_millis(1400) && elapsed < Duration::from_secs(3),
         "{elapsed:?}"
     );
-}
-
-/// A server that accepts connections and never answers.
-async fn silent_server() -> SocketAddr {
-    let app = axum::Router::new().fallback(|| async {
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
 }
 
 #[tokio::test]

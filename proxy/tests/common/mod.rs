@@ -368,7 +368,8 @@ async fn mock_completion(
         .into_response()
 }
 
-/// A mock bootstrap server answering `GET /query` with whatever the test sets.
+/// A mock bootstrap server answering `GET /query` with whatever the test sets, and 404 to
+/// everything else (like vLLM's, it has no `/workers` or `/watch`).
 pub struct Bootstrap {
     pub served: Served,
     pub state: Arc<BootstrapState>,
@@ -377,6 +378,8 @@ pub struct Bootstrap {
 pub struct BootstrapState {
     pub answer: Mutex<(u16, Value)>,
     pub queries: AtomicUsize,
+    /// Requests to other routes (answered 404).
+    pub misses: AtomicUsize,
 }
 
 /// A `/query` answer: dp rank -> engine id, one tp and pp rank each.
@@ -396,6 +399,7 @@ impl Bootstrap {
         let state = Arc::new(BootstrapState {
             answer: Mutex::new((200, answer)),
             queries: AtomicUsize::new(0),
+            misses: AtomicUsize::new(0),
         });
         let router = Router::new()
             .route(
@@ -413,6 +417,14 @@ impl Bootstrap {
                     )
                 }),
             )
+            .fallback(|State(state): State<Arc<BootstrapState>>| async move {
+                state.misses.fetch_add(1, Ordering::SeqCst);
+                (
+                    StatusCode::NOT_FOUND,
+                    [(header::CONNECTION, "close")],
+                    r#"{"detail":"Not Found"}"#,
+                )
+            })
             .with_state(state.clone());
         Bootstrap {
             served: Served::start(router).await,
@@ -430,6 +442,10 @@ impl Bootstrap {
 
     pub fn queries(&self) -> usize {
         self.state.queries.load(Ordering::SeqCst)
+    }
+
+    pub fn misses(&self) -> usize {
+        self.state.misses.load(Ordering::SeqCst)
     }
 }
 
@@ -547,15 +563,20 @@ impl Cluster {
     }
 
     pub async fn metrics(&self) -> String {
-        self.client
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        metrics(&self.proxy).await
     }
+}
+
+/// The proxy's `/metrics` text.
+pub async fn metrics(proxy: &ProxyHandle) -> String {
+    client()
+        .get(format!("{}/metrics", proxy.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 /// The value of one Prometheus sample, matched by name and a label substring.
