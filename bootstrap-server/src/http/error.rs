@@ -40,7 +40,9 @@ impl From<RegistryError> for ApiError {
             RegistryError::UnknownEngine(_) | RegistryError::UnknownLease(_) => {
                 StatusCode::NOT_FOUND
             }
-            RegistryError::Compacted { .. } => StatusCode::GONE,
+            RegistryError::Compacted { .. } | RegistryError::AheadOfRegistry { .. } => {
+                StatusCode::GONE
+            }
             RegistryError::Request(RequestConflict::Full { .. })
             | RegistryError::NotReady { .. }
             | RegistryError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,

@@ -175,7 +175,10 @@ async fn watch(
         .await
     {
         Ok(batch) => Ok(Json::<WatchBatch>(batch).into_response()),
-        Err(err @ RegistryError::Compacted { revision, .. }) => Ok((
+        Err(
+            err @ (RegistryError::Compacted { revision, .. }
+            | RegistryError::AheadOfRegistry { revision, .. }),
+        ) => Ok((
             StatusCode::GONE,
             Json(WatchGone {
                 detail: err.to_string(),

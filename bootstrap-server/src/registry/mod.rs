@@ -130,6 +130,15 @@ pub enum RegistryError {
         /// The current revision.
         revision: Revision,
     },
+    /// A watcher asked for changes after a revision this registry has not reached, even after
+    /// waiting: it was restored from an older state, or the watcher knows another registry (410).
+    #[error("revision {since} is newer than this registry's {revision} (restored, or another registry): re-list with GET /workers and watch from its revision")]
+    AheadOfRegistry {
+        /// What the watcher asked for.
+        since: Revision,
+        /// The current revision.
+        revision: Revision,
+    },
     /// The store failed (503: retrying may help).
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -780,7 +789,9 @@ impl Registry {
     }
 
     /// `GET /watch?since=REV`: the worker changes after `since`, waiting up to `wait` for the
-    /// first one. An empty batch means the wait ran out.
+    /// first one. An empty batch means the wait ran out. A `since` ahead of this replica is
+    /// waited for (another replica may be a little ahead) and refused if it is still ahead when
+    /// the wait runs out.
     pub async fn watch(
         &self,
         since: Revision,
@@ -811,9 +822,15 @@ impl Registry {
             match tokio::time::timeout_at(deadline, applied.changed()).await {
                 Ok(Ok(())) => continue,
                 // Out of time (or the registry is going away): nothing new.
+                _ if current < since => {
+                    return Err(RegistryError::AheadOfRegistry {
+                        since,
+                        revision: current,
+                    })
+                }
                 _ => {
                     return Ok(WatchBatch {
-                        revision: current.max(since),
+                        revision: current,
                         events: Vec::new(),
                     })
                 }
