@@ -19,6 +19,7 @@ pub struct Metrics {
     engines: IntGauge,
     live_requests: IntGauge,
     topology_revision: IntGauge,
+    store_connected: IntGauge,
 }
 
 impl Default for Metrics {
@@ -73,7 +74,12 @@ impl Metrics {
                 .expect("valid metric");
         let topology_revision = IntGauge::new(
             "bootstrap_topology_revision",
-            "Changes to the worker table since the server started",
+            "Revision of the registry's worker table (the one GET /workers reports)",
+        )
+        .expect("valid metric");
+        let store_connected = IntGauge::new(
+            "bootstrap_store_connected",
+            "1 while the store follows every change (always with sled; with etcd while its watch is up)",
         )
         .expect("valid metric");
         for collector in [
@@ -85,6 +91,7 @@ impl Metrics {
             Box::new(engines.clone()),
             Box::new(live_requests.clone()),
             Box::new(topology_revision.clone()),
+            Box::new(store_connected.clone()),
         ] {
             registry
                 .register(collector)
@@ -100,6 +107,7 @@ impl Metrics {
             engines,
             live_requests,
             topology_revision,
+            store_connected,
         }
     }
 
@@ -135,6 +143,7 @@ impl Metrics {
         self.engines.set(stats.engines as i64);
         self.live_requests.set(stats.live_requests as i64);
         self.topology_revision.set(stats.revision as i64);
+        self.store_connected.set(i64::from(stats.store_connected));
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)

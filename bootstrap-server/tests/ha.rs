@@ -207,7 +207,15 @@ async fn an_etcd_outage_serves_reads_fails_writes_and_heals() {
     let (_, before) = b.get("/query").await;
     let since = a.get("/workers").await.1["revision"].as_u64().unwrap();
 
+    assert!(a.metrics().await.contains("bootstrap_store_connected 1"));
     etcd.stop();
+    eventually(Duration::from_secs(5), "A reports etcd lost", || async {
+        a.metrics()
+            .await
+            .contains("bootstrap_store_connected 0")
+            .then_some(())
+    })
+    .await;
 
     // Reads come from each replica's cache.
     for replica in [&a, &b] {
@@ -283,5 +291,6 @@ async fn an_etcd_outage_serves_reads_fails_writes_and_heals() {
     assert_eq!(event["worker"]["addr"], "tcp://p:3");
     let (_, topology) = a.get("/query").await;
     assert_eq!(topology["0"]["worker_addr"]["0"]["1"], "tcp://p:3");
+    assert!(a.metrics().await.contains("bootstrap_store_connected 1"));
     drop(etcd);
 }

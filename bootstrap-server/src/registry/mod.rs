@@ -164,8 +164,10 @@ pub struct Stats {
     pub engines: usize,
     /// Live request ids.
     pub live_requests: usize,
-    /// The revision of the registry's state.
+    /// The revision of the registry's worker table.
     pub revision: Revision,
+    /// Whether the store currently follows every change (an etcd watch can be down).
+    pub store_connected: bool,
 }
 
 /// The pre-rendered answers of `GET /query`, rebuilt lazily after a change.
@@ -849,6 +851,7 @@ impl Registry {
             engines: view.engines,
             live_requests,
             revision,
+            store_connected: self.store.connected(),
         }
     }
 

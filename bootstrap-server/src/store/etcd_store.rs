@@ -15,6 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -96,6 +97,8 @@ struct Etcd {
     client: Client,
     keys: Keys,
     op_timeout: Duration,
+    /// True while the watch is established.
+    watching: AtomicBool,
 }
 
 /// The key layout under one cluster's prefix.
@@ -196,6 +199,7 @@ impl EtcdStore {
                     prefix: config.prefix(),
                 },
                 op_timeout: config.op_timeout,
+                watching: AtomicBool::new(false),
             }),
             request_leases: tokio::sync::Mutex::new(BTreeMap::new()),
             follower: std::sync::Mutex::new(None),
@@ -479,6 +483,10 @@ impl Store for EtcdStore {
         Box::pin(async { Ok(()) })
     }
 
+    fn connected(&self) -> bool {
+        self.etcd.watching.load(Ordering::Relaxed)
+    }
+
     fn close(&self) -> StoreFuture<'_, ()> {
         // Nothing to flush: etcd acknowledges a write once a quorum has it on disk.
         Box::pin(async move {
@@ -519,6 +527,7 @@ impl Follower {
         let mut backoff = None;
         loop {
             let end = self.watch().await;
+            self.etcd.watching.store(false, Ordering::Relaxed);
             let reason = match end {
                 WatchEnd::Closed => return,
                 WatchEnd::Compacted => match self.etcd.load_all().await {
@@ -575,6 +584,7 @@ impl Follower {
             Ok(Err(err)) => return WatchEnd::Failed(err.to_string()),
             Err(_) => return WatchEnd::Failed("etcd did not answer the watch".to_owned()),
         };
+        self.etcd.watching.store(true, Ordering::Relaxed);
         loop {
             let response = match stream.message().await {
                 Ok(Some(response)) => response,

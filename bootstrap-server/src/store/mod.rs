@@ -186,6 +186,11 @@ pub trait Store: Send + Sync + 'static {
     fn forget_expired<'a>(&'a self, req_ids: &'a [Arc<str>]) -> StoreFuture<'a, ()> {
         self.remove_requests(req_ids)
     }
+    /// Whether the store is following every change right now (false while a shared store is
+    /// unreachable: this replica then serves reads from what it last saw).
+    fn connected(&self) -> bool {
+        true
+    }
     /// Makes every buffered write durable and stops the store's background work (graceful
     /// shutdown); the store reports no events afterwards.
     fn close(&self) -> StoreFuture<'_, ()>;
