@@ -42,6 +42,16 @@ fn lookup(ids: &[&str]) -> Value {
     json!({"req_ids": ids, "tp_rank": 0, "tp_size": 1})
 }
 
+/// Waits until `replica` answers `status` ("ok", "retry") for request id `id`.
+async fn wait_for_lookup(replica: &TestServer, id: &str, status: &str) {
+    let what = format!("{id} is {status:?} on {}", replica.url(""));
+    eventually(Duration::from_secs(3), &what, || async {
+        let (_, answer) = replica.post("/query_requests", lookup(&[id])).await;
+        (answer["results"][id][0] == status).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_behave_as_one_server() {
     let (a, b) = two_replicas(etcd::shared()).await;
@@ -65,18 +75,10 @@ async fn replicas_behave_as_one_server() {
         .post("/register_request", json!({"req_id": "r1", "dp_rank": 0}))
         .await;
     assert_eq!(status, 200);
-    eventually(Duration::from_secs(3), "r1 resolves on B", || async {
-        let (_, answer) = b.post("/query_requests", lookup(&["r1"])).await;
-        (answer["results"]["r1"][0] == "ok").then_some(())
-    })
-    .await;
+    wait_for_lookup(&b, "r1", "ok").await;
     let (status, _) = b.call(Method::DELETE, "/requests/r1", None).await;
     assert_eq!(status, 200);
-    eventually(Duration::from_secs(3), "r1 released on A", || async {
-        let (_, answer) = a.post("/query_requests", lookup(&["r1"])).await;
-        (answer["results"]["r1"][0] == "retry").then_some(())
-    })
-    .await;
+    wait_for_lookup(&a, "r1", "retry").await;
 
     // A lease granted through A is kept alive and revoked through B.
     let (status, body) = a
@@ -199,11 +201,7 @@ async fn an_etcd_outage_serves_reads_fails_writes_and_heals() {
         .post("/register_request", json!({"req_id": "r1", "dp_rank": 0}))
         .await;
     assert_eq!(status, 200);
-    eventually(Duration::from_secs(3), "B has r1", || async {
-        let (_, answer) = b.post("/query_requests", lookup(&["r1"])).await;
-        (answer["results"]["r1"][0] == "ok").then_some(())
-    })
-    .await;
+    wait_for_lookup(&b, "r1", "ok").await;
     let (_, before) = b.get("/query").await;
     let since = a.get("/workers").await.1["revision"].as_u64().unwrap();
 
