@@ -24,11 +24,14 @@ pub struct BenchServer {
 }
 
 impl BenchServer {
-    /// Starts `bootstrap-server` from `bin_dir` with its database in `data_dir`.
-    pub async fn start(bin_dir: &Path, data_dir: &Path, name: &str) -> Result<Self, String> {
+    /// Starts `bootstrap-server` from the settings' binary folder with its database in
+    /// `data_dir`, or, with the settings' etcd store, under a cluster name made from it (so a
+    /// restart with the same folder finds the same registry).
+    pub async fn start(settings: &Settings, data_dir: &Path, name: &str) -> Result<Self, String> {
+        let bin_dir = &settings.bin_dir;
         let port = free_port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let args = vec![
+        let mut args = vec![
             "--host".to_owned(),
             "127.0.0.1".to_owned(),
             "--port".to_owned(),
@@ -38,6 +41,15 @@ impl BenchServer {
             "--max-requests".to_owned(),
             "5000000".to_owned(),
         ];
+        if let Some(store) = &settings.store {
+            let folder = data_dir.file_name().unwrap_or_default().to_string_lossy();
+            args.extend([
+                "--store".to_owned(),
+                store.clone(),
+                "--cluster".to_owned(),
+                format!("bench-{}-{folder}", std::process::id()),
+            ]);
+        }
         let log_dir = data_dir.parent().unwrap_or(data_dir);
         let mut process = spawn(
             log_dir,
@@ -164,6 +176,8 @@ pub struct Settings {
     pub duration: Duration,
     /// Concurrency levels.
     pub concurrency: Vec<usize>,
+    /// `etcd://HOST:PORT`: measure the bootstrap server on etcd instead of its embedded store.
+    pub store: Option<String>,
 }
 
 impl Settings {
@@ -179,6 +193,15 @@ impl Settings {
     fn data_dir(&self, name: &str) -> PathBuf {
         self.work_dir.join(format!("{name}-data"))
     }
+
+    /// How the measured server is named in the report.
+    fn subject(&self) -> &'static str {
+        if self.store.is_some() {
+            "pd-bootstrap (etcd)"
+        } else {
+            "pd-bootstrap"
+        }
+    }
 }
 
 async fn measure(
@@ -193,7 +216,7 @@ async fn measure(
         let report = loadgen::run(server.addr, make.clone(), settings.config(concurrency)).await;
         let row = Row::new(
             scenario,
-            "pd-bootstrap",
+            settings.subject(),
             concurrency,
             &report,
             before,
@@ -208,12 +231,8 @@ async fn measure(
 pub async fn routes(settings: &Settings) -> Result<Vec<Row>, String> {
     let mut rows = Vec::new();
 
-    let server = BenchServer::start(
-        &settings.bin_dir,
-        &settings.data_dir("register"),
-        "bench-register",
-    )
-    .await?;
+    let server =
+        BenchServer::start(settings, &settings.data_dir("register"), "bench-register").await?;
     measure(
         &server,
         settings,
@@ -226,8 +245,7 @@ pub async fn routes(settings: &Settings) -> Result<Vec<Row>, String> {
 
     for workers in [64, 4096] {
         let name = format!("bench-query-{workers}");
-        let server =
-            BenchServer::start(&settings.bin_dir, &settings.data_dir(&name), &name).await?;
+        let server = BenchServer::start(settings, &settings.data_dir(&name), &name).await?;
         server.register_workers(workers).await?;
         let scenario = format!("GET /query ({workers} workers)");
         measure(
@@ -241,12 +259,8 @@ pub async fn routes(settings: &Settings) -> Result<Vec<Row>, String> {
         server.stop().await;
     }
 
-    let server = BenchServer::start(
-        &settings.bin_dir,
-        &settings.data_dir("requests"),
-        "bench-requests",
-    )
-    .await?;
+    let server =
+        BenchServer::start(settings, &settings.data_dir("requests"), "bench-requests").await?;
     server.register_workers(64).await?;
     measure(
         &server,
@@ -299,7 +313,7 @@ pub struct ScaleReport {
 pub async fn scale(settings: &Settings, live_ids: u64) -> Result<ScaleReport, String> {
     let data_dir = settings.data_dir(&format!("scale-{live_ids}"));
     let name = format!("bench-scale-{live_ids}");
-    let server = BenchServer::start(&settings.bin_dir, &data_dir, &name).await?;
+    let server = BenchServer::start(settings, &data_dir, &name).await?;
     let workers = 10_000;
     server.register_workers(workers).await?;
     server.register_request_ids(live_ids).await?;
@@ -333,8 +347,7 @@ pub async fn scale(settings: &Settings, live_ids: u64) -> Result<ScaleReport, St
     server.stop().await;
 
     let started = Instant::now();
-    let restarted =
-        BenchServer::start(&settings.bin_dir, &data_dir, &format!("{name}-restart")).await?;
+    let restarted = BenchServer::start(settings, &data_dir, &format!("{name}-restart")).await?;
     let restart = started.elapsed();
     let reloaded = restarted
         .client

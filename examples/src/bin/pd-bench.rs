@@ -28,6 +28,10 @@ struct Args {
     /// proxy scenarios then measure them too.
     #[arg(long)]
     peers_venv: Option<PathBuf>,
+    /// `etcd://HOST:PORT`: run the bootstrap scenarios against the etcd backend (each scenario
+    /// under its own cluster name) instead of the embedded store.
+    #[arg(long)]
+    store: Option<String>,
     #[command(subcommand)]
     suite: Suite,
 }
@@ -159,6 +163,7 @@ async fn main() -> std::process::ExitCode {
         work_dir: work.path().to_path_buf(),
         duration: Duration::from_secs_f64(args.seconds),
         concurrency: args.concurrency.clone(),
+        store: args.store.clone(),
     };
     match run(&args, &settings).await {
         Ok(report) => {
