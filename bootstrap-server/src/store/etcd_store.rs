@@ -7,13 +7,13 @@
 //!   modification revision is the one the replica planned against (compare-and-swap), so two
 //!   replicas can never both take the same dp rank or slot.
 //! - `requests/<req_id>`: a request id's mapping, under a lease shared by every id that expires in
-//!   the same [`REQUEST_LEASE_BUCKET_MS`] window, so etcd drops expired ids by itself.
+//!   the same [`REQUEST_LEASE_BUCKET_MS`] window, so etcd drops expired ids by itself; written in
+//!   batches ([`RequestWriter`]).
 //!
 //! Each replica follows the prefix with an etcd watch and turns what it sees into
 //! [`StoreEvent`]s; when etcd is unreachable the watch is re-established with backoff from the
 //! last revision seen, and a compacted revision makes the replica reload everything.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -27,17 +27,17 @@ use etcd_client::{
 use tokio::sync::mpsc;
 use worker_client::protocol::{LeaseId, Rank, Revision};
 
-use super::codec::{corrupt, decode_request, decode_worker, encode_request, encode_worker};
+use super::codec::{corrupt, decode_request, decode_worker, encode_worker};
+use super::etcd_requests::RequestWriter;
+#[cfg(doc)]
+use super::etcd_requests::REQUEST_LEASE_BUCKET_MS;
 use super::{
     Lease, RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvent, StoreEvents, StoreFuture,
     WorkerChange,
 };
 
-/// Request ids expiring within one window of this many milliseconds share one etcd lease.
-pub const REQUEST_LEASE_BUCKET_MS: u64 = 10_000;
-
 /// The most operations etcd accepts in one transaction (its `--max-txn-ops` default).
-const MAX_TXN_OPS: usize = 128;
+pub(super) const MAX_TXN_OPS: usize = 128;
 
 /// How many keys one page of the initial load reads.
 const LOAD_PAGE: i64 = 5_000;
@@ -88,22 +88,21 @@ pub struct EtcdStore {
     etcd: Arc<Etcd>,
     /// The watch task, once subscribed.
     follower: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// The lease of each request expiry window, by the window's end (Unix ms).
-    request_leases: tokio::sync::Mutex<BTreeMap<u64, LeaseId>>,
+    /// Writes request ids in batches.
+    requests: RequestWriter,
 }
 
-/// The connection and the key layout, shared with the watch task.
-struct Etcd {
-    client: Client,
-    keys: Keys,
+/// The connection and the key layout, shared with the watch and writer tasks.
+pub(super) struct Etcd {
+    pub(super) client: Client,
+    pub(super) keys: Keys,
     op_timeout: Duration,
     /// True while the watch is established.
     watching: AtomicBool,
 }
 
 /// The key layout under one cluster's prefix.
-#[derive(Clone)]
-struct Keys {
+pub(super) struct Keys {
     prefix: String,
 }
 
@@ -126,7 +125,7 @@ impl Keys {
         format!("{}guard", self.prefix)
     }
 
-    fn request(&self, req_id: &str) -> String {
+    pub(super) fn request(&self, req_id: &str) -> String {
         format!("{}requests/{req_id}", self.prefix)
     }
 
@@ -152,15 +151,15 @@ impl Keys {
     }
 }
 
-fn etcd_error(err: etcd_client::Error) -> StoreError {
+pub(super) fn etcd_error(err: etcd_client::Error) -> StoreError {
     StoreError::Backend(format!("etcd: {err}"))
 }
 
-fn is_lease_not_found(err: &etcd_client::Error) -> bool {
+pub(super) fn is_lease_not_found(err: &etcd_client::Error) -> bool {
     err.to_string().contains("lease not found")
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -192,64 +191,25 @@ impl EtcdStore {
         .await
         .map_err(|_| StoreError::Backend(format!("etcd: cannot reach {endpoints:?}")))?
         .map_err(etcd_error)?;
+        let etcd = Arc::new(Etcd {
+            client,
+            keys: Keys {
+                prefix: config.prefix(),
+            },
+            op_timeout: config.op_timeout,
+            watching: AtomicBool::new(false),
+        });
         Ok(EtcdStore {
-            etcd: Arc::new(Etcd {
-                client,
-                keys: Keys {
-                    prefix: config.prefix(),
-                },
-                op_timeout: config.op_timeout,
-                watching: AtomicBool::new(false),
-            }),
-            request_leases: tokio::sync::Mutex::new(BTreeMap::new()),
+            requests: RequestWriter::start(etcd.clone()),
+            etcd,
             follower: std::sync::Mutex::new(None),
         })
-    }
-
-    /// The lease for request ids expiring at `expires_at_ms`, granted on first use.
-    async fn request_lease(&self, expires_at_ms: u64) -> Result<LeaseId, StoreError> {
-        let window_end = expires_at_ms.div_ceil(REQUEST_LEASE_BUCKET_MS) * REQUEST_LEASE_BUCKET_MS;
-        let mut leases = self.request_leases.lock().await;
-        let now = now_ms();
-        leases.retain(|end, _| *end > now);
-        if let Some(id) = leases.get(&window_end) {
-            return Ok(*id);
-        }
-        let ttl = (window_end.saturating_sub(now)).div_ceil(1000).max(1) as i64;
-        let mut lease = self.etcd.client.lease_client();
-        let granted = self
-            .etcd
-            .call("lease grant", lease.grant(ttl, None))
-            .await?
-            .map_err(etcd_error)?;
-        leases.insert(window_end, granted.id());
-        Ok(granted.id())
-    }
-
-    /// Writes one request id under its window's lease.
-    async fn put_request_once(
-        &self,
-        req_id: &str,
-        record: RequestRecord,
-    ) -> Result<Result<(), etcd_client::Error>, StoreError> {
-        let lease = self.request_lease(record.expires_at_ms).await?;
-        let mut kv = self.etcd.client.kv_client();
-        let put = kv.put(
-            self.etcd.keys.request(req_id),
-            encode_request(record).to_vec(),
-            Some(PutOptions::new().with_lease(lease)),
-        );
-        let result = self.etcd.call("put request", put).await?.map(drop);
-        if result.as_ref().is_err_and(is_lease_not_found) {
-            self.request_leases.lock().await.retain(|_, l| *l != lease);
-        }
-        Ok(result)
     }
 }
 
 impl Etcd {
     /// Runs one etcd call with the operation timeout.
-    async fn call<T>(
+    pub(super) async fn call<T>(
         &self,
         what: &str,
         call: impl Future<Output = Result<T, etcd_client::Error>>,
@@ -448,31 +408,14 @@ impl Store for EtcdStore {
     }
 
     fn put_request<'a>(&'a self, req_id: &'a str, record: RequestRecord) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            // One retry: a window's lease can vanish (revoked by hand, or etcd restored from a
-            // backup); the retry grants a fresh one.
-            match self.put_request_once(req_id, record).await? {
-                Err(err) if is_lease_not_found(&err) => self
-                    .put_request_once(req_id, record)
-                    .await?
-                    .map_err(etcd_error),
-                result => result.map_err(etcd_error),
-            }
-        })
+        Box::pin(self.requests.put(req_id, record))
     }
 
     fn remove_requests<'a>(&'a self, req_ids: &'a [Arc<str>]) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            for chunk in req_ids.chunks(MAX_TXN_OPS) {
-                let ops: Vec<TxnOp> = chunk
-                    .iter()
-                    .map(|id| TxnOp::delete(self.etcd.keys.request(id), None))
-                    .collect();
-                let mut kv = self.etcd.client.kv_client();
-                self.etcd
-                    .call("delete requests", kv.txn(Txn::new().and_then(ops)))
-                    .await?
-                    .map_err(etcd_error)?;
+            let deletes = req_ids.iter().map(|id| self.requests.delete(id.clone()));
+            for result in futures_util::future::join_all(deletes).await {
+                result?;
             }
             Ok(())
         })
@@ -499,6 +442,7 @@ impl Store for EtcdStore {
                 follower.abort();
                 let _ = follower.await;
             }
+            self.requests.stop().await;
             Ok(())
         })
     }

@@ -2,6 +2,7 @@
 //! distributed one (etcd) serve the same [`Registry`](crate::registry::Registry).
 
 mod codec;
+mod etcd_requests;
 mod etcd_store;
 mod sled_leases;
 mod sled_store;
@@ -10,7 +11,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-pub use etcd_store::{EtcdConfig, EtcdStore, REQUEST_LEASE_BUCKET_MS};
+pub use etcd_requests::REQUEST_LEASE_BUCKET_MS;
+pub use etcd_store::{EtcdConfig, EtcdStore};
 pub use sled_store::SledStore;
 use worker_client::protocol::{LeaseId, Rank, Revision};
 
@@ -18,7 +20,7 @@ use worker_client::protocol::{LeaseId, Rank, Revision};
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
 /// A failure of the storage backend. The HTTP layer answers it with a 503: retrying may help.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The backend failed to read or write.
     #[error("storage backend failed: {0}")]
