@@ -110,6 +110,67 @@ async fn replicas_behave_as_one_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_agree_on_revisions_so_a_watch_moves_between_them() {
+    let (a, b) = two_replicas(etcd::shared()).await;
+    assert_eq!(a.register("e1", 0, 0, 0, "tcp://p:1").await.0, 200);
+    // Request ids (and other clusters' writes) move etcd's revision too; idle replicas catch up
+    // through etcd's progress reports.
+    for i in 0..3 {
+        let (status, _) = b
+            .post(
+                "/register_request",
+                json!({"req_id": format!("r{i}"), "dp_rank": 0}),
+            )
+            .await;
+        assert_eq!(status, 200);
+    }
+    let revision = eventually(Duration::from_secs(5), "A and B agree", || async {
+        let ra = a.get("/workers").await.1["revision"].as_u64();
+        let rb = b.get("/workers").await.1["revision"].as_u64();
+        (ra == rb).then_some(ra.unwrap())
+    })
+    .await;
+    // A revision from one replica is good on the other, in both directions.
+    for (from, to) in [(&a, &b), (&b, &a)] {
+        let since = from.get("/workers").await.1["revision"].as_u64().unwrap();
+        assert!(since >= revision);
+        let (status, batch) = to.get(&format!("/watch?since={since}&timeout_ms=0")).await;
+        assert_eq!(status, 200, "{batch}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stray_keys_under_the_prefix_are_skipped_not_fatal() {
+    let cluster = etcd::unique_cluster();
+    let endpoint = etcd::shared();
+    let a = start_with(|c| c.etcd = Some(etcd_config(endpoint, &cluster))).await;
+    let mut etcd = etcd_client::Client::connect([endpoint], None)
+        .await
+        .unwrap();
+    let prefix = format!("/pd-bootstrap/{cluster}/");
+    etcd.put(format!("{prefix}from-a-newer-version"), "?", None)
+        .await
+        .unwrap();
+    etcd.put(
+        format!("{prefix}workers/00007/00000/00000"),
+        "not json",
+        None,
+    )
+    .await
+    .unwrap();
+    etcd.put(format!("{prefix}requests/bad"), "short", None)
+        .await
+        .unwrap();
+    // The running replica keeps following, and a new one loads past them.
+    assert_eq!(a.register("e1", 0, 0, 0, "tcp://p:1").await.0, 200);
+    assert!(a.metrics().await.contains("bootstrap_store_connected 1"));
+    let b = start_with(|c| c.etcd = Some(etcd_config(endpoint, &cluster))).await;
+    let (_, list) = b.get("/workers").await;
+    assert_eq!(list["workers"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(b.register("e1", 0, 1, 0, "tcp://p:2").await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contested_dp_rank_has_one_owner_across_replicas() {
     let (a, b) = two_replicas(etcd::shared()).await;
     let attempts = (0..16u32).map(|i| {

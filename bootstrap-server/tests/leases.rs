@@ -134,10 +134,21 @@ async fn registering_again_moves_a_slot_to_a_new_lease_or_none() {
     assert_ne!(first, second);
     let (_, list) = server.get("/workers").await;
     assert_eq!(list["workers"][0]["lease_id"], second);
-    // Revoking the old lease no longer touches the slot.
-    server
-        .call(Method::DELETE, &format!("/leases/{first}"), None)
-        .await;
+    // The lease the slot moved away from holds nothing any more: it is revoked.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, _) = server
+            .post(&format!("/leases/{first}/keepalive"), json!({}))
+            .await;
+        if status == 404 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the superseded lease is still live"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(registered_ranks(&server).await, vec![0]);
     // A registration without a lease makes it permanent.
     assert_eq!(server.register("e1", 0, 0, 0, "tcp://p:5000").await.0, 200);

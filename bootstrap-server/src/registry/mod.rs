@@ -6,6 +6,7 @@ mod requests;
 mod workers;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -22,7 +23,7 @@ pub use requests::{Inserted, RequestConflict, RequestTable};
 pub use workers::{EngineConflictPolicy, RegisterOutcome, WorkerConflict, WorkerTable};
 
 use crate::store::{
-    RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvent, StoreEvents, WorkerChange,
+    Lease, RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvent, StoreEvents, WorkerChange,
     WorkerRecord,
 };
 
@@ -180,8 +181,6 @@ struct TopologyView {
 
 struct WorkerState {
     table: WorkerTable,
-    /// The store revision the tables are current at.
-    revision: Revision,
     /// The revision of the last committed worker change (what the next commit is guarded by).
     guard: Revision,
     /// P's tp size as the table shows it, kept current on every change (lookups read it).
@@ -196,7 +195,6 @@ impl WorkerState {
         WorkerState {
             observed_tp_size: table.observed_tp_size(),
             table,
-            revision,
             guard,
             view: None,
             history: History::new(revision, HISTORY_CAPACITY),
@@ -216,8 +214,12 @@ pub struct Registry {
     write_gate: tokio::sync::Mutex<()>,
     workers: RwLock<WorkerState>,
     requests: Mutex<RequestTable>,
-    /// The revision applied last; writers and watchers wait on it.
+    /// The revision of the last worker change applied; writers and watchers wait on it.
     applied: tokio::sync::watch::Sender<Revision>,
+    /// The store revision the tables are current at: worker changes, and with etcd also request
+    /// ids and progress reports, so that every replica in sync reports the same revision. It
+    /// only moves past a worker change while the workers lock is held for writing.
+    revision: AtomicU64,
 }
 
 /// The wire form of a stored worker.
@@ -279,6 +281,7 @@ impl Registry {
             workers: RwLock::new(workers),
             requests: Mutex::new(requests),
             applied: tokio::sync::watch::Sender::new(revision),
+            revision: AtomicU64::new(revision),
         });
         tokio::spawn(Self::follow(Arc::downgrade(&registry), events));
         Ok(registry)
@@ -330,17 +333,19 @@ impl Registry {
                 }));
                 state.table.apply(&WorkerChange { remove, put });
                 state.observed_tp_size = state.table.observed_tp_size();
-                state.revision = state.revision.max(revision);
                 if guard {
                     state.guard = revision;
                 }
                 state.view = None;
                 state.history.extend(events);
+                self.revision.fetch_max(revision, Ordering::Release);
                 revision
             }
-            StoreEvent::Requests { put, remove, .. } => {
-                // Request ids are not part of the watched history: no revision moves and no
-                // watcher wakes up for them.
+            StoreEvent::Requests {
+                revision,
+                put,
+                remove,
+            } => {
                 let now = now_ms();
                 let mut requests = lock(&self.requests);
                 for (id, record) in put {
@@ -350,6 +355,13 @@ impl Registry {
                 for id in remove {
                     requests.remove(&id);
                 }
+                drop(requests);
+                // Not part of the watched history: no watcher wakes up for request ids.
+                self.revision.fetch_max(revision, Ordering::Release);
+                return;
+            }
+            StoreEvent::Progress { revision } => {
+                self.revision.fetch_max(revision, Ordering::Release);
                 return;
             }
             StoreEvent::Reset(snapshot) => {
@@ -358,6 +370,7 @@ impl Registry {
                 let mut state = self.write_workers();
                 *state = workers;
                 *lock(&self.requests) = requests;
+                self.revision.fetch_max(revision, Ordering::Release);
                 tracing::warn!(revision, "registry reloaded from the store");
                 revision
             }
@@ -367,6 +380,11 @@ impl Registry {
             *applied = (*applied).max(revision);
             advanced
         });
+    }
+
+    /// The revision the tables are current at.
+    fn revision(&self) -> Revision {
+        self.revision.load(Ordering::Acquire)
     }
 
     /// The settings the registry runs with.
@@ -420,6 +438,7 @@ impl Registry {
         };
         let (engine_id, addr, replace) = (reg.engine_id.clone(), reg.addr.clone(), reg.replace);
         let policy = self.config.engine_conflict;
+        let superseded = self.read_workers().table.get(slot).and_then(|w| w.lease);
         let written = self
             .write(move |table| {
                 let plan = table.plan_register(&engine_id, slot, &addr, replace, policy, lease)?;
@@ -429,13 +448,20 @@ impl Registry {
         let outcome = match written {
             Ok(outcome) => outcome,
             Err(err) => {
-                if let Some(lease) = lease {
-                    // Nothing was written under it; revoking only saves it waiting out its ttl.
+                let not_written = !matches!(
+                    err,
+                    RegistryError::Store(StoreError::Backend(_) | StoreError::Corrupt { .. })
+                );
+                if let (Some(lease), true) = (lease, not_written) {
+                    // Certainly nothing was written under it (a refusal, or a lost race): revoking
+                    // only saves it waiting out its ttl. After a store failure the commit may
+                    // have landed, and the lease must keep what it holds.
                     let _ = self.store.revoke_lease(lease.id).await;
                 }
                 return Err(err);
             }
         };
+        self.revoke_if_unused(superseded.filter(|old| Some(*old) != lease));
         let lease_id = lease.map(|l| l.id);
         match &outcome {
             RegisterOutcome::Created => {
@@ -453,6 +479,22 @@ impl Registry {
             lease_id,
             lease_ttl: lease.map(|l| l.ttl),
         })
+    }
+
+    /// Revokes, in the background, a lease that a registration moved its slot away from, once no
+    /// worker lives by it any more (each registration grants a new lease, so the old one would
+    /// otherwise linger until its ttl).
+    fn revoke_if_unused(&self, lease: Option<Lease>) {
+        let Some(lease) = lease else { return };
+        if self.read_workers().table.has_lease(lease.id) {
+            return;
+        }
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(err) = store.revoke_lease(lease.id).await {
+                tracing::debug!(lease = lease.id, error = %err, "could not revoke a superseded lease");
+            }
+        });
     }
 
     /// `POST /leases/{lease_id}/keepalive`: renews a lease; its time to live in seconds.
@@ -753,11 +795,12 @@ impl Registry {
     /// `DELETE /requests/{req_id}`: forgets an id after its transfer; true when it was live.
     pub async fn release_request(&self, req_id: &str) -> Result<bool, RegistryError> {
         validate_id("req_id", req_id)?;
-        let removed = lock(&self.requests).remove(req_id);
-        if removed {
-            self.store.remove_requests(&[Arc::from(req_id)]).await?;
-        }
-        Ok(removed)
+        let live = lock(&self.requests).get(req_id, now_ms()).is_some();
+        // The store first, also for an id this replica does not hold: a retry after a failed
+        // delete (or a release sent to another replica than the registration) still reaches it.
+        self.store.remove_requests(&[Arc::from(req_id)]).await?;
+        lock(&self.requests).remove(req_id);
+        Ok(live)
     }
 
     /// Removes every expired request id; returns how many.
@@ -785,7 +828,8 @@ impl Registry {
     pub fn list(&self) -> WorkerList {
         let state = self.read_workers();
         WorkerList {
-            revision: state.revision,
+            // Read under the lock: no worker change can land between the table and the number.
+            revision: self.revision(),
             workers: state.table.records().map(|r| worker_info(&r)).collect(),
         }
     }
@@ -806,20 +850,18 @@ impl Registry {
             applied.borrow_and_update();
             let current = {
                 let state = self.read_workers();
+                let revision = self.revision();
                 let events = state.history.since(since).map_err(|Compacted { floor }| {
                     RegistryError::Compacted {
                         since,
                         floor,
-                        revision: state.revision,
+                        revision,
                     }
                 })?;
                 if !events.is_empty() {
-                    return Ok(WatchBatch {
-                        revision: state.revision,
-                        events,
-                    });
+                    return Ok(WatchBatch { revision, events });
                 }
-                state.revision
+                revision
             };
             match tokio::time::timeout_at(deadline, applied.changed()).await {
                 Ok(Ok(())) => continue,
@@ -844,7 +886,7 @@ impl Registry {
     pub fn stats(&self) -> Stats {
         // Lock order everywhere: workers before requests (and never both through temporaries).
         let view = self.view();
-        let revision = self.read_workers().revision;
+        let revision = self.revision();
         let live_requests = lock(&self.requests).len();
         Stats {
             workers: view.readiness.registered,

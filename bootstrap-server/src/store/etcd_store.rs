@@ -42,6 +42,9 @@ pub(super) const MAX_TXN_OPS: usize = 128;
 /// How many keys one page of the initial load reads.
 const LOAD_PAGE: i64 = 5_000;
 
+/// How often a replica asks etcd how far its watch has got.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
 /// How many store events may wait for the registry before the watch waits.
 const EVENT_BUFFER: usize = 4096;
 
@@ -245,7 +248,7 @@ impl Etcd {
             let revision = *at.get_or_insert(revision_of(page.header()) as i64);
             snapshot.revision = revision as Revision;
             for kv in page.kvs() {
-                self.absorb(&mut snapshot, kv)?;
+                self.absorb(&mut snapshot, kv);
             }
             match page.kvs().last() {
                 Some(last) if page.more() => {
@@ -257,26 +260,29 @@ impl Etcd {
         }
     }
 
-    fn absorb(
-        &self,
-        snapshot: &mut Snapshot,
-        kv: &etcd_client::KeyValue,
-    ) -> Result<(), StoreError> {
-        match self.keys.kind(kv.key())? {
-            KeyKind::Guard => snapshot.guard = kv.mod_revision().max(0) as Revision,
-            KeyKind::Worker(slot) => {
-                snapshot
-                    .workers
-                    .push(decode_worker(slot, kv.key(), kv.value())?)
+    /// Adds one loaded key to the snapshot. A key this version does not know, or cannot decode,
+    /// is skipped with a warning: one stray key must not stop every replica.
+    fn absorb(&self, snapshot: &mut Snapshot, kv: &etcd_client::KeyValue) {
+        let absorbed = self.keys.kind(kv.key()).and_then(|kind| {
+            match kind {
+                KeyKind::Guard => snapshot.guard = kv.mod_revision().max(0) as Revision,
+                KeyKind::Worker(slot) => {
+                    snapshot
+                        .workers
+                        .push(decode_worker(slot, kv.key(), kv.value())?)
+                }
+                KeyKind::Request(id) => snapshot.requests.push((id, request_record(kv)?)),
             }
-            KeyKind::Request(id) => {
-                let record = decode_request(kv.value())
-                    .ok_or_else(|| corrupt(kv.key(), "bad request value"))?;
-                snapshot.requests.push((id, record));
-            }
+            Ok(())
+        });
+        if let Err(err) = absorbed {
+            tracing::warn!(error = %err, "skipping a key under the cluster prefix");
         }
-        Ok(())
     }
+}
+
+fn request_record(kv: &etcd_client::KeyValue) -> Result<RequestRecord, StoreError> {
+    decode_request(kv.value()).ok_or_else(|| corrupt(kv.key(), "bad request value"))
 }
 
 /// The first key after every key that starts with `prefix`.
@@ -511,11 +517,11 @@ impl Follower {
         }
     }
 
-    /// Watches from `seen + 1` until the watch ends.
+    /// Watches from `seen + 1` until the watch ends, asking etcd every [`PROGRESS_EVERY`] how far
+    /// it has got, so that an idle replica's revision keeps up with etcd's.
     async fn watch(&mut self) -> WatchEnd {
         let options = WatchOptions::new()
             .with_prefix()
-            .with_prev_key()
             .with_start_revision(self.seen as i64 + 1);
         let mut client = self.etcd.client.watch_client();
         let started = tokio::time::timeout(
@@ -523,14 +529,25 @@ impl Follower {
             client.watch(self.etcd.keys.prefix.clone(), Some(options)),
         )
         .await;
-        let mut stream = match started {
-            Ok(Ok(stream)) => stream,
+        let (mut requests, mut responses) = match started {
+            Ok(Ok(stream)) => stream.split(),
             Ok(Err(err)) => return WatchEnd::Failed(err.to_string()),
             Err(_) => return WatchEnd::Failed("etcd did not answer the watch".to_owned()),
         };
         self.etcd.watching.store(true, Ordering::Relaxed);
+        let mut progress = tokio::time::interval(PROGRESS_EVERY);
+        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let response = match stream.message().await {
+            let response = tokio::select! {
+                response = responses.message() => response,
+                _ = progress.tick() => {
+                    if let Err(err) = requests.request_progress().await {
+                        return WatchEnd::Failed(err.to_string());
+                    }
+                    continue;
+                }
+            };
+            let response = match response {
                 Ok(Some(response)) => response,
                 Ok(None) => return WatchEnd::Failed("etcd closed the watch".to_owned()),
                 Err(err) => return WatchEnd::Failed(err.to_string()),
@@ -544,17 +561,33 @@ impl Follower {
                     response.cancel_reason()
                 ));
             }
-            match self.report(response.events()).await {
-                Ok(true) => {}
-                Ok(false) => return WatchEnd::Closed,
-                Err(err) => return WatchEnd::Failed(err.to_string()),
+            let reported = if response.events().is_empty() && !response.created() {
+                // A progress report: every event up to its revision has been delivered.
+                self.progress(revision_of(response.header())).await
+            } else {
+                self.report(response.events()).await
+            };
+            if !reported {
+                return WatchEnd::Closed;
             }
         }
     }
 
+    /// Reports that nothing changed up to `revision`; false when the registry has gone away.
+    async fn progress(&mut self, revision: Revision) -> bool {
+        if revision <= self.seen {
+            return true;
+        }
+        self.seen = revision;
+        self.events
+            .send(StoreEvent::Progress { revision })
+            .await
+            .is_ok()
+    }
+
     /// Reports one watch response's events, one store event per revision and kind; false when
     /// the registry has gone away.
-    async fn report(&mut self, events: &[etcd_client::Event]) -> Result<bool, StoreError> {
+    async fn report(&mut self, events: &[etcd_client::Event]) -> bool {
         let mut start = 0;
         while start < events.len() {
             let revision = mod_revision(&events[start]);
@@ -563,41 +596,41 @@ impl Follower {
                     .iter()
                     .take_while(|e| mod_revision(e) == revision)
                     .count();
-            for event in self.translate(revision, &events[start..end])? {
+            for event in self.translate(revision, &events[start..end]) {
                 if self.events.send(event).await.is_err() {
-                    return Ok(false);
+                    return false;
                 }
             }
             self.seen = revision;
             start = end;
         }
-        Ok(true)
+        true
     }
 
-    /// Turns the etcd events of one revision into store events.
-    fn translate(
-        &self,
-        revision: Revision,
-        events: &[etcd_client::Event],
-    ) -> Result<Vec<StoreEvent>, StoreError> {
+    /// Turns the etcd events of one revision into store events. Keys this version does not
+    /// know, or cannot decode, are skipped with a warning (one stray key must not stop the
+    /// watch).
+    fn translate(&self, revision: Revision, events: &[etcd_client::Event]) -> Vec<StoreEvent> {
         let mut workers = WorkerChange::default();
         let mut guard = false;
         let (mut put_requests, mut removed_requests) = (Vec::new(), Vec::new());
         for event in events {
             let Some(kv) = event.kv() else { continue };
             let deleted = event.event_type() == EventType::Delete;
-            match self.etcd.keys.kind(kv.key())? {
-                KeyKind::Guard => guard |= !deleted,
-                KeyKind::Worker(slot) if deleted => workers.remove.push(slot),
-                KeyKind::Worker(slot) => {
-                    workers.put.push(decode_worker(slot, kv.key(), kv.value())?)
+            let translated = self.etcd.keys.kind(kv.key()).and_then(|kind| {
+                match kind {
+                    KeyKind::Guard => guard |= !deleted,
+                    KeyKind::Worker(slot) if deleted => workers.remove.push(slot),
+                    KeyKind::Worker(slot) => {
+                        workers.put.push(decode_worker(slot, kv.key(), kv.value())?)
+                    }
+                    KeyKind::Request(id) if deleted => removed_requests.push(id),
+                    KeyKind::Request(id) => put_requests.push((id, request_record(kv)?)),
                 }
-                KeyKind::Request(id) if deleted => removed_requests.push(id),
-                KeyKind::Request(id) => {
-                    let record = decode_request(kv.value())
-                        .ok_or_else(|| corrupt(kv.key(), "bad request value"))?;
-                    put_requests.push((id, record));
-                }
+                Ok(())
+            });
+            if let Err(err) = translated {
+                tracing::warn!(error = %err, revision, "skipping a change under the cluster prefix");
             }
         }
         let mut out = Vec::new();
@@ -611,11 +644,15 @@ impl Follower {
         }
         if !put_requests.is_empty() || !removed_requests.is_empty() {
             out.push(StoreEvent::Requests {
+                revision,
                 put: put_requests,
                 remove: removed_requests,
             });
         }
-        Ok(out)
+        if out.is_empty() {
+            out.push(StoreEvent::Progress { revision });
+        }
+        out
     }
 }
 

@@ -142,10 +142,18 @@ pub enum StoreEvent {
     },
     /// Request ids written or deleted by any replica (shared backends only).
     Requests {
+        /// The revision of the change.
+        revision: Revision,
         /// Ids written.
         put: Vec<(String, RequestRecord)>,
         /// Ids deleted (released or expired).
         remove: Vec<String>,
+    },
+    /// Nothing under this registry changed up to `revision` (shared backends only): replicas in
+    /// sync report the same revision even while idle.
+    Progress {
+        /// The store's revision.
+        revision: Revision,
     },
     /// The store lost its event history (e.g. an etcd watch fell behind compaction): the whole
     /// state again, to replace the tables with.

@@ -23,6 +23,8 @@ struct Entry {
 pub(super) struct SledLeases {
     leases: HashMap<LeaseId, Entry>,
     owner: HashMap<Slot, LeaseId>,
+    /// Ended leases whose workers could not be removed yet (a failed write): tried again.
+    unremoved: Vec<(LeaseId, Vec<Slot>)>,
 }
 
 fn deadline(now: Instant, ttl: u32) -> Instant {
@@ -82,7 +84,8 @@ impl SledLeases {
         Some(entry.slots.into_iter().collect())
     }
 
-    /// Ends every lease whose deadline has passed; each one's slots.
+    /// Ends every lease whose deadline has passed; each one's slots (with those of ended leases
+    /// whose removal failed before).
     pub(super) fn take_expired(&mut self, now: Instant) -> Vec<(LeaseId, Vec<Slot>)> {
         let expired: Vec<LeaseId> = self
             .leases
@@ -90,10 +93,19 @@ impl SledLeases {
             .filter(|(_, entry)| entry.deadline <= now)
             .map(|(id, _)| *id)
             .collect();
-        expired
-            .into_iter()
-            .filter_map(|id| Some((id, self.revoke(id)?)))
-            .collect()
+        let mut ended = std::mem::take(&mut self.unremoved);
+        ended.extend(
+            expired
+                .into_iter()
+                .filter_map(|id| Some((id, self.revoke(id)?))),
+        );
+        ended
+    }
+
+    /// Keeps an ended lease's slots for the next [`SledLeases::take_expired`]: removing them
+    /// failed.
+    pub(super) fn retry_removal(&mut self, id: LeaseId, slots: Vec<Slot>) {
+        self.unremoved.push((id, slots));
     }
 
     /// Follows a committed change: removed or overwritten slots leave their lease, slots written

@@ -173,16 +173,21 @@ impl Inner {
         change: WorkerChange,
         guard: bool,
     ) -> Result<Revision, StoreError> {
-        if let Some(lease) = change.put.iter().filter_map(|w| w.lease).next() {
-            if !self.leases().is_live(lease.id) {
-                return Err(StoreError::LeaseNotFound(lease.id));
-            }
+        if let Some(dead) = change
+            .put
+            .iter()
+            .filter_map(|w| w.lease)
+            .find(|lease| !self.leases().is_live(lease.id))
+        {
+            return Err(StoreError::LeaseNotFound(dead.id));
         }
         let revision = state.revision + 1;
         self.workers
             .apply_batch(Self::worker_batch(&change, revision))
             .map_err(backend)?;
-        self.workers.flush_async().await.map_err(backend)?;
+        // Applied: from here the change is in the database (flushed now, or by sled's background
+        // flush if this flush fails), so the revision moves and the change is reported either way.
+        let flushed = self.workers.flush_async().await.map_err(backend);
         state.revision = revision;
         if guard {
             state.guard = revision;
@@ -204,6 +209,7 @@ impl Inner {
                 })
                 .await;
         }
+        flushed?;
         Ok(revision)
     }
 
@@ -223,10 +229,15 @@ impl Inner {
             "lease ended, its workers are removed"
         );
         let change = WorkerChange {
-            remove: slots,
+            remove: slots.clone(),
             put: Vec::new(),
         };
-        self.commit_locked(state, change, false).await.map(drop)
+        let removed = self.commit_locked(state, change, false).await;
+        if removed.is_err() {
+            // The lease is gone; its workers must still go: the sweeper tries again.
+            self.leases().retry_removal(lease, slots);
+        }
+        removed.map(drop)
     }
 
     /// Removes the workers of expired leases until `stop` is notified or the store is dropped.
@@ -243,8 +254,7 @@ impl Inner {
             let expired = inner.leases().take_expired(Instant::now());
             for (lease, slots) in expired {
                 if let Err(err) = inner.drop_lease_slots(&mut state, lease, slots).await {
-                    // The slots stay on disk; the next start restores the lease and expiry
-                    // tries again.
+                    // Tried again at the next sweep.
                     tracing::error!(lease, error = %err, "could not remove an expired lease's workers");
                 }
             }
