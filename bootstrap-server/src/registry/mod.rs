@@ -1,31 +1,30 @@
 //! The registry: one type that owns the worker table and the request-id table, validates every
 //! change, makes it durable through a [`Store`], and serves the HTTP routes.
 
+mod follow;
 mod history;
+mod leases;
 mod requests;
+mod watch;
 mod workers;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use worker_client::protocol::{
     validate_addr, validate_id, validate_lease_ttl, validate_rank, Deregister, FieldError, LeaseId,
     QueryRequests, QueryRequestsResponse, Rank, RegisterLegacyWorker, RegisterRequest,
-    RegisterResponse, RegisterWorker, RequestLocation, Revision, WatchBatch, WorkerEvent,
-    WorkerEventKind, WorkerInfo, WorkerList, MAX_QUERY_IDS,
+    RegisterResponse, RegisterWorker, RequestLocation, Revision, MAX_QUERY_IDS,
 };
 
 pub use history::{Compacted, History, HISTORY_CAPACITY};
 pub use requests::{Inserted, RequestConflict, RequestTable};
 pub use workers::{EngineConflictPolicy, RegisterOutcome, WorkerConflict, WorkerTable};
 
-use crate::store::{
-    Lease, RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvent, StoreEvents, WorkerChange,
-    WorkerRecord,
-};
+use crate::store::{RequestRecord, Slot, Store, StoreError, WorkerChange, WorkerRecord};
 
 /// How many expired ids one pruning step removes before it lets others take the lock.
 const PRUNE_BATCH: usize = 4096;
@@ -222,18 +221,6 @@ pub struct Registry {
     revision: AtomicU64,
 }
 
-/// The wire form of a stored worker.
-fn worker_info(record: &WorkerRecord) -> WorkerInfo {
-    WorkerInfo {
-        engine_id: record.engine_id.as_deref().map(str::to_owned),
-        dp_rank: record.slot.dp,
-        tp_rank: record.slot.tp,
-        pp_rank: record.slot.pp,
-        addr: record.addr.clone(),
-        lease_id: record.lease.map(|l| l.id),
-    }
-}
-
 fn to_bytes<T: serde::Serialize>(value: &T) -> Bytes {
     // Maps with integer or string keys and string values always serialize.
     Bytes::from(serde_json::to_vec(value).expect("topology serializes"))
@@ -285,106 +272,6 @@ impl Registry {
         });
         tokio::spawn(Self::follow(Arc::downgrade(&registry), events));
         Ok(registry)
-    }
-
-    /// Builds the tables from a snapshot; also returns the ids that had expired.
-    fn tables(
-        snapshot: Snapshot,
-        config: &RegistryConfig,
-    ) -> (WorkerState, RequestTable, Vec<Arc<str>>) {
-        let workers = WorkerState::new(snapshot.workers, snapshot.revision, snapshot.guard);
-        let mut requests = RequestTable::new(config.max_requests);
-        let expired = requests.load(snapshot.requests, now_ms());
-        (workers, requests, expired)
-    }
-
-    /// Applies the store's events until the store or the registry goes away.
-    async fn follow(registry: Weak<Registry>, mut events: StoreEvents) {
-        while let Some(event) = events.recv().await {
-            let Some(registry) = registry.upgrade() else {
-                return;
-            };
-            registry.apply(event);
-        }
-    }
-
-    fn apply(&self, event: StoreEvent) {
-        let revision = match event {
-            StoreEvent::Workers {
-                revision,
-                remove,
-                put,
-                guard,
-            } => {
-                let mut state = self.write_workers();
-                let mut events: Vec<WorkerEvent> = remove
-                    .iter()
-                    .filter_map(|slot| state.table.get(*slot))
-                    .map(|old| WorkerEvent {
-                        revision,
-                        kind: WorkerEventKind::Delete,
-                        worker: worker_info(&old),
-                    })
-                    .collect();
-                events.extend(put.iter().map(|new| WorkerEvent {
-                    revision,
-                    kind: WorkerEventKind::Put,
-                    worker: worker_info(new),
-                }));
-                state.table.apply(&WorkerChange { remove, put });
-                state.observed_tp_size = state.table.observed_tp_size();
-                if guard {
-                    state.guard = revision;
-                }
-                state.view = None;
-                state.history.extend(events);
-                self.revision.fetch_max(revision, Ordering::Release);
-                revision
-            }
-            StoreEvent::Requests {
-                revision,
-                put,
-                remove,
-            } => {
-                let now = now_ms();
-                let mut requests = lock(&self.requests);
-                for (id, record) in put {
-                    // Conflicts and a full table were answered to the replica that wrote the id.
-                    let _ = requests.insert(&id, record.dp_rank, now, record.expires_at_ms);
-                }
-                for id in remove {
-                    requests.remove(&id);
-                }
-                drop(requests);
-                // Not part of the watched history: no watcher wakes up for request ids.
-                self.revision.fetch_max(revision, Ordering::Release);
-                return;
-            }
-            StoreEvent::Progress { revision } => {
-                self.revision.fetch_max(revision, Ordering::Release);
-                return;
-            }
-            StoreEvent::Reset(snapshot) => {
-                let revision = snapshot.revision;
-                let (workers, requests, _) = Self::tables(snapshot, &self.config);
-                let mut state = self.write_workers();
-                *state = workers;
-                *lock(&self.requests) = requests;
-                self.revision.fetch_max(revision, Ordering::Release);
-                tracing::warn!(revision, "registry reloaded from the store");
-                revision
-            }
-        };
-        self.applied.send_if_modified(|applied| {
-            let advanced = revision > *applied;
-            *applied = (*applied).max(revision);
-            advanced
-        });
-    }
-
-    /// The revision the tables are current at.
-    fn revision(&self) -> Revision {
-        self.revision.load(Ordering::Acquire)
     }
 
     /// The settings the registry runs with.
@@ -479,47 +366,6 @@ impl Registry {
             lease_id,
             lease_ttl: lease.map(|l| l.ttl),
         })
-    }
-
-    /// Revokes, in the background, a lease that a registration moved its slot away from, once no
-    /// worker lives by it any more (each registration grants a new lease, so the old one would
-    /// otherwise linger until its ttl).
-    fn revoke_if_unused(&self, lease: Option<Lease>) {
-        let Some(lease) = lease else { return };
-        if self.read_workers().table.has_lease(lease.id) {
-            return;
-        }
-        let store = self.store.clone();
-        tokio::spawn(async move {
-            if let Err(err) = store.revoke_lease(lease.id).await {
-                tracing::debug!(lease = lease.id, error = %err, "could not revoke a superseded lease");
-            }
-        });
-    }
-
-    /// `POST /leases/{lease_id}/keepalive`: renews a lease; its time to live in seconds.
-    pub async fn keep_alive(&self, lease: LeaseId) -> Result<u32, RegistryError> {
-        self.store
-            .keep_alive(lease)
-            .await?
-            .ok_or(RegistryError::UnknownLease(lease))
-    }
-
-    /// `DELETE /leases/{lease_id}`: ends a lease and removes its workers; false when it was not
-    /// live. Returns once this replica no longer shows those workers.
-    pub async fn revoke(&self, lease: LeaseId) -> Result<bool, RegistryError> {
-        let revoked = self.store.revoke_lease(lease).await?;
-        let mut applied = self.applied.subscribe();
-        let gone = applied.wait_for(|_| !self.read_workers().table.has_lease(lease));
-        if tokio::time::timeout(APPLY_WAIT, gone).await.is_err() {
-            return Err(RegistryError::Store(StoreError::Backend(format!(
-                "lease {lease} was revoked but its workers have not left this replica's view yet"
-            ))));
-        }
-        if revoked {
-            tracing::info!(lease, "lease revoked");
-        }
-        Ok(revoked)
     }
 
     /// `POST /register_worker`: records a worker of vLLM's request-keyed API (pp rank 0).
@@ -822,64 +668,6 @@ impl Registry {
             tracing::debug!(pruned = total, "expired request ids pruned");
         }
         total
-    }
-
-    /// `GET /workers`: every registered worker, with the revision to watch from.
-    pub fn list(&self) -> WorkerList {
-        let state = self.read_workers();
-        WorkerList {
-            // Read under the lock: no worker change can land between the table and the number.
-            revision: self.revision(),
-            workers: state.table.records().map(|r| worker_info(&r)).collect(),
-        }
-    }
-
-    /// `GET /watch?since=REV`: the worker changes after `since`, waiting up to `wait` for the
-    /// first one. An empty batch means the wait ran out. A `since` ahead of this replica is
-    /// waited for (another replica may be a little ahead) and refused if it is still ahead when
-    /// the wait runs out.
-    pub async fn watch(
-        &self,
-        since: Revision,
-        wait: Duration,
-    ) -> Result<WatchBatch, RegistryError> {
-        let mut applied = self.applied.subscribe();
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            // Marked seen before the history is read, so no change can slip in between.
-            applied.borrow_and_update();
-            let current = {
-                let state = self.read_workers();
-                let revision = self.revision();
-                let events = state.history.since(since).map_err(|Compacted { floor }| {
-                    RegistryError::Compacted {
-                        since,
-                        floor,
-                        revision,
-                    }
-                })?;
-                if !events.is_empty() {
-                    return Ok(WatchBatch { revision, events });
-                }
-                revision
-            };
-            match tokio::time::timeout_at(deadline, applied.changed()).await {
-                Ok(Ok(())) => continue,
-                // Out of time (or the registry is going away): nothing new.
-                _ if current < since => {
-                    return Err(RegistryError::AheadOfRegistry {
-                        since,
-                        revision: current,
-                    })
-                }
-                _ => {
-                    return Ok(WatchBatch {
-                        revision: current,
-                        events: Vec::new(),
-                    })
-                }
-            }
-        }
     }
 
     /// Counts for `/metrics`.

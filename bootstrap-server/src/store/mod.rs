@@ -4,6 +4,7 @@
 mod codec;
 mod etcd_requests;
 mod etcd_store;
+mod etcd_watch;
 mod sled_leases;
 mod sled_store;
 

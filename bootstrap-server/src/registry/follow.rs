@@ -1,0 +1,113 @@
+//! How the registry's tables follow the store: loaded from a snapshot, then changed only by the
+//! store's events, in order.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use worker_client::protocol::{Revision, WorkerEvent, WorkerEventKind};
+
+use super::watch::worker_info;
+use super::{lock, now_ms, Registry, RegistryConfig, RequestTable, WorkerState};
+use crate::store::{Snapshot, StoreEvent, StoreEvents, WorkerChange};
+
+impl Registry {
+    /// Builds the tables from a snapshot; also returns the ids that had expired.
+    pub(super) fn tables(
+        snapshot: Snapshot,
+        config: &RegistryConfig,
+    ) -> (WorkerState, RequestTable, Vec<Arc<str>>) {
+        let workers = WorkerState::new(snapshot.workers, snapshot.revision, snapshot.guard);
+        let mut requests = RequestTable::new(config.max_requests);
+        let expired = requests.load(snapshot.requests, now_ms());
+        (workers, requests, expired)
+    }
+
+    /// Applies the store's events until the store or the registry goes away.
+    pub(super) async fn follow(registry: Weak<Registry>, mut events: StoreEvents) {
+        while let Some(event) = events.recv().await {
+            let Some(registry) = registry.upgrade() else {
+                return;
+            };
+            registry.apply(event);
+        }
+    }
+
+    fn apply(&self, event: StoreEvent) {
+        let revision = match event {
+            StoreEvent::Workers {
+                revision,
+                remove,
+                put,
+                guard,
+            } => {
+                let mut state = self.write_workers();
+                let mut events: Vec<WorkerEvent> = remove
+                    .iter()
+                    .filter_map(|slot| state.table.get(*slot))
+                    .map(|old| WorkerEvent {
+                        revision,
+                        kind: WorkerEventKind::Delete,
+                        worker: worker_info(&old),
+                    })
+                    .collect();
+                events.extend(put.iter().map(|new| WorkerEvent {
+                    revision,
+                    kind: WorkerEventKind::Put,
+                    worker: worker_info(new),
+                }));
+                state.table.apply(&WorkerChange { remove, put });
+                state.observed_tp_size = state.table.observed_tp_size();
+                if guard {
+                    state.guard = revision;
+                }
+                state.view = None;
+                state.history.extend(events);
+                self.revision.fetch_max(revision, Ordering::Release);
+                revision
+            }
+            StoreEvent::Requests {
+                revision,
+                put,
+                remove,
+            } => {
+                let now = now_ms();
+                let mut requests = lock(&self.requests);
+                for (id, record) in put {
+                    // Conflicts and a full table were answered to the replica that wrote the id.
+                    let _ = requests.insert(&id, record.dp_rank, now, record.expires_at_ms);
+                }
+                for id in remove {
+                    requests.remove(&id);
+                }
+                drop(requests);
+                // Not part of the watched history: no watcher wakes up for request ids.
+                self.revision.fetch_max(revision, Ordering::Release);
+                return;
+            }
+            StoreEvent::Progress { revision } => {
+                self.revision.fetch_max(revision, Ordering::Release);
+                return;
+            }
+            StoreEvent::Reset(snapshot) => {
+                let revision = snapshot.revision;
+                let (workers, requests, _) = Self::tables(snapshot, &self.config);
+                let mut state = self.write_workers();
+                *state = workers;
+                *lock(&self.requests) = requests;
+                self.revision.fetch_max(revision, Ordering::Release);
+                tracing::warn!(revision, "registry reloaded from the store");
+                revision
+            }
+        };
+        self.applied.send_if_modified(|applied| {
+            let advanced = revision > *applied;
+            *applied = (*applied).max(revision);
+            advanced
+        });
+    }
+
+    /// The revision the tables are current at.
+    pub(super) fn revision(&self) -> Revision {
+        self.revision.load(Ordering::Acquire)
+    }
+}
