@@ -203,7 +203,7 @@ impl WorkerState {
 
 /// The P/D registry shared by the HTTP routes and the storage backend.
 ///
-/// Its tables are a cache of the store: they change only through [`StoreEvent`]s, in revision
+/// Its tables are a cache of the store: they change only through [`StoreEvent`](crate::store::StoreEvent)s, in revision
 /// order, so that this replica's writes, other replicas' writes and expired leases all land the
 /// same way.
 pub struct Registry {
