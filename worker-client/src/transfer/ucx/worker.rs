@@ -126,12 +126,23 @@ impl Worker {
         remote: &[u8],
         err_mode: ucp_err_handling_mode_t,
     ) -> Result<Endpoint, UcxError> {
+        let detects = err_mode == UCP_ERR_HANDLING_MODE_PEER;
         let params = ucp_ep_params_t {
             field_mask: u64::from(
-                UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
+                    | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                    | if detects {
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER
+                    } else {
+                        0
+                    },
             ),
             address: remote.as_ptr().cast(),
             err_mode,
+            err_handler: ucp_err_handler {
+                cb: Some(on_peer_failure),
+                arg: ptr::null_mut(),
+            },
             ..Default::default()
         };
         let mut handle = ptr::null_mut();
@@ -142,11 +153,18 @@ impl Worker {
         Ok(Endpoint {
             inner: Rc::new(EndpointInner {
                 handle: Cell::new(handle),
-                detects_peer_failure: err_mode == UCP_ERR_HANDLING_MODE_PEER,
+                detects_peer_failure: detects,
                 worker: self.inner.clone(),
             }),
         })
     }
+}
+
+/// UCX's callback for a failed peer. The failure also ends the endpoint's outstanding requests
+/// with an error, which is how a pull learns of it; installing the callback is what makes UCX
+/// handle the failure instead of logging it as unhandled.
+unsafe extern "C" fn on_peer_failure(_arg: *mut c_void, _ep: ucp_ep_h, status: ucs_status_t) {
+    tracing::debug!(status, "UCX peer failure");
 }
 
 struct EndpointInner {
