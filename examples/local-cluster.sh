@@ -2,8 +2,38 @@
 # Builds the workspace binaries and runs a local P/D cluster on 127.0.0.1: two bootstrap
 # servers, two simulated prefill engines (dp=2,tp=2 and dp=1,tp=2), two simulated decode
 # engines and the proxy on port 8000. Sends a few requests, then runs until Ctrl-C.
-# Flags go to pd-cluster (see --help), e.g. --once to exit after the requests.
+# Flags go to pd-cluster (see --help), e.g. --once to exit after the requests, or
+# --transfer ucx to move the KV over UCX (built with --features ucx; needs libucx-dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --bins
+features=()
+packages=()
+previous=""
+for arg in "$@"; do
+  if [[ "$arg" == "--transfer=ucx" || ("$previous" == "--transfer" && "$arg" == "ucx") ]]; then
+    features=(--features ucx)
+  fi
+  previous="$arg"
+done
+
+# What the build needs from the system: protoc and protobuf's includes (the etcd client),
+# pkg-config and UCX for --transfer ucx.
+command -v protoc >/dev/null || packages+=(protobuf-compiler)
+[[ -e /usr/include/google/protobuf/descriptor.proto ]] || packages+=(libprotobuf-dev)
+if [[ ${#features[@]} -gt 0 ]]; then
+  command -v pkg-config >/dev/null || packages+=(pkg-config)
+  pkg-config --exists ucx 2>/dev/null || packages+=(libucx-dev)
+fi
+if [[ ${#packages[@]} -gt 0 ]]; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    echo "installing the build's system packages: ${packages[*]}" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+  else
+    echo "error: the build needs these packages: sudo apt-get install ${packages[*]}" >&2
+    exit 1
+  fi
+fi
+
+cargo build --release --bins "${features[@]}"
 exec target/release/pd-cluster "$@"

@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
+use worker_client::transfer::Transport;
 
 /// Why the cluster could not start.
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +87,8 @@ pub struct ClusterSpec {
     pub decode_ms_per_token: u64,
     /// Extra flags for the proxy.
     pub proxy_args: Vec<String>,
+    /// The KV transport of the prefill engines.
+    pub transfer: Transport,
 }
 
 impl ClusterSpec {
@@ -100,6 +103,7 @@ impl ClusterSpec {
             prefill_us_per_token: 500,
             decode_ms_per_token: 10,
             proxy_args: Vec::new(),
+            transfer: Transport::Tcp,
         }
     }
 }
@@ -179,6 +183,18 @@ pub fn spawn(
     args: &[String],
     url: String,
 ) -> Result<Process, ClusterError> {
+    spawn_with_env(run_dir, name, program, args, &[], url)
+}
+
+/// [`spawn`] with extra environment variables.
+pub fn spawn_with_env(
+    run_dir: &Path,
+    name: &str,
+    program: &Path,
+    args: &[String],
+    env: &[(&str, &str)],
+    url: String,
+) -> Result<Process, ClusterError> {
     let log = run_dir.join(format!("{name}.log"));
     let file = std::fs::File::create(&log).map_err(|source| ClusterError::RunDir {
         path: log.clone(),
@@ -194,6 +210,7 @@ pub fn spawn(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
         )
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(file)
         .stderr(stderr)
@@ -288,10 +305,20 @@ impl Cluster {
         for process in &mut bootstraps {
             wait_for(process, "/health", ready_timeout).await?;
         }
+        // UCX on one host: shared memory, where gets are one-sided (docs/transfer.md), unless
+        // the caller chose transports.
+        let sim_env: &[(&str, &str)] = match spec.transfer {
+            Transport::Ucx if std::env::var_os("UCX_TLS").is_none() => {
+                &[("UCX_TLS", "posix,sysv,self")]
+            }
+            _ => &[],
+        };
         let sim_args = |role: &str, port: u16| {
             vec![
                 s(&"--role"),
                 s(&role),
+                s(&"--transfer"),
+                s(&spec.transfer),
                 s(&"--port"),
                 s(&port),
                 s(&"--prefill-us-per-token"),
@@ -313,11 +340,12 @@ impl Cluster {
                 s(&"--bootstrap"),
                 bootstraps[i].url.clone(),
             ]);
-            prefills.push(spawn(
+            prefills.push(spawn_with_env(
                 &spec.run_dir,
                 &format!("prefill-{i}"),
                 &sim_bin,
                 &args,
+                sim_env,
                 format!("http://127.0.0.1:{port}"),
             )?);
         }
@@ -326,11 +354,12 @@ impl Cluster {
             let port = free_port();
             let mut args = sim_args("decode", port);
             args.extend([s(&"--engine-id"), format!("decode-{i}")]);
-            decodes.push(spawn(
+            decodes.push(spawn_with_env(
                 &spec.run_dir,
                 &format!("decode-{i}"),
                 &sim_bin,
                 &args,
+                sim_env,
                 format!("http://127.0.0.1:{port}"),
             )?);
         }

@@ -152,3 +152,48 @@ async fn a_killed_prefill_fails_fast_while_the_others_keep_serving() {
     );
     cluster.shutdown().await;
 }
+
+#[cfg(feature = "ucx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_moves_verified_kv_over_ucx() {
+    let (mut spec, _dir) = spec("e2e-ucx-");
+    spec.transfer = worker_client::transfer::Transport::Ucx;
+    let cluster = Cluster::start(&spec).await.expect("the cluster starts");
+    // Every prefill worker registered a ucx:// transfer address.
+    for bootstrap in &cluster.bootstraps {
+        let topology: Value = reqwest::get(format!("{}/query", bootstrap.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let text = topology.to_string();
+        assert!(
+            text.contains("ucx://127.0.0.1:") && !text.contains("tcp://"),
+            "{text}"
+        );
+    }
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/completions", cluster.proxy.url);
+    for i in 0..12 {
+        let answer = send(&http, &url, &stream_body(i), Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 200, "request {i}: {}", answer.text);
+        assert_eq!(answer.stream_error, None, "request {i}");
+        assert_eq!(answer.text.split_whitespace().count(), 8, "request {i}");
+    }
+    let (mut verified, mut failed, mut bytes) = (0, 0, 0);
+    for decode in &cluster.decodes {
+        let s = stats(&decode.url).await;
+        verified += s["kv_transfers_verified"].as_u64().unwrap();
+        failed += s["kv_transfers_failed"].as_u64().unwrap();
+        bytes += s["kv_bytes_pulled"].as_u64().unwrap();
+    }
+    assert_eq!((verified, failed), (12, 0), "every UCX pull verified");
+    assert!(bytes > 0);
+    for prefill in &cluster.prefills {
+        assert_eq!(stats(&prefill.url).await["transfer"], "ucx");
+    }
+    cluster.shutdown().await;
+}

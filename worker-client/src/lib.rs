@@ -9,7 +9,7 @@
 //! - [`EngineDirectory`]: D side; where a remote engine's workers are, cached per bootstrap
 //!   address with shared (single-flight) lookups.
 //! - [`protocol`]: the JSON of every route.
-//! - [`transfer`]: the KV data path over TCP (P exports, D pulls).
+//! - [`transfer`]: the KV data plane (P exports, D pulls) over TCP, or UCX with the `ucx` feature.
 //! - [`service`] and [`serve`]: logging, shutdown and HTTP serving for the project's binaries.
 //!
 //! Nothing here waits without a bound: every attempt has a timeout and every retry loop a

@@ -1,6 +1,8 @@
-//! The benchmark suite: a closed-loop load generator, the scenarios, and the Markdown report.
+//! The benchmark suite: a closed-loop load generator, the scenarios (control plane, proxy, KV
+//! data plane), and the Markdown report.
 
 pub mod bootstrap;
 pub mod loadgen;
 pub mod proxy;
 pub mod report;
+pub mod transfer;

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use pd_examples::bench::bootstrap::{self, Settings};
 use pd_examples::bench::proxy::{self, ProxyCommand};
 use pd_examples::bench::report::{ms, table};
+use pd_examples::bench::transfer;
 
 /// Measure the bootstrap server (and, with the peers installed, the proxy against them).
 #[derive(Debug, Parser)]
@@ -53,6 +54,16 @@ enum Suite {
         /// Streamed requests per mode and concurrency.
         #[arg(long, default_value_t = 40)]
         requests: usize,
+    },
+    /// KV pull bandwidth between two processes (UCX over shared memory and TCP, and the TCP
+    /// transport) beside memcpy; needs the binaries built with --all-features.
+    Transfer {
+        /// MiB per pull.
+        #[arg(long, default_value_t = 64)]
+        mib: usize,
+        /// Pulls measured per transport (after one warm-up pull).
+        #[arg(long, default_value_t = 8)]
+        pulls: usize,
     },
     /// Everything above, one section each.
     All,
@@ -121,6 +132,13 @@ async fn ttft_section(settings: &Settings, requests: usize) -> Result<String, St
     Ok(out)
 }
 
+async fn transfer_section(settings: &Settings, mib: usize, pulls: usize) -> Result<String, String> {
+    let rows = transfer::bandwidth(&settings.bin_dir, mib << 20, pulls).await?;
+    let out = transfer::table(&rows);
+    eprint!("{out}");
+    Ok(out)
+}
+
 async fn run(args: &Args, settings: &Settings) -> Result<String, String> {
     let mut out = format!("Machine: {}\n\n", machine());
     match &args.suite {
@@ -128,6 +146,9 @@ async fn run(args: &Args, settings: &Settings) -> Result<String, String> {
         Suite::Scale { ids } => out.push_str(&scale_section(settings, ids).await?),
         Suite::Proxy => out.push_str(&proxy_section(settings, args.peers_venv.as_deref()).await?),
         Suite::Ttft { requests } => out.push_str(&ttft_section(settings, *requests).await?),
+        Suite::Transfer { mib, pulls } => {
+            out.push_str(&transfer_section(settings, *mib, *pulls).await?)
+        }
         Suite::All => {
             out.push_str("### Bootstrap server, per route\n\n");
             out.push_str(&table(&bootstrap::routes(settings).await?));
@@ -137,6 +158,8 @@ async fn run(args: &Args, settings: &Settings) -> Result<String, String> {
             out.push_str(&proxy_section(settings, args.peers_venv.as_deref()).await?);
             out.push_str("\n### TTFT: concurrent fan-out against sequential P then D\n\n");
             out.push_str(&ttft_section(settings, 40).await?);
+            out.push_str("\n### KV data plane: pull bandwidth beside memcpy\n\n");
+            out.push_str(&transfer_section(settings, 64, 8).await?);
         }
     }
     Ok(out)

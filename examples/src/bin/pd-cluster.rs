@@ -8,6 +8,7 @@ use pd_examples::cluster::{Cluster, ClusterSpec};
 use pd_examples::openai_client::send;
 use serde_json::json;
 use worker_client::service::{init_logging, shutdown_signal, LogFormat};
+use worker_client::transfer::Transport;
 
 /// Start two bootstrap servers, two prefill engines (dp=2,tp=2 and dp=1,tp=2), two decode
 /// engines and the proxy; send a few requests; run until Ctrl-C.
@@ -32,6 +33,10 @@ struct Args {
     /// Simulated decode time per token, in ms.
     #[arg(long, default_value_t = 10)]
     decode_ms_per_token: u64,
+    /// The KV transport: tcp, or ucx (one-sided over shared memory; `UCX_TLS` defaults to
+    /// posix,sysv,self; needs a build with `--features ucx`).
+    #[arg(long, value_enum, default_value_t = Transport::Tcp)]
+    transfer: Transport,
 }
 
 async fn demo(proxy: &str) -> Result<(), String> {
@@ -107,8 +112,18 @@ async fn main() -> std::process::ExitCode {
     spec.proxy_port = args.port;
     spec.prefill_us_per_token = args.prefill_us_per_token;
     spec.decode_ms_per_token = args.decode_ms_per_token;
+    spec.transfer = args.transfer;
+    if !args.transfer.is_built() {
+        eprintln!(
+            "error: --transfer {} needs pd-cluster and sim-engine built with `--features ucx` \
+             (examples/local-cluster.sh --transfer ucx does that)",
+            args.transfer
+        );
+        return std::process::ExitCode::FAILURE;
+    }
     println!(
-        "Starting the local P/D cluster (logs in {})",
+        "Starting the local P/D cluster, KV over {} (logs in {})",
+        args.transfer,
         run_dir.display()
     );
     let cluster = match Cluster::start(&spec).await {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use worker_client::service::{parse_seconds, LogFormat};
+use worker_client::transfer::Transport;
 
 /// The role a simulated engine plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -63,6 +64,12 @@ pub struct SimArgs {
     /// Seconds D waits for P's KV before failing the request.
     #[arg(long, default_value = "30", value_parser = parse_seconds)]
     pub kv_wait: Duration,
+    /// The KV transport prefill workers serve (`ucx` needs a build with `--features ucx`).
+    #[arg(long, env = "SIM_TRANSFER", value_enum, default_value_t = Transport::Tcp)]
+    pub transfer: Transport,
+    /// UCX: MiB of UCX-allocated KV memory per prefill worker.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub kv_pool_mib: u64,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -19,7 +19,7 @@ use futures_util::future::join_all;
 use serde_json::{json, Value};
 use worker_client::protocol::{Deregister, KvTransferParams, RegisterWorker};
 use worker_client::serve::{serve, ServeLimits};
-use worker_client::transfer::{KvExporter, KvPuller, TransferError};
+use worker_client::transfer::{ExportConfig, KvExporter, KvPuller, TransferError};
 use worker_client::{BootstrapClient, ClientError, EngineDirectory};
 
 use super::config::{Role, SimArgs};
@@ -91,6 +91,11 @@ impl SimEngine {
     /// Binds the API, and for the prefill role binds a transfer listener per (dp, tp, pp)
     /// worker and registers each with the bootstrap server.
     pub async fn start(args: SimArgs) -> Result<Self, SimError> {
+        if !args.transfer.is_built() {
+            return Err(SimError::Transfer(TransferError::TransportDisabled {
+                transport: args.transfer,
+            }));
+        }
         let api_addr = SocketAddr::new(args.host, args.port);
         let listener =
             tokio::net::TcpListener::bind(api_addr)
@@ -167,10 +172,14 @@ impl SimEngine {
 impl Engine {
     async fn register_workers(&mut self) -> Result<(), SimError> {
         let transfer_bind = SocketAddr::new(self.args.host, 0);
+        let config = ExportConfig {
+            pool_bytes: (self.args.kv_pool_mib as usize) << 20,
+            ..ExportConfig::new(self.args.transfer, self.args.kv_hold)
+        };
         for dp in 0..self.args.dp_size {
             for tp in 0..self.args.tp_size {
                 for pp in 0..self.args.pp_size {
-                    let exporter = KvExporter::bind(transfer_bind, self.args.kv_hold).await?;
+                    let exporter = KvExporter::start(transfer_bind, config).await?;
                     self.exporters.insert(Shard { dp, tp, pp }, exporter);
                 }
             }
@@ -297,7 +306,11 @@ impl Engine {
                 pp: u32::MAX,
             },
         ) {
-            exporter.publish(&transfer_id, kv_bytes(&prompt.text, *shard, len));
+            if let Err(err) = exporter.publish(&transfer_id, &kv_bytes(&prompt.text, *shard, len)) {
+                tracing::warn!(%transfer_id, error = %err, "KV not published");
+                return Failure::kv(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+                    .into_response();
+            }
             self.stats.kv_published.fetch_add(1, Ordering::Relaxed);
         }
         // What D needs, for proxies that pass P's answer on (vLLM's NIXL-style sequential flow).
@@ -532,6 +545,7 @@ async fn stats(State(engine): State<Arc<Engine>>) -> Json<Value> {
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
     Json(json!({
         "role": format!("{:?}", engine.args.role).to_lowercase(),
+        "transfer": engine.args.transfer.scheme(),
         "engine_ids": engine.engine_ids,
         "requests": load(&s.requests),
         "kv_published": load(&s.kv_published),

@@ -1,0 +1,156 @@
+//! KV pull bandwidth: `kv-transfer export` (P) and `kv-transfer pull` (D) as two processes on
+//! this machine, over UCX with shared memory and with TCP, and over the plain TCP transport,
+//! beside the memcpy bandwidth D measures in the same run.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+/// One measured transport.
+#[derive(Debug, Clone)]
+pub struct TransferRow {
+    /// `ucx` or `tcp` (the transfer address's scheme).
+    pub transport: &'static str,
+    /// `UCX_TLS` (empty for the TCP transport).
+    pub ucx_tls: &'static str,
+    /// Bytes per pull.
+    pub bytes: usize,
+    /// Pulls measured (after one warm-up pull that connects).
+    pub pulls: usize,
+    /// Median and best pull bandwidth, GB/s.
+    pub median_gb_s: f64,
+    /// Best pull.
+    pub best_gb_s: f64,
+    /// memcpy of the same size in D's process, GB/s (best of 5).
+    pub memcpy_gb_s: f64,
+}
+
+/// The transports measured: (scheme, UCX_TLS).
+const CASES: [(&str, &str); 3] = [("ucx", "posix,sysv,self"), ("ucx", "tcp"), ("tcp", "")];
+
+/// Runs one export/pull pair: `pulls + 1` pulls of `bytes`, the first one a warm-up.
+async fn measure(
+    kv_transfer: &Path,
+    transport: &'static str,
+    ucx_tls: &'static str,
+    bytes: usize,
+    pulls: usize,
+) -> Result<TransferRow, String> {
+    let count = (pulls + 1).to_string();
+    let size = bytes.to_string();
+    let pool_mib = (3 * bytes).div_ceil(1 << 20).to_string();
+    let mut exporter = Command::new(kv_transfer)
+        .args([
+            "export",
+            "--transport",
+            transport,
+            "--id",
+            "bench",
+            "--bytes",
+            &size,
+        ])
+        .args(["--count", &count, "--ahead", "2", "--pool-mib", &pool_mib])
+        .env("UCX_TLS", ucx_tls)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", kv_transfer.display()))?;
+    let stdout = exporter.stdout.take().ok_or("no exporter stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .map_err(|_| "the exporter did not start within 30 s".to_owned())?
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default();
+    let addr = first
+        .strip_prefix("addr ")
+        .ok_or_else(|| {
+            format!("the exporter failed ({transport}): {first:?}; built with --all-features?")
+        })?
+        .to_owned();
+    let pulled = Command::new(kv_transfer)
+        .args(["pull", "--addr", &addr, "--id", "bench", "--bytes", &size])
+        .args(["--count", &count, "--memcpy", "--deadline", "60"])
+        .env("UCX_TLS", ucx_tls)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(300), pulled)
+        .await
+        .map_err(|_| "the pulls did not finish within 300 s".to_owned())?
+        .map_err(|e| e.to_string())?;
+    let reports: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    if !output.status.success() {
+        return Err(format!(
+            "pulls over {transport} (UCX_TLS={ucx_tls}) failed: {reports:?} {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let memcpy_gb_s = reports
+        .iter()
+        .find_map(|r| r["memcpy_gb_per_s"].as_f64())
+        .ok_or("no memcpy report")?;
+    let mut rates: Vec<f64> = reports
+        .iter()
+        .filter_map(|r| r["gb_per_s"].as_f64())
+        .skip(1)
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    let median_gb_s = *rates.get(rates.len() / 2).ok_or("no pulls measured")?;
+    Ok(TransferRow {
+        transport,
+        ucx_tls,
+        bytes,
+        pulls: rates.len(),
+        median_gb_s,
+        best_gb_s: rates.last().copied().unwrap_or_default(),
+        memcpy_gb_s,
+    })
+}
+
+/// Measures every transport with `kv-transfer` from `bin_dir`.
+pub async fn bandwidth(
+    bin_dir: &Path,
+    bytes: usize,
+    pulls: usize,
+) -> Result<Vec<TransferRow>, String> {
+    let kv_transfer = bin_dir.join("kv-transfer");
+    if !kv_transfer.is_file() {
+        return Err(format!(
+            "{} not found: cargo build --release --bins --all-features",
+            kv_transfer.display()
+        ));
+    }
+    let mut rows = Vec::new();
+    for (transport, ucx_tls) in CASES {
+        rows.push(measure(&kv_transfer, transport, ucx_tls, bytes, pulls.max(1)).await?);
+    }
+    Ok(rows)
+}
+
+/// The rows as a Markdown table.
+pub fn table(rows: &[TransferRow]) -> String {
+    let mut out = String::from("| transport | UCX_TLS | MiB per pull | pulls | pull GB/s (median) | best | memcpy GB/s (same run) | median / memcpy |\n|---|---|---|---|---|---|---|---|\n");
+    for r in rows {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.0}% |\n",
+            r.transport,
+            if r.ucx_tls.is_empty() { "-" } else { r.ucx_tls },
+            r.bytes >> 20,
+            r.pulls,
+            r.median_gb_s,
+            r.best_gb_s,
+            r.memcpy_gb_s,
+            100.0 * r.median_gb_s / r.memcpy_gb_s
+        ));
+    }
+    out
+}

@@ -1,0 +1,249 @@
+//! The KV data path over TCP: the KV bytes themselves travel in the HTTP answer to
+//! `GET /kv/{transfer_id}?wait_ms=N` on the exporter's listener (`tcp://host:port`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use serde::Deserialize;
+
+use super::shelf::{listen, spawn_janitor, Shelf};
+use super::{TransferError, TCP_SCHEME};
+
+/// The query of a pull: how long the exporter may hold it open for the KV to be published.
+#[derive(Deserialize)]
+pub(crate) struct PullParams {
+    #[serde(default)]
+    pub(crate) wait_ms: u64,
+}
+
+async fn serve_pull(
+    State(shelf): State<Arc<Shelf<Bytes>>>,
+    Path(transfer_id): Path<String>,
+    Query(params): Query<PullParams>,
+) -> Response {
+    let wait = Duration::from_millis(params.wait_ms);
+    match shelf.take_within(&transfer_id, wait).await {
+        Some(kv) => kv.into_response(),
+        None => (StatusCode::NOT_FOUND, "not published").into_response(),
+    }
+}
+
+/// P side: holds KV bytes under transfer ids and serves them on a TCP listener.
+#[derive(Clone)]
+pub struct TcpExporter {
+    shelf: Arc<Shelf<Bytes>>,
+    addr: SocketAddr,
+}
+
+impl TcpExporter {
+    /// Listens on `addr` (port 0 picks one) and serves pulls in the background until the
+    /// runtime stops. Published KV nobody pulls is dropped after `hold`.
+    pub async fn bind(addr: SocketAddr, hold: Duration) -> Result<Self, TransferError> {
+        let shelf = Arc::new(Shelf::new(hold));
+        let app = Router::new()
+            .route("/kv/{transfer_id}", get(serve_pull))
+            .with_state(shelf.clone());
+        let addr = listen(addr, app).await?;
+        spawn_janitor(Arc::downgrade(&shelf), hold, Shelf::sweep);
+        Ok(TcpExporter { shelf, addr })
+    }
+
+    /// The address to register: `tcp://host:port`.
+    pub fn transfer_addr(&self) -> String {
+        format!("{TCP_SCHEME}://{}", self.addr)
+    }
+
+    /// Makes `kv` available under `transfer_id` and wakes a D worker already waiting for it.
+    pub fn publish(&self, transfer_id: &str, kv: Bytes) {
+        self.shelf.publish(transfer_id, kv);
+    }
+
+    /// How many transfers are held or awaited.
+    pub fn pending(&self) -> usize {
+        self.shelf.pending()
+    }
+}
+
+/// The URL of a pull of `transfer_id` from the exporter at `host_port`, held open for `wait`.
+pub(crate) fn pull_url(host_port: &str, transfer_id: &str, wait: Duration) -> String {
+    let id: String = url::form_urlencoded::byte_serialize(transfer_id.as_bytes()).collect();
+    format!("http://{host_port}/kv/{id}?wait_ms={}", wait.as_millis())
+}
+
+/// Sends `GET url` and returns the body of a 200, bounded by `deadline` (plus a second for the
+/// bytes); a 404 means P did not publish in time.
+pub(crate) async fn held_get(
+    http: &reqwest::Client,
+    url: &str,
+    addr: &str,
+    transfer_id: &str,
+    deadline: Duration,
+) -> Result<Bytes, TransferError> {
+    let started = Instant::now();
+    let unreachable = |reason: String| TransferError::Unreachable {
+        addr: addr.to_owned(),
+        transfer_id: transfer_id.to_owned(),
+        reason,
+    };
+    let not_published = || TransferError::NotPublished {
+        addr: addr.to_owned(),
+        transfer_id: transfer_id.to_owned(),
+        waited: started.elapsed(),
+    };
+    // The exporter answers at the latest when the wait ends; allow a little for the bytes.
+    let call = async {
+        let response = http
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        match response.status() {
+            StatusCode::OK => response
+                .bytes()
+                .await
+                .map_err(|e| unreachable(e.to_string())),
+            StatusCode::NOT_FOUND => Err(not_published()),
+            other => Err(unreachable(format!("exporter answered {other}"))),
+        }
+    };
+    match tokio::time::timeout(deadline + Duration::from_secs(1), call).await {
+        Ok(result) => result,
+        Err(_) => Err(not_published()),
+    }
+}
+
+/// D side of the TCP transport.
+#[derive(Clone)]
+pub struct TcpPuller {
+    http: reqwest::Client,
+}
+
+impl TcpPuller {
+    /// A puller whose connections must open within `connect_timeout`.
+    pub fn new(connect_timeout: Duration) -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .build()
+            .expect("a plain HTTP client builds");
+        TcpPuller { http }
+    }
+
+    /// Pulls the KV published under `transfer_id` at `addr` (`tcp://host_port`), waiting for P
+    /// to publish it for at most `deadline`, which bounds the whole call.
+    pub async fn pull(
+        &self,
+        addr: &str,
+        host_port: &str,
+        transfer_id: &str,
+        deadline: Duration,
+    ) -> Result<Bytes, TransferError> {
+        let url = pull_url(host_port, transfer_id, deadline);
+        held_get(&self.http, &url, addr, transfer_id, deadline).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::{KvExporter, KvPuller};
+
+    async fn exporter(hold: Duration) -> KvExporter {
+        KvExporter::bind("127.0.0.1:0".parse().unwrap(), hold)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_pull_waits_for_publication() {
+        let exporter = exporter(Duration::from_secs(5)).await;
+        let addr = exporter.transfer_addr();
+        assert!(addr.starts_with("tcp://127.0.0.1:"), "{addr}");
+        let puller = KvPuller::default();
+        let pulling =
+            tokio::spawn(async move { puller.pull(&addr, "xfer-1", Duration::from_secs(5)).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        exporter.publish("xfer-1", b"kv bytes").unwrap();
+        assert_eq!(
+            pulling.await.unwrap().unwrap(),
+            Bytes::from_static(b"kv bytes")
+        );
+        assert_eq!(exporter.pending(), 0, "a pull takes the KV");
+    }
+
+    #[tokio::test]
+    async fn published_kv_is_pulled_once() {
+        let exporter = exporter(Duration::from_secs(5)).await;
+        exporter.publish("x", &vec![7u8; 1 << 20]).unwrap();
+        let puller = KvPuller::default();
+        let addr = exporter.transfer_addr();
+        assert_eq!(
+            puller
+                .pull(&addr, "x", Duration::from_secs(1))
+                .await
+                .unwrap()
+                .len(),
+            1 << 20
+        );
+        let again = puller.pull(&addr, "x", Duration::from_millis(100)).await;
+        assert!(
+            matches!(again, Err(TransferError::NotPublished { .. })),
+            "{again:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn failures_are_bounded_and_clear() {
+        let puller = KvPuller::default();
+        let started = Instant::now();
+        let exporter = exporter(Duration::from_millis(100)).await;
+        let missing = puller
+            .pull(
+                &exporter.transfer_addr(),
+                "never",
+                Duration::from_millis(300),
+            )
+            .await;
+        assert!(
+            matches!(missing, Err(TransferError::NotPublished { .. })),
+            "{missing:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+
+        let wrong = puller
+            .pull("rdma://127.0.0.1:1", "x", Duration::from_secs(1))
+            .await;
+        assert!(
+            matches!(wrong, Err(TransferError::UnsupportedAddress { .. })),
+            "{wrong:?}"
+        );
+
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let down = puller
+            .pull(
+                &format!("tcp://127.0.0.1:{port}"),
+                "x",
+                Duration::from_secs(1),
+            )
+            .await;
+        assert!(
+            matches!(down, Err(TransferError::Unreachable { .. })),
+            "{down:?}"
+        );
+
+        // KV nobody pulls is dropped after the hold time.
+        exporter.publish("abandoned", b"x").unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(exporter.pending(), 0);
+    }
+}

@@ -1,0 +1,500 @@
+//! D side of the UCX transport: fetch the descriptor over HTTP, pull the blocks with batched
+//! `ucp_get_nbx` on a dedicated engine thread, release them at P.
+
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::context::Context;
+use super::descriptor::{from_hex, Chunk, KvDescriptor};
+use super::worker::{Endpoint, RemoteKey, Request, Worker};
+use super::UcxError;
+use crate::transfer::tcp::{held_get, pull_url};
+use crate::transfer::{TransferError, Transport};
+
+/// How often an idle engine progresses its worker (keep-alives, endpoint errors).
+const IDLE_TICK: Duration = Duration::from_millis(10);
+/// How many unpacked remote keys an endpoint keeps (P has one per region, so a few suffice).
+const RKEYS_PER_ENDPOINT: usize = 8;
+/// How long the release of a pulled transfer at P may take.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How pulls are cut and batched.
+#[derive(Debug, Clone, Copy)]
+pub struct PullConfig {
+    /// Bytes per get.
+    pub chunk_bytes: usize,
+    /// Gets in flight per pull.
+    pub window: usize,
+    /// How long the HTTP connection to P's listener may take to open.
+    pub connect_timeout: Duration,
+}
+
+impl Default for PullConfig {
+    fn default() -> Self {
+        PullConfig {
+            chunk_bytes: 4 << 20,
+            window: 8,
+            connect_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Why the engine could not finish a pull.
+enum PullFailure {
+    Ucx(UcxError),
+    Deadline { done: u64 },
+}
+
+/// One pull handed to the engine thread.
+struct PullJob {
+    worker_address: Vec<u8>,
+    rkey: Vec<u8>,
+    /// The remote region the key covers: (base, length).
+    region: (u64, usize),
+    chunks: Vec<Chunk>,
+    len: usize,
+    buffer: Vec<u8>,
+    deadline: Instant,
+    reply: oneshot::Sender<Result<Vec<u8>, PullFailure>>,
+}
+
+/// A pull the engine is working on.
+struct Active {
+    endpoint: Endpoint,
+    rkey: Rc<RemoteKey>,
+    chunks: VecDeque<Chunk>,
+    in_flight: VecDeque<(Request, usize)>,
+    done: u64,
+    len: usize,
+    /// Written only by UCX gets until the pull ends; its length is set once every byte arrived.
+    buffer: Vec<u8>,
+    deadline: Instant,
+    failed: Option<UcxError>,
+    reply: oneshot::Sender<Result<Vec<u8>, PullFailure>>,
+}
+
+/// What one step of a pull came to.
+enum Step {
+    Running,
+    Finished,
+    /// Finished, and the endpoint is not to be reused.
+    FinishedBadEndpoint,
+}
+
+impl Active {
+    fn step(&mut self, window: usize) -> Step {
+        let (done, failed) = (&mut self.done, &mut self.failed);
+        self.in_flight
+            .retain(|(request, len)| match request.poll() {
+                None => true,
+                Some(Ok(())) => {
+                    *done += *len as u64;
+                    false
+                }
+                Some(Err(err)) => {
+                    failed.get_or_insert(err);
+                    false
+                }
+            });
+        while self.failed.is_none() && self.in_flight.len() < window {
+            let Some(chunk) = self.chunks.pop_front() else {
+                break;
+            };
+            // SAFETY: the chunk lies inside the buffer's capacity (chunks tile 0..len and the
+            // capacity is at least len), the buffer is not touched until every get has ended,
+            // and a pull that ends with gets still running leaks it instead of freeing it.
+            let started = unsafe {
+                self.endpoint.get(
+                    self.buffer.as_mut_ptr().add(chunk.local),
+                    chunk.len,
+                    chunk.remote,
+                    &self.rkey,
+                )
+            };
+            match started {
+                Ok(None) => self.done += chunk.len as u64,
+                Ok(Some(request)) => self.in_flight.push_back((request, chunk.len)),
+                Err(err) => self.failed = Some(err),
+            }
+        }
+        if self.in_flight.is_empty() && (self.failed.is_some() || self.chunks.is_empty()) {
+            return self.finish();
+        }
+        if Instant::now() >= self.deadline {
+            return self.give_up();
+        }
+        Step::Running
+    }
+
+    fn finish(&mut self) -> Step {
+        let (result, step) = match self.failed.take() {
+            None => {
+                // SAFETY: every chunk completed, and the chunks tile 0..len: all bytes written.
+                unsafe { self.buffer.set_len(self.len) };
+                (Ok(std::mem::take(&mut self.buffer)), Step::Finished)
+            }
+            Some(err) => (Err(PullFailure::Ucx(err)), Step::FinishedBadEndpoint),
+        };
+        self.reply_once(result);
+        step
+    }
+
+    /// The deadline passed with gets outstanding (P died or stalled): close the endpoint so
+    /// they end, and leak the buffer if some still run.
+    fn give_up(&mut self) -> Step {
+        self.endpoint.close();
+        self.in_flight
+            .retain(|(request, _)| request.poll().is_none());
+        if !self.in_flight.is_empty() {
+            tracing::warn!(
+                running = self.in_flight.len(),
+                "UCX gets still running after the endpoint closed; leaking their buffer"
+            );
+            std::mem::forget(std::mem::take(&mut self.buffer));
+        }
+        let done = self.done;
+        self.reply_once(Err(PullFailure::Deadline { done }));
+        Step::FinishedBadEndpoint
+    }
+
+    fn reply_once(&mut self, result: Result<Vec<u8>, PullFailure>) {
+        let (reply, _) = oneshot::channel();
+        // The caller may have stopped waiting; then nobody needs the answer.
+        let _ = std::mem::replace(&mut self.reply, reply).send(result);
+    }
+}
+
+/// A connected peer: its endpoint and the remote keys unpacked for it. Unpacking maps P's
+/// shared-memory segment afresh, and the first touch of every page of a fresh mapping costs a
+/// page fault, so keys are kept for the next pull of the same region.
+struct Peer {
+    endpoint: Endpoint,
+    rkeys: HashMap<Vec<u8>, Rc<RemoteKey>>,
+}
+
+impl Peer {
+    /// The key for `packed`, unpacked (and its region `base..base + len` prefaulted) once.
+    fn rkey(&mut self, packed: &[u8], base: u64, len: usize) -> Result<Rc<RemoteKey>, UcxError> {
+        if let Some(rkey) = self.rkeys.get(packed) {
+            return Ok(rkey.clone());
+        }
+        let rkey = Rc::new(self.endpoint.unpack_rkey(packed)?);
+        let prefaulted = rkey.prefault(base, len);
+        tracing::debug!(prefaulted, region_bytes = len, "remote key unpacked");
+        if self.rkeys.len() >= RKEYS_PER_ENDPOINT {
+            self.rkeys.clear();
+        }
+        self.rkeys.insert(packed.to_vec(), rkey.clone());
+        Ok(rkey)
+    }
+}
+
+/// The engine thread: owns the worker and a cache of peers by worker address.
+struct Engine {
+    worker: Worker,
+    peers: HashMap<Vec<u8>, Peer>,
+    active: Vec<Active>,
+    config: PullConfig,
+}
+
+impl Engine {
+    fn start(&mut self, job: PullJob) {
+        let begun = self.peer(&job.worker_address).and_then(|peer| {
+            let rkey = peer.rkey(&job.rkey, job.region.0, job.region.1)?;
+            Ok((peer.endpoint.clone(), rkey))
+        });
+        let (endpoint, rkey) = match begun {
+            Ok(begun) => begun,
+            Err(err) => {
+                let _ = job.reply.send(Err(PullFailure::Ucx(err)));
+                return;
+            }
+        };
+        let mut buffer = job.buffer;
+        buffer.clear();
+        buffer.reserve(job.len);
+        self.active.push(Active {
+            endpoint,
+            rkey,
+            chunks: job.chunks.into(),
+            in_flight: VecDeque::new(),
+            done: 0,
+            len: job.len,
+            buffer,
+            deadline: job.deadline,
+            failed: None,
+            reply: job.reply,
+        });
+    }
+
+    fn peer(&mut self, worker_address: &[u8]) -> Result<&mut Peer, UcxError> {
+        if !self.peers.contains_key(worker_address) {
+            let endpoint = self.worker.connect(worker_address)?;
+            tracing::debug!(
+                peer_failure_detection = endpoint.detects_peer_failure(),
+                "UCX endpoint connected"
+            );
+            let peer = Peer {
+                endpoint,
+                rkeys: HashMap::new(),
+            };
+            self.peers.insert(worker_address.to_vec(), peer);
+        }
+        Ok(self.peers.get_mut(worker_address).expect("inserted above"))
+    }
+
+    fn run(mut self, jobs: mpsc::Receiver<PullJob>) {
+        let mut open = true;
+        loop {
+            if self.active.is_empty() {
+                if !open {
+                    break;
+                }
+                match jobs.recv_timeout(IDLE_TICK) {
+                    Ok(job) => self.start(job),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        self.worker.progress();
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            loop {
+                match jobs.try_recv() {
+                    Ok(job) => self.start(job),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
+            self.worker.progress();
+            let window = self.config.window.max(1);
+            let mut bad = Vec::new();
+            self.active.retain_mut(|pull| match pull.step(window) {
+                Step::Running => true,
+                Step::Finished => false,
+                Step::FinishedBadEndpoint => {
+                    bad.push(pull.endpoint.clone());
+                    false
+                }
+            });
+            for endpoint in bad {
+                endpoint.close();
+                self.peers
+                    .retain(|_, peer| !peer.endpoint.same_as(&endpoint));
+            }
+        }
+    }
+}
+
+/// Stops the engine thread when the last puller clone is dropped.
+struct EngineHandle {
+    jobs: Option<mpsc::Sender<PullJob>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// D side: pulls KV from `ucx://` exporters. Cheap to clone; share one per process (it owns a
+/// UCX context and one engine thread).
+#[derive(Clone)]
+pub struct UcxPuller {
+    engine: Arc<EngineHandle>,
+    http: reqwest::Client,
+    config: PullConfig,
+}
+
+impl UcxPuller {
+    /// Initializes UCX (honouring `UCX_TLS` etc.) and starts the engine thread.
+    pub fn new(config: PullConfig) -> Result<Self, TransferError> {
+        let setup = |err: UcxError| TransferError::Transport {
+            addr: String::new(),
+            transfer_id: String::new(),
+            reason: format!("cannot start UCX: {err}"),
+        };
+        let context = Context::new().map_err(setup)?;
+        let (jobs, receiver) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let thread = std::thread::Builder::new()
+            .name("ucx-pull".into())
+            .spawn(move || match Worker::new(&context) {
+                Ok(worker) => {
+                    let _ = ready_tx.send(Ok(()));
+                    Engine {
+                        worker,
+                        peers: HashMap::new(),
+                        active: Vec::new(),
+                        config,
+                    }
+                    .run(receiver);
+                }
+                Err(err) => {
+                    let _ = ready_tx.send(Err(err));
+                }
+            })
+            .map_err(|_| {
+                setup(UcxError::new(
+                    "std::thread::spawn",
+                    ucx_sys::UCS_ERR_NO_RESOURCE,
+                ))
+            })?;
+        // Dropped on error, which joins the thread.
+        let engine = Arc::new(EngineHandle {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        });
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => return Err(setup(err)),
+            Err(_) => {
+                return Err(setup(UcxError::new(
+                    "ucp_worker_create",
+                    ucx_sys::UCS_ERR_NO_MESSAGE,
+                )))
+            }
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .build()
+            .expect("a plain HTTP client builds");
+        Ok(UcxPuller {
+            engine,
+            http,
+            config,
+        })
+    }
+
+    /// Pulls the KV published under `transfer_id` at `addr` (`ucx://host:port`) into `buffer`
+    /// (its allocation is reused when large enough) and returns it. Waits for P to publish for
+    /// at most `deadline`, which bounds the whole call; then releases the blocks at P.
+    pub async fn pull(
+        &self,
+        addr: &str,
+        transfer_id: &str,
+        deadline: Duration,
+        buffer: Vec<u8>,
+    ) -> Result<Vec<u8>, TransferError> {
+        let started = Instant::now();
+        let host_port = match Transport::parse(addr)? {
+            (Transport::Ucx, host_port) => host_port,
+            (other, _) => {
+                return Err(TransferError::UnsupportedAddress {
+                    addr: addr.to_owned(),
+                    reason: format!("the UCX puller cannot pull from a {other} address"),
+                })
+            }
+        };
+        let url = pull_url(host_port, transfer_id, deadline);
+        let body = held_get(&self.http, &url, addr, transfer_id, deadline).await?;
+        let described = Instant::now();
+        let pulled = self
+            .pull_described(
+                addr,
+                transfer_id,
+                &body,
+                started + deadline,
+                deadline,
+                buffer,
+            )
+            .await;
+        let data = described.elapsed();
+        self.release(host_port, transfer_id).await;
+        tracing::debug!(
+            %transfer_id,
+            bytes = pulled.as_ref().map_or(0, Vec::len),
+            descriptor_ms = (described - started).as_secs_f64() * 1e3,
+            data_ms = data.as_secs_f64() * 1e3,
+            release_ms = (described.elapsed() - data).as_secs_f64() * 1e3,
+            "UCX pull"
+        );
+        pulled
+    }
+
+    /// Pulls what the descriptor `body` describes, by `until` (the end of `deadline`).
+    async fn pull_described(
+        &self,
+        addr: &str,
+        transfer_id: &str,
+        body: &[u8],
+        until: Instant,
+        deadline: Duration,
+        buffer: Vec<u8>,
+    ) -> Result<Vec<u8>, TransferError> {
+        let bad = |reason: String| TransferError::Descriptor {
+            addr: addr.to_owned(),
+            transfer_id: transfer_id.to_owned(),
+            reason,
+        };
+        let descriptor: KvDescriptor =
+            serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
+        let chunks = descriptor.chunks(self.config.chunk_bytes).map_err(bad)?;
+        let worker_address = from_hex(&descriptor.worker_address).map_err(bad)?;
+        let rkey = from_hex(&descriptor.rkey).map_err(bad)?;
+        let failed = |reason: String| TransferError::Transport {
+            addr: addr.to_owned(),
+            transfer_id: transfer_id.to_owned(),
+            reason,
+        };
+        let named = |failure: PullFailure| match failure {
+            PullFailure::Ucx(err) => failed(err.to_string()),
+            PullFailure::Deadline { done } => TransferError::Deadline {
+                addr: addr.to_owned(),
+                transfer_id: transfer_id.to_owned(),
+                deadline,
+                done,
+                total: descriptor.len,
+            },
+        };
+        let (reply, answer) = oneshot::channel();
+        let job = PullJob {
+            worker_address,
+            rkey,
+            region: (descriptor.base, descriptor.region_len as usize),
+            chunks,
+            len: descriptor.len as usize,
+            buffer,
+            deadline: until,
+            reply,
+        };
+        let stopped = || failed("the UCX engine thread stopped".into());
+        let jobs = self.engine.jobs.as_ref().ok_or_else(stopped)?;
+        jobs.send(job).map_err(|_| stopped())?;
+        // The engine enforces the deadline itself; the margin covers closing an endpoint.
+        let margin = until.saturating_duration_since(Instant::now()) + Duration::from_secs(3);
+        match tokio::time::timeout(margin, answer).await {
+            Ok(Ok(result)) => result.map_err(named),
+            Ok(Err(_)) => Err(stopped()),
+            Err(_) => Err(named(PullFailure::Deadline { done: 0 })),
+        }
+    }
+
+    /// Tells P the blocks of `transfer_id` are free again (best effort: P reclaims them after
+    /// its hold time anyway).
+    async fn release(&self, host_port: &str, transfer_id: &str) {
+        let id: String = url::form_urlencoded::byte_serialize(transfer_id.as_bytes()).collect();
+        let url = format!("http://{host_port}/kv/{id}");
+        let call = self.http.delete(&url).send();
+        match tokio::time::timeout(RELEASE_TIMEOUT, call).await {
+            Ok(Ok(response)) if response.status().is_success() => {}
+            Ok(Ok(response)) => {
+                tracing::debug!(%url, status = %response.status(), "KV release refused")
+            }
+            Ok(Err(err)) => tracing::debug!(%url, error = %err, "KV release failed"),
+            Err(_) => tracing::debug!(%url, "KV release timed out"),
+        }
+    }
+}
