@@ -89,6 +89,9 @@ pub struct ClusterSpec {
     pub proxy_args: Vec<String>,
     /// The KV transport of the prefill engines.
     pub transfer: Transport,
+    /// The prefill engines register under leases of this many seconds (none: until
+    /// deregistered).
+    pub lease_ttl: Option<u32>,
 }
 
 impl ClusterSpec {
@@ -104,6 +107,7 @@ impl ClusterSpec {
             decode_ms_per_token: 10,
             proxy_args: Vec::new(),
             transfer: Transport::Tcp,
+            lease_ttl: Some(10),
         }
     }
 }
@@ -340,6 +344,9 @@ impl Cluster {
                 s(&"--bootstrap"),
                 bootstraps[i].url.clone(),
             ]);
+            if let Some(ttl) = spec.lease_ttl {
+                args.extend([s(&"--lease-ttl"), s(&ttl)]);
+            }
             prefills.push(spawn_with_env(
                 &spec.run_dir,
                 &format!("prefill-{i}"),

@@ -21,6 +21,7 @@ fn spec(name: &str) -> (ClusterSpec, tempfile::TempDir) {
     spec.prefills = vec![PrefillShape { dp: 2, tp: 2 }, PrefillShape { dp: 1, tp: 2 }];
     spec.prefill_us_per_token = 100;
     spec.decode_ms_per_token = 2;
+    spec.lease_ttl = Some(2);
     (spec, run_dir)
 }
 
@@ -118,7 +119,20 @@ async fn a_killed_prefill_fails_fast_while_the_others_keep_serving() {
             200
         );
     }
+    let workers = |bootstrap: String| async move {
+        let list: Value = reqwest::get(format!("{bootstrap}/workers"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        list["workers"].as_array().unwrap().len()
+    };
+    let bootstrap = cluster.bootstraps[0].url.clone();
+    assert_eq!(workers(bootstrap.clone()).await, 4, "dp=2 x tp=2, leased");
+    assert_eq!(stats(&cluster.prefills[0].url).await["leases_alive"], 4);
     cluster.prefills[0].kill().await;
+    let killed = Instant::now();
 
     let mut ok = 0;
     let mut failed = 0;
@@ -150,6 +164,14 @@ async fn a_killed_prefill_fails_fast_while_the_others_keep_serving() {
         failed <= 2 && ok >= 28,
         "the live prefill keeps serving: {ok} ok, {failed} failed"
     );
+    // Its leases lapse without keepalives: the registry forgets the dead engine by itself.
+    while workers(bootstrap.clone()).await > 0 {
+        assert!(
+            killed.elapsed() < Duration::from_secs(6),
+            "the killed prefill's workers are still registered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     cluster.shutdown().await;
 }
 

@@ -37,6 +37,10 @@ struct Args {
     /// posix,sysv,self; needs a build with `--features ucx`).
     #[arg(long, value_enum, default_value_t = Transport::Tcp)]
     transfer: Transport,
+    /// Seconds of the leases the prefill workers register under (a killed prefill leaves the
+    /// registry this long after its last keepalive); 0 registers without leases.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=86_400))]
+    lease_ttl: u32,
 }
 
 async fn demo(proxy: &str) -> Result<(), String> {
@@ -113,6 +117,7 @@ async fn main() -> std::process::ExitCode {
     spec.prefill_us_per_token = args.prefill_us_per_token;
     spec.decode_ms_per_token = args.decode_ms_per_token;
     spec.transfer = args.transfer;
+    spec.lease_ttl = (args.lease_ttl > 0).then_some(args.lease_ttl);
     if !args.transfer.is_built() {
         eprintln!(
             "error: --transfer {} needs pd-cluster and sim-engine built with `--features ucx` \

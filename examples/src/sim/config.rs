@@ -67,6 +67,11 @@ pub struct SimArgs {
     /// The KV transport prefill workers serve (`ucx` needs a build with `--features ucx`).
     #[arg(long, env = "SIM_TRANSFER", value_enum, default_value_t = Transport::Tcp)]
     pub transfer: Transport,
+    /// Prefill: register the workers under leases of this many seconds, kept alive in the
+    /// background, so that a killed engine leaves the registry by itself; without it the
+    /// registrations stay until deregistered (as vLLM's do).
+    #[arg(long, env = "SIM_LEASE_TTL", value_parser = clap::value_parser!(u32).range(1..=86_400))]
+    pub lease_ttl: Option<u32>,
     /// UCX: MiB of UCX-allocated KV memory per prefill worker.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub kv_pool_mib: u64,

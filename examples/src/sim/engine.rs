@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use worker_client::protocol::{Deregister, KvTransferParams, RegisterWorker};
 use worker_client::serve::{serve, ServeLimits};
 use worker_client::transfer::{ExportConfig, KvExporter, KvPuller, TransferError};
-use worker_client::{BootstrapClient, ClientError, EngineDirectory};
+use worker_client::{BootstrapClient, ClientError, EngineDirectory, LeaseKeeper};
 
 use super::config::{Role, SimArgs};
 use super::kv::{kv_bytes, shard_len, token, Shard};
@@ -70,6 +70,8 @@ struct Engine {
     directory: EngineDirectory,
     puller: KvPuller,
     bootstrap: BootstrapClient,
+    /// P role with `--lease-ttl`: the keepers of the workers' leases.
+    leases: std::sync::Mutex<Vec<LeaseKeeper>>,
     stats: Stats,
 }
 
@@ -123,6 +125,7 @@ impl SimEngine {
             ),
             puller: KvPuller::default(),
             bootstrap,
+            leases: std::sync::Mutex::new(Vec::new()),
             stats: Stats::default(),
             args,
         };
@@ -196,16 +199,45 @@ impl Engine {
                 lease_ttl: None,
             };
             let client = self.bootstrap.clone();
-            async move { client.register_worker(&worker).await }
+            let lease_ttl = self.args.lease_ttl;
+            async move {
+                match lease_ttl {
+                    Some(ttl) => client.register_leased(&worker, ttl).await.map(Some),
+                    None => client.register_worker(&worker).await.map(|_| None),
+                }
+            }
         });
         for result in join_all(registrations).await {
-            result?;
+            if let Some(keeper) = result? {
+                self.leases_mut().push(keeper);
+            }
         }
         tracing::info!(workers = self.exporters.len(), bootstrap = %self.args.bootstrap, "all workers registered");
         Ok(())
     }
 
+    fn leases_mut(&self) -> std::sync::MutexGuard<'_, Vec<LeaseKeeper>> {
+        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// At shutdown: revokes the leases, or deregisters every engine id without them.
     async fn deregister_workers(&self) {
+        let keepers = std::mem::take(&mut *self.leases_mut());
+        if !keepers.is_empty() {
+            let releases = keepers.into_iter().map(|keeper| async move {
+                let lease = keeper.lease_id();
+                match tokio::time::timeout(Duration::from_secs(5), keeper.release()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(err)) => {
+                        tracing::warn!(?lease, error = %err, "could not revoke a lease")
+                    }
+                    Err(_) => tracing::warn!(?lease, "revoking a lease timed out"),
+                }
+            });
+            join_all(releases).await;
+            tracing::info!("leases revoked");
+            return;
+        }
         for engine_id in &self.engine_ids {
             let selection = Deregister {
                 engine_id: engine_id.clone(),
@@ -553,5 +585,6 @@ async fn stats(State(engine): State<Arc<Engine>>) -> Json<Value> {
         "kv_transfers_failed": load(&s.kv_transfers_failed),
         "kv_bytes_pulled": load(&s.kv_bytes_pulled),
         "kv_pending": engine.exporters.values().map(KvExporter::pending).sum::<usize>(),
+        "leases_alive": engine.leases_mut().iter().filter(|k| k.is_alive()).count(),
     }))
 }
