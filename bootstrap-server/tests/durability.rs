@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::binary::start_binary;
+use common::binary::{get_json, start_binary};
 use serde_json::{json, Value};
 use tokio::process::Child;
 
@@ -16,10 +16,6 @@ async fn post(url: &str, body: Value) -> reqwest::StatusCode {
         .await
         .unwrap()
         .status()
-}
-
-async fn get_json(url: &str) -> Value {
-    reqwest::get(url).await.unwrap().json().await.unwrap()
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ mod common;
 use std::ffi::OsStr;
 use std::time::{Duration, Instant};
 
-use common::binary::start_binary;
+use common::binary::{get_json, start_binary};
 use common::etcd::{self, Etcd};
 use common::{etcd_config, start_with, TestServer};
 use futures_util::future::join_all;
@@ -241,14 +241,7 @@ async fn a_killed_replica_leaves_the_others_serving() {
     a.kill().await.unwrap();
     assert!(client.get(format!("{url_a}/health")).send().await.is_err());
     assert_eq!(register(url_b.clone(), 1).await, 200);
-    let topology: Value = client
-        .get(format!("{url_b}/query"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let topology = get_json(&format!("{url_b}/query")).await;
     let tps = topology["0"]["worker_addr"].as_object().unwrap();
     assert_eq!(tps.len(), 2, "{topology}");
 }
@@ -308,19 +301,11 @@ async fn an_etcd_outage_serves_reads_fails_writes_and_heals() {
 
     // A watcher on A waits across the outage.
     let watcher = {
-        let client = a.client.clone();
         let url = a.url("/watch");
         tokio::spawn(async move {
             let mut since = since;
             loop {
-                let batch: Value = client
-                    .get(format!("{url}?since={since}&timeout_ms=2000"))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
+                let batch = get_json(&format!("{url}?since={since}&timeout_ms=2000")).await;
                 if let Some(event) = batch["events"].as_array().and_then(|e| e.first()) {
                     return event.clone();
                 }

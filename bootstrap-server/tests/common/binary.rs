@@ -39,3 +39,8 @@ pub async fn start_binary(args: &[&OsStr]) -> (Child, String) {
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, format!("http://{addr}"))
 }
+
+/// `GET url` as JSON.
+pub async fn get_json(url: &str) -> Value {
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}

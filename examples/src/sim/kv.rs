@@ -4,6 +4,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use bytes::Bytes;
+use worker_client::transfer::pattern;
 
 /// Where one share of a request's KV was computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -20,22 +21,13 @@ fn seed(prompt: &str, shard: Shard) -> u64 {
     let mut hasher = DefaultHasher::new();
     prompt.hash(&mut hasher);
     shard.hash(&mut hasher);
-    hasher.finish() | 1
+    hasher.finish()
 }
 
-/// The KV bytes one P worker holds for `prompt`: `len` bytes from a xorshift stream seeded by
+/// The KV bytes one P worker holds for `prompt`: `len` bytes of the transfer pattern seeded by
 /// the prompt and the worker's ranks.
 pub fn kv_bytes(prompt: &str, shard: Shard, len: usize) -> Bytes {
-    let mut state = seed(prompt, shard);
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        out.extend_from_slice(&state.to_le_bytes());
-    }
-    out.truncate(len);
-    Bytes::from(out)
+    Bytes::from(pattern(seed(prompt, shard), len))
 }
 
 /// Bytes of KV one worker holds for a prompt of `tokens` tokens, split over `tp x pp` workers.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use worker_client::service::{init_logging, parse_seconds, LogFormat};
-use worker_client::transfer::{ExportConfig, KvExporter, KvPuller, Transport};
+use worker_client::transfer::{pattern, ExportConfig, KvExporter, KvPuller, Transport};
 
 /// Export or pull numbered KV transfers `<id>-0`, `<id>-1`... of a deterministic pattern.
 #[derive(Debug, Parser)]
@@ -31,15 +31,10 @@ enum Role {
     Pull(PullArgs),
 }
 
-/// Flags of `export`.
+/// Which transfers: `<id>-0` ... `<id>-<count - 1>`, each `bytes` long, transfer i filled with
+/// the pattern of seed `seed + i`.
 #[derive(Debug, clap::Args)]
-struct ExportArgs {
-    /// The transport.
-    #[arg(long, value_enum)]
-    transport: Transport,
-    /// The listener's address.
-    #[arg(long, default_value = "127.0.0.1")]
-    host: IpAddr,
+struct Transfers {
     /// Transfer id prefix.
     #[arg(long)]
     id: String,
@@ -49,12 +44,25 @@ struct ExportArgs {
     /// How many transfers.
     #[arg(long, default_value_t = 1)]
     count: usize,
-    /// How many may be published and not yet pulled.
-    #[arg(long, default_value_t = 2)]
-    ahead: usize,
     /// Pattern seed of transfer 0 (transfer i uses seed + i).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+}
+
+/// Flags of `export`.
+#[derive(Debug, clap::Args)]
+struct ExportArgs {
+    /// The transport.
+    #[arg(long, value_enum)]
+    transport: Transport,
+    /// The listener's address.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    #[command(flatten)]
+    transfers: Transfers,
+    /// How many may be published and not yet pulled.
+    #[arg(long, default_value_t = 2)]
+    ahead: usize,
     /// Seconds published KV is held.
     #[arg(long, default_value = "60", value_parser = parse_seconds)]
     hold: Duration,
@@ -69,18 +77,8 @@ struct PullArgs {
     /// The exporter's transfer address.
     #[arg(long)]
     addr: String,
-    /// Transfer id prefix.
-    #[arg(long)]
-    id: String,
-    /// Bytes per transfer.
-    #[arg(long)]
-    bytes: usize,
-    /// How many transfers.
-    #[arg(long, default_value_t = 1)]
-    count: usize,
-    /// Pattern seed of transfer 0.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    #[command(flatten)]
+    transfers: Transfers,
     /// Seconds each pull may take.
     #[arg(long, default_value = "10", value_parser = parse_seconds)]
     deadline: Duration,
@@ -90,20 +88,6 @@ struct PullArgs {
     /// First measure memcpy of `bytes` (best of 5) and print it.
     #[arg(long)]
     memcpy: bool,
-}
-
-/// `len` bytes of a xorshift64 stream seeded by `seed`.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        out.extend_from_slice(&state.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 fn gb_per_s(bytes: usize, elapsed: Duration) -> f64 {
@@ -128,11 +112,14 @@ async fn export(args: ExportArgs) -> Result<(), String> {
     let ExportArgs {
         transport,
         host,
-        id,
-        bytes,
-        count,
+        transfers:
+            Transfers {
+                id,
+                bytes,
+                count,
+                seed,
+            },
         ahead,
-        seed,
         hold,
         pool_mib,
     } = args;
@@ -219,10 +206,13 @@ impl Puller {
 async fn pull(args: PullArgs) -> Result<(), String> {
     let PullArgs {
         addr,
-        id,
-        bytes,
-        count,
-        seed,
+        transfers:
+            Transfers {
+                id,
+                bytes,
+                count,
+                seed,
+            },
         deadline,
         fresh,
         memcpy,

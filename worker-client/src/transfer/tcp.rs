@@ -113,7 +113,7 @@ pub(crate) async fn held_get(
             other => Err(unreachable(format!("exporter answered {other}"))),
         }
     };
-    match tokio::time::timeout(deadline + Duration::from_secs(1), call).await {
+    match tokio::time::timeout(deadline.saturating_add(Duration::from_secs(1)), call).await {
         Ok(result) => result,
         Err(_) => Err(not_published()),
     }

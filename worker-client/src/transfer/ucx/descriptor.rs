@@ -39,8 +39,13 @@ pub struct Chunk {
     pub len: usize,
 }
 
-/// The largest KV a descriptor may describe (1 TiB): a bound on what D allocates.
+/// The largest KV a descriptor may describe (1 TiB); the puller's own limit is lower.
 const MAX_LEN: u64 = 1 << 40;
+
+/// The largest KV region a descriptor may announce (256 GiB, more than any P's pool here). D
+/// maps and prefaults the region a descriptor names, so it is bounded too; beyond that, D trusts
+/// the P workers the bootstrap server lists (see docs/transfer.md).
+const MAX_REGION: u64 = 256 << 30;
 
 impl KvDescriptor {
     /// Splits the transfer into gets of at most `chunk_bytes` that exactly tile `0..len` of
@@ -48,6 +53,12 @@ impl KvDescriptor {
     pub fn chunks(&self, chunk_bytes: usize) -> Result<Vec<Chunk>, String> {
         if self.len > MAX_LEN {
             return Err(format!("len {} exceeds {MAX_LEN}", self.len));
+        }
+        if self.region_len > MAX_REGION {
+            return Err(format!(
+                "region_len {} exceeds {MAX_REGION}",
+                self.region_len
+            ));
         }
         if self.block_bytes == 0 || chunk_bytes == 0 {
             return Err("zero block or chunk size".into());
@@ -67,10 +78,14 @@ impl KvDescriptor {
             let (Some(offset), Some(bytes)) = (offset, bytes) else {
                 return Err(format!("range ({start}, {count}) overflows"));
             };
-            let range_start = self.base.saturating_add(offset);
-            if count == 0 || range_start.saturating_add(bytes) > region_end {
+            let range_end = self
+                .base
+                .checked_add(offset)
+                .and_then(|range_start| range_start.checked_add(bytes));
+            if count == 0 || range_end.is_none_or(|end| end > region_end) {
                 return Err(format!("range ({start}, {count}) is outside the region"));
             }
+            let range_start = self.base + offset;
             let bytes = bytes.min(self.len - local);
             let mut done = 0;
             while done < bytes {
@@ -125,6 +140,22 @@ mod tests {
             ranges,
             len,
         }
+    }
+
+    #[test]
+    fn hostile_regions_and_ranges_are_refused() {
+        // A region that ends exactly at the top of the address space, and a range far beyond
+        // it: saturating arithmetic would have let it through.
+        let mut top = descriptor(vec![(u64::MAX / 200, 1)], 100);
+        top.base = u64::MAX - top.region_len;
+        assert!(top.chunks(64).is_err());
+        // A region larger than any pool: D would map and prefault it.
+        let mut huge = descriptor(vec![(0, 1)], 100);
+        huge.region_len = MAX_REGION + 1;
+        assert!(huge.chunks(64).unwrap_err().contains("region_len"));
+        // Within bounds, the same shapes are fine.
+        assert!(descriptor(vec![(15, 1)], 100).chunks(64).is_ok());
+        assert!(descriptor(vec![(16, 1)], 100).chunks(64).is_err());
     }
 
     #[test]

@@ -87,6 +87,9 @@ impl Drop for ProgressThread {
 }
 
 struct ExportState {
+    /// Declared first so it is dropped first: the progress thread stops serving gets before the
+    /// pool's memory is unmapped.
+    _progress: ProgressThread,
     /// Published, not yet pulled.
     shelf: Shelf<Lease>,
     /// How long a transfer is held, published or in flight.
@@ -96,7 +99,6 @@ struct ExportState {
     pool: Arc<BlockPool>,
     worker_address: String,
     rkey: String,
-    _progress: ProgressThread,
 }
 
 impl ExportState {
@@ -137,9 +139,17 @@ async fn describe(
         return (StatusCode::NOT_FOUND, "not published").into_response();
     };
     let descriptor = state.describe(&lease);
-    // The blocks stay reserved until D releases them or the hold time passes.
-    let expires = Instant::now() + state.hold;
-    state.in_flight().insert(transfer_id, (lease, expires));
+    // The blocks stay reserved until D releases them, or for the hold time (at least as long as
+    // D said it would wait, which bounds its pull).
+    let expires = Instant::now() + state.hold.max(wait);
+    let mut in_flight = state.in_flight();
+    if in_flight.contains_key(&transfer_id) {
+        // A second pull of an id already described: its blocks may still be read; never hand
+        // them to a second transfer under the same id.
+        return (StatusCode::CONFLICT, "already being pulled").into_response();
+    }
+    in_flight.insert(transfer_id, (lease, expires));
+    drop(in_flight);
     Json(descriptor).into_response()
 }
 

@@ -18,6 +18,12 @@ use crate::transfer::{TransferError, Transport};
 
 /// How often an idle engine progresses its worker (keep-alives, endpoint errors).
 const IDLE_TICK: Duration = Duration::from_millis(10);
+
+/// Rounds of progress without any get completing before the engine sleeps between rounds.
+const SPINS_BEFORE_SLEEP: u32 = 1_000;
+
+/// How long the engine sleeps per round while pulls are stalled (deadlines are checked after).
+const STALLED_SLEEP: Duration = Duration::from_millis(1);
 /// How many unpacked remote keys an endpoint keeps (P has one per region, so a few suffice).
 const RKEYS_PER_ENDPOINT: usize = 8;
 /// How long the release of a pulled transfer at P may take.
@@ -32,6 +38,9 @@ pub struct PullConfig {
     pub window: usize,
     /// How long the HTTP connection to P's listener may take to open.
     pub connect_timeout: Duration,
+    /// The largest transfer a descriptor may announce: D allocates that much before pulling,
+    /// so a wrong or hostile descriptor must not be able to ask for more.
+    pub max_bytes: u64,
 }
 
 impl Default for PullConfig {
@@ -40,6 +49,7 @@ impl Default for PullConfig {
             chunk_bytes: 4 << 20,
             window: 8,
             connect_timeout: Duration::from_secs(3),
+            max_bytes: 4 << 30,
         }
     }
 }
@@ -47,7 +57,13 @@ impl Default for PullConfig {
 /// Why the engine could not finish a pull.
 enum PullFailure {
     Ucx(UcxError),
-    Deadline { done: u64 },
+    Deadline {
+        done: u64,
+    },
+    /// The receive buffer could not be allocated.
+    Memory(String),
+    /// The descriptor announced another region for a key already mapped.
+    Region(String),
 }
 
 /// One pull handed to the engine thread.
@@ -169,27 +185,44 @@ impl Active {
     }
 }
 
+/// A remote region: (base address, length).
+type Region = (u64, usize);
+
 /// A connected peer: its endpoint and the remote keys unpacked for it. Unpacking maps P's
 /// shared-memory segment afresh, and the first touch of every page of a fresh mapping costs a
 /// page fault, so keys are kept for the next pull of the same region.
 struct Peer {
     endpoint: Endpoint,
-    rkeys: HashMap<Vec<u8>, Rc<RemoteKey>>,
+    /// Each key with the region (base, length) its first descriptor announced.
+    rkeys: HashMap<Vec<u8>, (Rc<RemoteKey>, Region)>,
 }
 
 impl Peer {
-    /// The key for `packed`, unpacked (and its region `base..base + len` prefaulted) once.
-    fn rkey(&mut self, packed: &[u8], base: u64, len: usize) -> Result<Rc<RemoteKey>, UcxError> {
-        if let Some(rkey) = self.rkeys.get(packed) {
+    /// The key for `packed`, unpacked (and its region `base..base + len` prefaulted) once. A
+    /// later descriptor must announce the same region for the same key: the mapping was made
+    /// (and prefaulted) for it.
+    fn rkey(&mut self, packed: &[u8], base: u64, len: usize) -> Result<Rc<RemoteKey>, PullFailure> {
+        if let Some((rkey, region)) = self.rkeys.get(packed) {
+            if *region != (base, len) {
+                return Err(PullFailure::Region(format!(
+                    "the key's region was {region:?} (base, length), now {:?}",
+                    (base, len)
+                )));
+            }
             return Ok(rkey.clone());
         }
-        let rkey = Rc::new(self.endpoint.unpack_rkey(packed)?);
+        let rkey = Rc::new(
+            self.endpoint
+                .unpack_rkey(packed)
+                .map_err(PullFailure::Ucx)?,
+        );
         let prefaulted = rkey.prefault(base, len);
         tracing::debug!(prefaulted, region_bytes = len, "remote key unpacked");
         if self.rkeys.len() >= RKEYS_PER_ENDPOINT {
             self.rkeys.clear();
         }
-        self.rkeys.insert(packed.to_vec(), rkey.clone());
+        self.rkeys
+            .insert(packed.to_vec(), (rkey.clone(), (base, len)));
         Ok(rkey)
     }
 }
@@ -204,20 +237,26 @@ struct Engine {
 
 impl Engine {
     fn start(&mut self, job: PullJob) {
-        let begun = self.peer(&job.worker_address).and_then(|peer| {
-            let rkey = peer.rkey(&job.rkey, job.region.0, job.region.1)?;
-            Ok((peer.endpoint.clone(), rkey))
-        });
+        let begun = self
+            .peer(&job.worker_address)
+            .map_err(PullFailure::Ucx)
+            .and_then(|peer| {
+                let rkey = peer.rkey(&job.rkey, job.region.0, job.region.1)?;
+                Ok((peer.endpoint.clone(), rkey))
+            });
         let (endpoint, rkey) = match begun {
             Ok(begun) => begun,
-            Err(err) => {
-                let _ = job.reply.send(Err(PullFailure::Ucx(err)));
+            Err(failure) => {
+                let _ = job.reply.send(Err(failure));
                 return;
             }
         };
         let mut buffer = job.buffer;
         buffer.clear();
-        buffer.reserve(job.len);
+        if let Err(err) = buffer.try_reserve(job.len) {
+            let _ = job.reply.send(Err(PullFailure::Memory(err.to_string())));
+            return;
+        }
         self.active.push(Active {
             endpoint,
             rkey,
@@ -250,6 +289,7 @@ impl Engine {
 
     fn run(mut self, jobs: mpsc::Receiver<PullJob>) {
         let mut open = true;
+        let mut idle_spins = 0u32;
         loop {
             if self.active.is_empty() {
                 if !open {
@@ -274,7 +314,9 @@ impl Engine {
                     }
                 }
             }
-            self.worker.progress();
+            let events = self.worker.progress();
+            let moved_before: u64 = self.active.iter().map(|a| a.done).sum();
+            let active_before = self.active.len();
             let window = self.config.window.max(1);
             let mut bad = Vec::new();
             self.active.retain_mut(|pull| match pull.step(window) {
@@ -289,6 +331,16 @@ impl Engine {
                 endpoint.close();
                 self.peers
                     .retain(|_, peer| !peer.endpoint.same_as(&endpoint));
+            }
+            // Spin while gets complete; once nothing has moved for a while (a stalled or slow
+            // P), sleep on the worker's event fd instead of burning a core until the deadline.
+            let moved_after: u64 = self.active.iter().map(|a| a.done).sum();
+            let moved =
+                events > 0 || moved_after != moved_before || self.active.len() != active_before;
+            idle_spins = if moved { 0 } else { idle_spins + 1 };
+            if idle_spins > SPINS_BEFORE_SLEEP {
+                // A failed arm only shortens the sleep: progress is called again right after.
+                let _ = self.worker.wait(STALLED_SLEEP);
             }
         }
     }
@@ -406,7 +458,10 @@ impl UcxPuller {
                 addr,
                 transfer_id,
                 &body,
-                started + deadline,
+                // A deadline too far to represent is no deadline.
+                started
+                    .checked_add(deadline)
+                    .unwrap_or(started + Duration::from_secs(365 * 86_400)),
                 deadline,
                 buffer,
             )
@@ -441,6 +496,12 @@ impl UcxPuller {
         };
         let descriptor: KvDescriptor =
             serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
+        if descriptor.len > self.config.max_bytes {
+            return Err(bad(format!(
+                "len {} is more than this puller accepts ({} bytes)",
+                descriptor.len, self.config.max_bytes
+            )));
+        }
         let chunks = descriptor.chunks(self.config.chunk_bytes).map_err(bad)?;
         let worker_address = from_hex(&descriptor.worker_address).map_err(bad)?;
         let rkey = from_hex(&descriptor.rkey).map_err(bad)?;
@@ -451,6 +512,8 @@ impl UcxPuller {
         };
         let named = |failure: PullFailure| match failure {
             PullFailure::Ucx(err) => failed(err.to_string()),
+            PullFailure::Memory(reason) => failed(format!("no memory for the KV: {reason}")),
+            PullFailure::Region(reason) => bad(reason),
             PullFailure::Deadline { done } => TransferError::Deadline {
                 addr: addr.to_owned(),
                 transfer_id: transfer_id.to_owned(),
