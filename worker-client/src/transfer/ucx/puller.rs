@@ -94,6 +94,14 @@ struct Active {
     reply: oneshot::Sender<Result<Vec<u8>, PullFailure>>,
 }
 
+impl Drop for Active {
+    /// A pull dropped with gets still running (the engine unwinding from a panic, or stopping)
+    /// must not free the buffer they write into: it is leaked instead.
+    fn drop(&mut self) {
+        self.leak_buffer_if_running();
+    }
+}
+
 /// What one step of a pull came to.
 enum Step {
     Running,
@@ -164,18 +172,27 @@ impl Active {
     /// they end, and leak the buffer if some still run.
     fn give_up(&mut self) -> Step {
         self.endpoint.close();
-        self.in_flight
-            .retain(|(request, _)| request.poll().is_none());
-        if !self.in_flight.is_empty() {
+        let running = self.leak_buffer_if_running();
+        if running > 0 {
             tracing::warn!(
-                running = self.in_flight.len(),
+                running,
                 "UCX gets still running after the endpoint closed; leaking their buffer"
             );
-            std::mem::forget(std::mem::take(&mut self.buffer));
         }
         let done = self.done;
         self.reply_once(Err(PullFailure::Deadline { done }));
         Step::FinishedBadEndpoint
+    }
+
+    /// Forgets finished gets; if some still run, leaks the buffer they write into (it is never
+    /// freed under a running get). Returns how many still run.
+    fn leak_buffer_if_running(&mut self) -> usize {
+        self.in_flight
+            .retain(|(request, _)| request.poll().is_none());
+        if !self.in_flight.is_empty() {
+            std::mem::forget(std::mem::take(&mut self.buffer));
+        }
+        self.in_flight.len()
     }
 
     fn reply_once(&mut self, result: Result<Vec<u8>, PullFailure>) {
