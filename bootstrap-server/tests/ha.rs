@@ -338,3 +338,124 @@ async fn an_etcd_outage_serves_reads_fails_writes_and_heals() {
     assert!(a.metrics().await.contains("bootstrap_store_connected 1"));
     drop(etcd);
 }
+
+/// A TCP relay between a replica and etcd that the test can cut: a network partition of one
+/// replica, with the others still reaching etcd.
+struct Relay {
+    addr: std::net::SocketAddr,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    links: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Relay {
+    async fn start(target: String) -> Relay {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let relay = Relay {
+            addr: listener.local_addr().unwrap(),
+            open: Default::default(),
+            links: Default::default(),
+        };
+        relay.open.store(true, Ordering::SeqCst);
+        let (open, links) = (relay.open.clone(), relay.links.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !open.load(Ordering::SeqCst) {
+                    continue; // dropped: the connection is refused by closing it
+                }
+                let target = target.clone();
+                let link = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                links.lock().unwrap().push(link);
+            }
+        });
+        relay
+    }
+
+    fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        for link in self.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_past_compaction_reloads_by_itself() {
+    let etcd = tokio::task::spawn_blocking(Etcd::start).await.unwrap();
+    let relay = Relay::start(etcd.endpoint()).await;
+    let cluster = etcd::unique_cluster();
+    let a = start_with(|c| c.etcd = Some(etcd_config(&relay.addr.to_string(), &cluster))).await;
+    let b = start_with(|c| c.etcd = Some(etcd_config(&etcd.endpoint(), &cluster))).await;
+    assert_eq!(b.register("e1", 0, 0, 0, "tcp://p:1").await.0, 200);
+    assert_eq!(b.register("e1", 0, 1, 0, "tcp://p:2").await.0, 200);
+    let before = eventually(Duration::from_secs(3), "A sees both workers", || async {
+        let (_, list) = a.get("/workers").await;
+        (list["workers"].as_array().unwrap().len() == 2).then(|| list["revision"].as_u64().unwrap())
+    })
+    .await;
+
+    relay.cut();
+    eventually(
+        Duration::from_secs(10),
+        "A notices the partition",
+        || async {
+            a.metrics()
+                .await
+                .contains("bootstrap_store_connected 0")
+                .then_some(())
+        },
+    )
+    .await;
+    // Meanwhile the registry moves on and etcd forgets the history A would resume from.
+    assert_eq!(b.register("e2", 1, 0, 0, "tcp://p:3").await.0, 200);
+    let (status, _) = b
+        .call(
+            Method::DELETE,
+            "/register",
+            Some(json!({"engine_id": "e1", "tp_rank": 1})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    let current = client
+        .get("x", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    client
+        .compact(
+            current,
+            Some(etcd_client::CompactionOptions::new().with_physical()),
+        )
+        .await
+        .unwrap();
+
+    relay.restore();
+    let (_, expected) = b.get("/query").await;
+    eventually(
+        Duration::from_secs(15),
+        "A reloads and agrees with B",
+        || async {
+            let (_, topology) = a.get("/query").await;
+            (topology == expected).then_some(())
+        },
+    )
+    .await;
+    assert!(a.metrics().await.contains("bootstrap_store_connected 1"));
+    // Its history starts again after the reload: a watcher from before is told to re-list.
+    let (status, body) = a.get(&format!("/watch?since={before}&timeout_ms=0")).await;
+    assert_eq!(status, 410, "{body}");
+    drop(etcd);
+}
