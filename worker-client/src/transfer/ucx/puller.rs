@@ -19,6 +19,9 @@ use crate::transfer::{TransferError, Transport};
 /// How often an idle engine progresses its worker (keep-alives, endpoint errors).
 const IDLE_TICK: Duration = Duration::from_millis(10);
 
+/// How long an unused peer (endpoint and remote keys) is kept for the next pull.
+const PEER_IDLE: Duration = Duration::from_secs(120);
+
 /// Rounds of progress without any get completing before the engine sleeps between rounds.
 const SPINS_BEFORE_SLEEP: u32 = 1_000;
 
@@ -210,6 +213,8 @@ type Region = (u64, usize);
 /// page fault, so keys are kept for the next pull of the same region.
 struct Peer {
     endpoint: Endpoint,
+    /// When a pull last used it.
+    last_used: Instant,
     /// Each key with the region (base, length) its first descriptor announced.
     rkeys: HashMap<Vec<u8>, (Rc<RemoteKey>, Region)>,
 }
@@ -297,11 +302,23 @@ impl Engine {
             );
             let peer = Peer {
                 endpoint,
+                last_used: Instant::now(),
                 rkeys: HashMap::new(),
             };
             self.peers.insert(worker_address.to_vec(), peer);
         }
-        Ok(self.peers.get_mut(worker_address).expect("inserted above"))
+        let peer = self.peers.get_mut(worker_address).expect("inserted above");
+        peer.last_used = Instant::now();
+        Ok(peer)
+    }
+
+    /// Forgets peers no pull has used for [`PEER_IDLE`] (a restarted P comes back under a new
+    /// worker address, so its old entry, and the mapping of its segment, would stay forever).
+    /// Called only while no pull runs; a remote key keeps its endpoint open until it is gone.
+    fn evict_idle_peers(&mut self) {
+        let now = Instant::now();
+        self.peers
+            .retain(|_, peer| now.duration_since(peer.last_used) < PEER_IDLE);
     }
 
     fn run(mut self, jobs: mpsc::Receiver<PullJob>) {
@@ -316,6 +333,7 @@ impl Engine {
                     Ok(job) => self.start(job),
                     Err(mpsc::RecvTimeoutError::Timeout) => {
                         self.worker.progress();
+                        self.evict_idle_peers();
                         continue;
                     }
                     Err(mpsc::RecvTimeoutError::Disconnected) => break,
