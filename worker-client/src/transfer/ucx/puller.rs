@@ -111,6 +111,9 @@ enum Step {
     Finished,
     /// Finished, and the endpoint is not to be reused.
     FinishedBadEndpoint,
+    /// The deadline passed with gets outstanding: the engine decides whether the endpoint is
+    /// closed (see [`Active::give_up`]).
+    Expired,
 }
 
 impl Active {
@@ -153,7 +156,7 @@ impl Active {
             return self.finish();
         }
         if Instant::now() >= self.deadline {
-            return self.give_up();
+            return Step::Expired;
         }
         Step::Running
     }
@@ -171,10 +174,13 @@ impl Active {
         step
     }
 
-    /// The deadline passed with gets outstanding (P died or stalled): close the endpoint so
-    /// they end, and leak the buffer if some still run.
-    fn give_up(&mut self) -> Step {
-        self.endpoint.close();
+    /// The deadline passed with gets outstanding (P died or stalled, or this pull ran out of
+    /// its own time): with `close`, close the endpoint so they end; leak the buffer if some
+    /// still run.
+    fn give_up(&mut self, close: bool) {
+        if close {
+            self.endpoint.close();
+        }
         let running = self.leak_buffer_if_running();
         if running > 0 {
             tracing::warn!(
@@ -184,7 +190,6 @@ impl Active {
         }
         let done = self.done;
         self.reply_once(Err(PullFailure::Deadline { done }));
-        Step::FinishedBadEndpoint
     }
 
     /// Forgets finished gets; if some still run, leaks the buffer they write into (it is never
@@ -353,15 +358,31 @@ impl Engine {
             let moved_before: u64 = self.active.iter().map(|a| a.done).sum();
             let active_before = self.active.len();
             let window = self.config.window.max(1);
-            let mut bad = Vec::new();
-            self.active.retain_mut(|pull| match pull.step(window) {
-                Step::Running => true,
-                Step::Finished => false,
-                Step::FinishedBadEndpoint => {
-                    bad.push(pull.endpoint.clone());
-                    false
+            let (mut bad, mut expired) = (Vec::new(), Vec::new());
+            let mut i = 0;
+            while i < self.active.len() {
+                match self.active[i].step(window) {
+                    Step::Running => i += 1,
+                    Step::Finished => drop(self.active.swap_remove(i)),
+                    Step::FinishedBadEndpoint => {
+                        bad.push(self.active.swap_remove(i).endpoint.clone())
+                    }
+                    Step::Expired => expired.push(self.active.swap_remove(i)),
                 }
-            });
+            }
+            for mut pull in expired {
+                // Other pulls from the same P may be healthy (this one may just have run out of
+                // its own time): the shared endpoint is closed, ending the outstanding gets, only
+                // when no other pull uses it.
+                let shared = self
+                    .active
+                    .iter()
+                    .any(|other| other.endpoint.same_as(&pull.endpoint));
+                pull.give_up(!shared);
+                if !shared {
+                    bad.push(pull.endpoint.clone());
+                }
+            }
             for endpoint in bad {
                 endpoint.close();
                 self.peers
