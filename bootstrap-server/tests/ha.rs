@@ -111,7 +111,9 @@ async fn replicas_behave_as_one_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_agree_on_revisions_so_a_watch_moves_between_them() {
-    let (a, b) = two_replicas(etcd::shared()).await;
+    // An etcd of its own: other tests' writes would keep moving the revision under the check.
+    let etcd = tokio::task::spawn_blocking(Etcd::start).await.unwrap();
+    let (a, b) = two_replicas(&etcd.endpoint()).await;
     assert_eq!(a.register("e1", 0, 0, 0, "tcp://p:1").await.0, 200);
     // Request ids (and other clusters' writes) move etcd's revision too; idle replicas catch up
     // through etcd's progress reports.
@@ -137,6 +139,7 @@ async fn replicas_agree_on_revisions_so_a_watch_moves_between_them() {
         let (status, batch) = to.get(&format!("/watch?since={since}&timeout_ms=0")).await;
         assert_eq!(status, 200, "{batch}");
     }
+    drop(etcd);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -265,7 +265,8 @@ async fn a_watch_from_before_the_kept_history_is_told_to_relist() {
     assert!(body["detail"].as_str().unwrap().contains("re-list"));
     let current = body["revision"].as_u64().unwrap();
     let (_, list) = server.get("/workers").await;
-    assert_eq!(list["revision"].as_u64().unwrap(), current);
+    // With etcd the revision also moves with other writes to etcd (other clusters, progress).
+    assert!(list["revision"].as_u64().unwrap() >= current, "{list}");
     assert_eq!(list["workers"][0]["addr"], "tcp://p:1");
     let (status, batch) = watch(&server, current, 0).await;
     assert_eq!(
