@@ -87,13 +87,7 @@ async fn a_restarted_engine_takes_its_ranks_back() {
     assert_eq!(topology["1"]["engine_id"], "old");
 
     // Rule 2: once the old engine deregistered, a new id registers plainly.
-    let (status, body) = server
-        .call(
-            Method::DELETE,
-            "/register",
-            Some(json!({"engine_id": "old"})),
-        )
-        .await;
+    let (status, body) = server.deregister(json!({"engine_id": "old"})).await;
     assert_eq!(
         (status, body),
         (StatusCode::OK, json!({"status": "ok", "removed": 1}))
@@ -105,11 +99,7 @@ async fn a_restarted_engine_takes_its_ranks_back() {
 
     // Deregistering one slot of an engine leaves the rest.
     let (_, body) = server
-        .call(
-            Method::DELETE,
-            "/register",
-            Some(json!({"engine_id": "newer", "tp_rank": 5})),
-        )
+        .deregister(json!({"engine_id": "newer", "tp_rank": 5}))
         .await;
     assert_eq!(body["removed"], 0);
 }

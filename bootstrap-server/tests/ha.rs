@@ -419,13 +419,7 @@ async fn a_replica_cut_off_past_compaction_reloads_by_itself() {
     .await;
     // Meanwhile the registry moves on and etcd forgets the history A would resume from.
     assert_eq!(b.register("e2", 1, 0, 0, "tcp://p:3").await.0, 200);
-    let (status, _) = b
-        .call(
-            Method::DELETE,
-            "/register",
-            Some(json!({"engine_id": "e1", "tp_rank": 1})),
-        )
-        .await;
+    let (status, _) = b.deregister(json!({"engine_id": "e1", "tp_rank": 1})).await;
     assert_eq!(status, 200);
     let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
         .await

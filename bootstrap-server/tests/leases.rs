@@ -231,11 +231,7 @@ async fn the_watch_reports_changes_in_order_and_waits_for_them() {
     // A deregistration is a delete of what was registered.
     let after_puts = revision(&server).await;
     let (status, _) = server
-        .call(
-            Method::DELETE,
-            "/register",
-            Some(json!({"engine_id": "e1", "tp_rank": 1})),
-        )
+        .deregister(json!({"engine_id": "e1", "tp_rank": 1}))
         .await;
     assert_eq!(status, 200);
     let (_, events) = next_events(&server, after_puts).await;

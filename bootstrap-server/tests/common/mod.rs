@@ -199,6 +199,12 @@ impl TestServer {
         .await
     }
 
+    /// `DELETE /register` with `selection` (an engine id and optional ranks).
+    pub async fn deregister(&self, selection: Value) -> (StatusCode, Value) {
+        self.call(Method::DELETE, "/register", Some(selection))
+            .await
+    }
+
     pub async fn metrics(&self) -> String {
         self.client
             .get(self.url("/metrics"))
