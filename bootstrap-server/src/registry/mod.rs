@@ -686,8 +686,15 @@ impl Registry {
     }
 
     /// Makes every buffered write durable and stops the store's background work (graceful
-    /// shutdown).
+    /// shutdown). A worker change still running on its own task (its caller went away) is
+    /// waited for first, for as long as a write may take, so none lands after the store closed.
     pub async fn close(&self) -> Result<(), StoreError> {
+        let gate = tokio::time::timeout(APPLY_WAIT + CONFLICT_WAIT, self.write_gate.lock()).await;
+        if gate.is_err() {
+            tracing::warn!("a worker change was still running at shutdown");
+        }
+        // Held while the store closes: a change queued behind the gate would find it closed.
+        let _gate = gate.ok();
         self.store.close().await
     }
 }
