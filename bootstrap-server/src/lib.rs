@@ -11,5 +11,6 @@ pub mod metrics;
 pub mod registry;
 pub mod server;
 pub mod store;
+mod sync;
 
 pub use server::{Server, ServerConfig, ServerError};

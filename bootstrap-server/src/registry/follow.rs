@@ -7,8 +7,9 @@ use std::sync::{Arc, Weak};
 use worker_client::protocol::{Revision, WorkerEvent, WorkerEventKind};
 
 use super::watch::worker_info;
-use super::{lock, now_ms, Registry, RegistryConfig, RequestTable, WorkerState};
+use super::{Registry, RegistryConfig, RequestTable, WorkerState};
 use crate::store::{Snapshot, StoreEvent, StoreEvents, WorkerChange};
+use crate::sync::{lock, now_ms};
 
 impl Registry {
     /// Builds the tables from a snapshot; also returns the ids that had expired.

@@ -10,8 +10,8 @@ mod workers;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use worker_client::protocol::{
@@ -25,6 +25,7 @@ pub use requests::{Inserted, RequestConflict, RequestTable};
 pub use workers::{EngineConflictPolicy, RegisterOutcome, WorkerConflict, WorkerTable};
 
 use crate::store::{RequestRecord, Slot, Store, StoreError, WorkerChange, WorkerRecord};
+use crate::sync::{lock, now_ms};
 
 /// How many expired ids one pruning step removes before it lets others take the lock.
 const PRUNE_BATCH: usize = 4096;
@@ -224,19 +225,6 @@ pub struct Registry {
 fn to_bytes<T: serde::Serialize>(value: &T) -> Bytes {
     // Maps with integer or string keys and string values always serialize.
     Bytes::from(serde_json::to_vec(value).expect("topology serializes"))
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock cannot leave these tables half-updated (each update is one
-    // map operation), so a poisoned lock is still safe to use.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Registry {

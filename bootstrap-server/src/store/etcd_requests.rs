@@ -14,8 +14,9 @@ use tokio::sync::{mpsc, oneshot};
 use worker_client::protocol::LeaseId;
 
 use super::codec::encode_request;
-use super::etcd_store::{etcd_error, is_lease_not_found, now_ms, Etcd, MAX_TXN_OPS};
+use super::etcd_store::{etcd_error, is_lease_not_found, Etcd, MAX_TXN_OPS};
 use super::{RequestRecord, StoreError};
+use crate::sync::{lock, now_ms};
 
 /// Request ids expiring within one window of this many milliseconds share one etcd lease.
 pub const REQUEST_LEASE_BUCKET_MS: u64 = 10_000;
@@ -78,7 +79,7 @@ impl RequestWriter {
 
     /// Stops the writer (at shutdown); writes still queued fail.
     pub(super) async fn stop(&self) {
-        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let task = lock(&self.task).take();
         if let Some(task) = task {
             task.abort();
             let _ = task.await;

@@ -17,7 +17,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
 use tokio::sync::mpsc;
@@ -31,6 +31,7 @@ use super::etcd_watch::Follower;
 use super::{
     Lease, RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvents, StoreFuture, WorkerChange,
 };
+use crate::sync::lock;
 
 /// The most operations etcd accepts in one transaction (its `--max-txn-ops` default).
 pub(super) const MAX_TXN_OPS: usize = 128;
@@ -153,13 +154,6 @@ pub(super) fn etcd_error(err: etcd_client::Error) -> StoreError {
 
 pub(super) fn is_lease_not_found(err: &etcd_client::Error) -> bool {
     err.to_string().contains("lease not found")
-}
-
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 pub(super) fn revision_of(header: Option<&etcd_client::ResponseHeader>) -> Revision {
@@ -301,7 +295,7 @@ impl Store for EtcdStore {
             seen: after,
         };
         let task = tokio::spawn(follower.run());
-        *self.follower.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        *lock(&self.follower) = Some(task);
         receiver
     }
 
@@ -432,11 +426,7 @@ impl Store for EtcdStore {
     fn close(&self) -> StoreFuture<'_, ()> {
         // Nothing to flush: etcd acknowledges a write once a quorum has it on disk.
         Box::pin(async move {
-            let follower = self
-                .follower
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
+            let follower = lock(&self.follower).take();
             if let Some(follower) = follower {
                 follower.abort();
                 let _ = follower.await;

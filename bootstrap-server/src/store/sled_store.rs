@@ -19,6 +19,7 @@ use super::{
     Lease, RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvent, StoreEvents, StoreFuture,
     WorkerChange,
 };
+use crate::sync::lock;
 
 /// How often sled writes buffered request ids to disk on its own.
 const BACKGROUND_FLUSH_MS: u64 = 200;
@@ -121,7 +122,7 @@ impl SledStore {
 
 impl Inner {
     fn leases(&self) -> std::sync::MutexGuard<'_, SledLeases> {
-        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.leases)
     }
 
     fn load_sync(&self, revision: Revision) -> Result<Snapshot, StoreError> {
@@ -193,11 +194,7 @@ impl Inner {
             state.guard = revision;
         }
         self.leases().track(&change);
-        let events = self
-            .events
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let events = lock(&self.events).clone();
         if let Some(events) = events {
             // A registry that went away no longer needs the event.
             let _ = events
@@ -274,12 +271,12 @@ impl Store for SledStore {
         // Every change after the load is reported: the registry loads and subscribes before it
         // serves, and nothing else writes to the embedded store.
         let (sender, receiver) = mpsc::channel(EVENT_BUFFER);
-        *self.inner.events.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender);
+        *lock(&self.inner.events) = Some(sender);
         let sweeper = tokio::spawn(Inner::expire_leases(
             Arc::downgrade(&self.inner),
             self.stop_sweeper.clone(),
         ));
-        *self.sweeper.lock().unwrap_or_else(|e| e.into_inner()) = Some(sweeper);
+        *lock(&self.sweeper) = Some(sweeper);
         receiver
     }
 
@@ -348,19 +345,11 @@ impl Store for SledStore {
             // Stopped and awaited, so nothing holds the database open once the store is dropped
             // (a restart in the same process can lock it again at once).
             self.stop_sweeper.notify_one();
-            let sweeper = self
-                .sweeper
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
+            let sweeper = lock(&self.sweeper).take();
             if let Some(sweeper) = sweeper {
                 let _ = sweeper.await;
             }
-            self.inner
-                .events
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
+            lock(&self.inner.events).take();
             self.inner.db.flush_async().await.map_err(backend)?;
             Ok(())
         })
