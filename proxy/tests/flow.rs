@@ -161,12 +161,8 @@ async fn streamed_chunks_reach_the_client_before_decode_finishes() {
         .set(|b| b.chunk_gap = Duration::from_millis(400));
     let started = Instant::now();
     let response = cluster
-        .client
-        .post(cluster.url("/v1/completions"))
-        .json(&json!({"prompt": "hi", "stream": true}))
-        .send()
-        .await
-        .unwrap();
+        .stream(json!({"prompt": "hi", "stream": true}))
+        .await;
     assert_eq!(response.status(), 200);
     let mut stream = response.bytes_stream();
     let first = stream.next().await.unwrap().unwrap();
@@ -290,36 +286,13 @@ async fn api_key_is_required_and_forwarded() {
 #[tokio::test]
 async fn models_health_ready_and_metrics_answer() {
     let cluster = Cluster::start(1, &[(0, "engine-0"), (2, "engine-2")], |_| {}).await;
-    let models: Value = cluster
-        .client
-        .get(cluster.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, models) = cluster.get_json("/v1/models").await;
     assert_eq!(models["data"][0]["id"], "mock-model");
-    let health = cluster
-        .client
-        .get(cluster.url("/health"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(health.status(), 200);
     assert_eq!(
-        health.json::<Value>().await.unwrap(),
-        json!({"status": "ok"})
+        cluster.get_json("/health").await,
+        (reqwest::StatusCode::OK, json!({"status": "ok"}))
     );
-    let ready: Value = cluster
-        .client
-        .get(cluster.url("/ready"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, ready) = cluster.get_json("/ready").await;
     assert_eq!(ready["status"], "ready");
     assert_eq!(ready["ready_pairs"], 2);
     assert_eq!(

@@ -562,6 +562,39 @@ impl Cluster {
         (status, headers, response.text().await.unwrap())
     }
 
+    /// `post`, asserting the answer came within `limit`.
+    pub async fn post_within(
+        &self,
+        path: &str,
+        body: Value,
+        limit: Duration,
+    ) -> (StatusCode, HeaderMap, String) {
+        let started = std::time::Instant::now();
+        let answer = self.post(path, body).await;
+        assert!(
+            started.elapsed() < limit,
+            "answered after {:?}",
+            started.elapsed()
+        );
+        answer
+    }
+
+    /// A streamed `POST /v1/completions` with `body`; the response, headers read.
+    pub async fn stream(&self, body: Value) -> reqwest::Response {
+        self.client
+            .post(self.url("/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// `GET path`: the status and the JSON body.
+    pub async fn get_json(&self, path: &str) -> (StatusCode, Value) {
+        let response = self.client.get(self.url(path)).send().await.unwrap();
+        (response.status(), response.json().await.unwrap())
+    }
+
     pub async fn metrics(&self) -> String {
         metrics(&self.proxy).await
     }
