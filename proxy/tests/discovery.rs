@@ -94,14 +94,7 @@ async fn non_contiguous_dp_ranks_are_all_used_with_their_engine_ids() {
 
 #[tokio::test]
 async fn empty_query_answers_503_until_a_rank_registers() {
-    let prefill = Mock::prefill().await;
-    let decode = Mock::decode().await;
-    let bootstrap = Bootstrap::start(json!({})).await;
-    let proxy = start_proxy(config(
-        vec![target(&prefill, &bootstrap.url())],
-        vec![decode.url()],
-    ))
-    .await;
+    let (_prefill, decode, bootstrap, proxy) = proxy_with_bootstrap(json!({})).await;
     eventually("a few discovery attempts", || bootstrap.queries() >= 2).await;
     assert_eq!(post(&proxy).await, 503);
     assert_eq!(ready_status(&proxy).await, 503);

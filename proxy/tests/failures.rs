@@ -334,14 +334,7 @@ async fn client_going_away_mid_stream_cancels_both() {
 
 #[tokio::test]
 async fn no_ready_pair_answers_503_with_a_clear_message() {
-    let prefill = Mock::prefill().await;
-    let decode = Mock::decode().await;
-    let bootstrap = Bootstrap::start(json!({})).await;
-    let proxy = start_proxy(config(
-        vec![target(&prefill, &bootstrap.url())],
-        vec![decode.url()],
-    ))
-    .await;
+    let (prefill, decode, _bootstrap, proxy) = proxy_with_bootstrap(json!({})).await;
     let client = client();
     let response = client
         .post(format!("{}/v1/completions", proxy.url()))

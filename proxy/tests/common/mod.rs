@@ -481,6 +481,20 @@ pub async fn start_proxy(config: Config) -> ProxyHandle {
     Proxy::bind(config).await.unwrap().spawn()
 }
 
+/// One mock prefill and decode, a mock bootstrap server answering `/query` with `topology`, and
+/// the proxy in front of them.
+pub async fn proxy_with_bootstrap(topology: Value) -> (Mock, Mock, Bootstrap, ProxyHandle) {
+    let prefill = Mock::prefill().await;
+    let decode = Mock::decode().await;
+    let bootstrap = Bootstrap::start(topology).await;
+    let proxy = start_proxy(config(
+        vec![target(&prefill, &bootstrap.url())],
+        vec![decode.url()],
+    ))
+    .await;
+    (prefill, decode, bootstrap, proxy)
+}
+
 /// Waits until `/ready` answers 200.
 pub async fn wait_ready(proxy: &ProxyHandle) {
     let client = client();
