@@ -9,7 +9,7 @@ use bootstrap_server::server::ServerHandle;
 use common::{capture_logs, fast_client, start, start_at, worker, WAIT};
 use tokio::sync::watch;
 use worker_client::protocol::{LeaseId, WorkerInfo};
-use worker_client::{ClientError, LeaseState};
+use worker_client::{BootstrapClient, ClientError, LeaseKeeper, LeaseState};
 
 /// The workers the server lists.
 fn listed(server: &ServerHandle) -> Vec<WorkerInfo> {
@@ -32,19 +32,34 @@ async fn wait_state(
 }
 
 /// A live lease other than `old`.
+/// A fresh server, a fast client to it, and `engine`'s worker (0, 0, port 1) registered under
+/// a lease of `ttl` seconds. The folder keeps the server's database alive.
+async fn leased(
+    engine: &str,
+    ttl: u32,
+) -> (
+    tempfile::TempDir,
+    ServerHandle,
+    BootstrapClient,
+    LeaseKeeper,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    let client = fast_client(&server.url());
+    let keeper = client
+        .register_leased(&worker(engine, 0, 0, 1), ttl)
+        .await
+        .unwrap();
+    (dir, server, client, keeper)
+}
+
 fn alive_other_than(old: LeaseId) -> impl FnMut(&LeaseState) -> bool {
     move |s| matches!(s, LeaseState::Alive { lease_id, .. } if *lease_id != old)
 }
 
 #[tokio::test]
 async fn a_kept_lease_outlives_several_ttls_and_release_removes_it_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path()).await;
-    let client = fast_client(&server.url());
-    let keeper = client
-        .register_leased(&worker("e", 0, 0, 1), 1)
-        .await
-        .unwrap();
+    let (_dir, server, _, keeper) = leased("e", 1).await;
     let lease = keeper.lease_id().expect("alive after registration");
     assert_eq!(
         keeper.state(),
@@ -68,13 +83,7 @@ async fn a_kept_lease_outlives_several_ttls_and_release_removes_it_at_once() {
 
 #[tokio::test]
 async fn a_dropped_keeper_lets_the_registration_expire_within_its_ttl() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path()).await;
-    let client = fast_client(&server.url());
-    let keeper = client
-        .register_leased(&worker("e", 0, 0, 1), 1)
-        .await
-        .unwrap();
+    let (_dir, server, _, keeper) = leased("e", 1).await;
     drop(keeper);
     let dropped = Instant::now();
     while !listed(&server).is_empty() {
@@ -89,13 +98,7 @@ async fn a_dropped_keeper_lets_the_registration_expire_within_its_ttl() {
 
 #[tokio::test]
 async fn a_lease_revoked_from_outside_is_noticed_and_the_worker_registers_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path()).await;
-    let client = fast_client(&server.url());
-    let keeper = client
-        .register_leased(&worker("e", 0, 0, 1), 2)
-        .await
-        .unwrap();
+    let (_dir, server, client, keeper) = leased("e", 2).await;
     let old = keeper.lease_id().unwrap();
     let mut state = keeper.subscribe();
     assert!(client.revoke_lease(old).await.unwrap());
@@ -117,14 +120,8 @@ async fn a_lease_revoked_from_outside_is_noticed_and_the_worker_registers_again(
 #[tokio::test]
 async fn a_lease_lost_while_the_server_is_down_is_loud_and_registered_again_when_it_is_back() {
     let (logs, _guard) = capture_logs();
-    let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path()).await;
+    let (dir, server, _, keeper) = leased("e", 1).await;
     let addr = server.addr();
-    let client = fast_client(&server.url());
-    let keeper = client
-        .register_leased(&worker("e", 0, 0, 1), 1)
-        .await
-        .unwrap();
     let old = keeper.lease_id().unwrap();
     let mut state = keeper.subscribe();
     server.shutdown().await.unwrap();
@@ -174,13 +171,7 @@ async fn a_lease_lost_while_the_server_is_down_is_loud_and_registered_again_when
 
 #[tokio::test]
 async fn a_slot_taken_by_another_engine_stops_the_keeper() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path()).await;
-    let client = fast_client(&server.url());
-    let keeper = client
-        .register_leased(&worker("old", 0, 0, 1), 3)
-        .await
-        .unwrap();
+    let (_dir, server, client, keeper) = leased("old", 3).await;
     let mut state = keeper.subscribe();
     client
         .revoke_lease(keeper.lease_id().unwrap())
