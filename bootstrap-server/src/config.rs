@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use worker_client::protocol::{Rank, MAX_RANK};
-use worker_client::service::{parse_seconds, LogFormat};
+use pd_protocol::{Rank, MAX_RANK};
+use pd_service::{parse_seconds, LogFormat};
 
 use crate::registry::{EngineConflictPolicy, ExpectedTopology, RegistryConfig};
 use crate::server::ServerConfig;

@@ -1,5 +1,5 @@
 use clap::Parser;
-use worker_client::service::{init_logging, shutdown_signal};
+use pd_service::{init_logging, shutdown_signal};
 
 use bootstrap_server::config::Args;
 use bootstrap_server::Server;

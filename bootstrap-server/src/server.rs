@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pd_service::{serve, BearerToken, ServeLimits};
 use tokio::net::TcpListener;
-use worker_client::serve::{serve, ServeLimits};
 
-use crate::http::{self, AppState, AuthToken};
+use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::registry::{Registry, RegistryConfig};
 use crate::store::{EtcdConfig, EtcdStore, SledStore, Store, StoreError};
@@ -57,7 +57,7 @@ pub enum ServerError {
 pub struct Server {
     listener: TcpListener,
     state: AppState,
-    auth: Option<AuthToken>,
+    auth: Option<BearerToken>,
 }
 
 impl Server {
@@ -107,7 +107,7 @@ impl Server {
                 registry,
                 metrics: Arc::new(Metrics::new()),
             },
-            auth: config.auth_token.map(|t| AuthToken(Arc::from(t))),
+            auth: config.auth_token.as_deref().and_then(BearerToken::new),
         })
     }
 

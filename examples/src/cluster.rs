@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use pd_transfer::Transport;
 use tokio::process::{Child, Command};
-use worker_client::transfer::Transport;
 
 /// Why the cluster could not start.
 #[derive(Debug, thiserror::Error)]

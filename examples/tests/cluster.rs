@@ -179,7 +179,7 @@ async fn a_killed_prefill_fails_fast_while_the_others_keep_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_moves_verified_kv_over_ucx() {
     let (mut spec, _dir) = spec("e2e-ucx-");
-    spec.transfer = worker_client::transfer::Transport::Ucx;
+    spec.transfer = pd_transfer::Transport::Ucx;
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");
     // Every prefill worker registered a ucx:// transfer address.
     for bootstrap in &cluster.bootstraps {

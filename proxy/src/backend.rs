@@ -7,10 +7,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
+use pd_protocol::Rank;
 use reqwest::header::HeaderValue;
 use reqwest::Url;
 use tokio::sync::Notify;
-use worker_client::protocol::Rank;
 
 use crate::config::{Config, HealthConfig};
 use crate::metrics::{BackendMetrics, CallOutcome, DiscoveryMetrics, Metrics};

@@ -6,11 +6,11 @@
 
 use std::collections::BTreeMap;
 
+use pd_protocol::vllm::KvTransferParams;
 use serde::de::IgnoredAny;
 use serde_json::error::Category;
 use serde_json::value::{to_raw_value, RawValue};
 use serde_json::{Map, Value};
-use worker_client::protocol::KvTransferParams;
 
 use crate::backend::Pair;
 

@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
+use pd_service::{parse_seconds, LogFormat};
 use reqwest::Url;
-use worker_client::service::{parse_seconds, LogFormat};
 
 /// vLLM's default bootstrap port (`VLLM_MOONCAKE_BOOTSTRAP_PORT`).
 pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use backon::{ExponentialBuilder, Retryable};
 use futures_util::StreamExt;
-use worker_client::protocol::Rank;
-use worker_client::service::error_chain;
+use pd_protocol::Rank;
+use pd_service::error_chain;
 use worker_client::{BootstrapClient, RetryPolicy, WatchUpdate};
 
 use crate::backend::{Pool, Prefill};

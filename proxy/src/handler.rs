@@ -20,9 +20,9 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use pd_service::BearerToken;
 use serde::Deserialize;
 use serde_json::Value;
-use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
 use crate::backend::{Backend, Pair, Pool};
@@ -53,8 +53,8 @@ pub struct Shared {
     completions: Arc<RouteMetrics>,
     chat_completions: Arc<RouteMetrics>,
     mode: Mode,
-    /// `Bearer <key>`, when clients must present a key.
-    expected_authorization: Option<Vec<u8>>,
+    /// The key clients must present, if any.
+    api_key: Option<BearerToken>,
     ids: Ids,
 }
 
@@ -119,24 +119,13 @@ impl Shared {
             chat_completions: Arc::new(metrics.route("/v1/chat/completions")),
             metrics,
             mode: config.mode,
-            expected_authorization: config
-                .api_key
-                .as_ref()
-                .map(|key| format!("Bearer {key}").into_bytes()),
+            api_key: config.api_key.as_deref().and_then(BearerToken::new),
             ids: Ids::new(),
         }
     }
 
     fn authorize(&self, headers: &HeaderMap) -> Result<(), Refusal> {
-        let Some(expected) = &self.expected_authorization else {
-            return Ok(());
-        };
-        let presented = headers
-            .get(AUTHORIZATION)
-            .map(HeaderValue::as_bytes)
-            .unwrap_or_default();
-        // Takes the same time whatever the bytes, so the key cannot be guessed by timing.
-        if bool::from(presented.ct_eq(expected)) {
+        if self.api_key.as_ref().is_none_or(|key| key.admits(headers)) {
             Ok(())
         } else {
             let error = ApiError::new(
@@ -588,7 +577,7 @@ pub async fn models(State(state): State<AppState>, headers: HeaderMap) -> Respon
             ApiError::bad_gateway(format!(
                 "decode {}: {}",
                 decode.url(),
-                worker_client::service::error_chain(&err)
+                pd_service::error_chain(&err)
             ))
             .into_response()
         }

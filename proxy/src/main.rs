@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use pd_proxy::config::{Args, PREFILL_ENV};
 use pd_proxy::Proxy;
-use worker_client::service::{init_logging, shutdown_signal};
+use pd_service::{init_logging, shutdown_signal};
 
 #[tokio::main]
 async fn main() -> ExitCode {

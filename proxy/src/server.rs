@@ -10,10 +10,10 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use pd_protocol::Rank;
+use pd_service::{serve, ServeLimits};
 use serde::Serialize;
 use tokio::net::TcpListener;
-use worker_client::protocol::Rank;
-use worker_client::serve::{serve, ServeLimits};
 
 use crate::backend::Pool;
 use crate::config::Config;
@@ -211,8 +211,8 @@ async fn method_not_allowed(request: Request) -> ApiError {
 }
 
 /// `GET /health`: the proxy itself is up.
-async fn health_route() -> Json<worker_client::protocol::Status> {
-    Json(worker_client::protocol::Status::ok())
+async fn health_route() -> Json<pd_protocol::Status> {
+    Json(pd_protocol::Status::ok())
 }
 
 /// One prefill in `GET /ready`.

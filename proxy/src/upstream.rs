@@ -21,7 +21,7 @@ use tokio::time::Sleep;
 use crate::backend::Call;
 use crate::config::Config;
 use crate::metrics::CallOutcome;
-use worker_client::service::error_chain;
+use pd_service::error_chain;
 
 /// The most bytes of a backend's error answer kept (to relay it and look for an unknown engine).
 const MAX_ERROR_BODY: usize = 64 * 1024;

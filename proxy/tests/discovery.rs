@@ -10,10 +10,10 @@ use bootstrap_server::registry::RegistryConfig;
 use bootstrap_server::server::ServerHandle;
 use bootstrap_server::{Server, ServerConfig};
 use common::*;
+use pd_protocol::vllm::RegisterWorker;
 use pd_proxy::config::parse_prefill;
 use pd_proxy::ProxyHandle;
 use serde_json::json;
-use worker_client::protocol::RegisterWorker;
 use worker_client::BootstrapClient;
 
 async fn post(proxy: &ProxyHandle) -> u16 {

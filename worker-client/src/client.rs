@@ -8,14 +8,17 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::ClientError;
-use crate::protocol::{
-    Deregister, DeregisterResponse, ErrorBody, LeaseId, LeaseStatus, QueryRequests,
-    QueryRequestsResponse, Rank, ReadyStatus, RegisterRequest, RegisterResponse, RegisterWorker,
-    ReleaseResponse, RequestLocation, Revision, RevokeResponse, Status, Topology, WatchBatch,
-    WorkerList, MAX_QUERY_IDS,
-};
 use crate::retry::RetryPolicy;
-use crate::service::error_chain;
+use pd_protocol::native::{
+    Deregister, DeregisterResponse, LeaseStatus, ReadyStatus, ReleaseResponse, RevokeResponse,
+    WatchBatch, WorkerList,
+};
+use pd_protocol::vllm::{
+    QueryRequests, QueryRequestsResponse, RegisterRequest, RegisterResponse, RegisterWorker,
+    RequestLocation, Topology, MAX_QUERY_IDS,
+};
+use pd_protocol::{ErrorBody, LeaseId, Rank, Revision, Status};
+use pd_service::error_chain;
 
 /// Settings shared by every call of a client.
 #[derive(Debug, Clone)]
@@ -327,7 +330,7 @@ impl BootstrapClient {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), worker_client::ClientError> {
-    /// use worker_client::{protocol::RegisterWorker, BootstrapClient};
+    /// use worker_client::{protocol::vllm::RegisterWorker, BootstrapClient};
     /// let client = BootstrapClient::new("http://10.0.0.5:8998")?;
     /// client
     ///     .register_worker(&RegisterWorker {

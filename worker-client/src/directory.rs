@@ -13,7 +13,8 @@ use tokio::sync::OnceCell;
 
 use crate::client::{normalize_url, BootstrapClient, RequestOutcome};
 use crate::error::ClientError;
-use crate::protocol::{Rank, Topology};
+use pd_protocol::vllm::Topology;
+use pd_protocol::Rank;
 
 /// One remote engine: its dp ranks and, for each, tp rank -> pp rank -> transfer address.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,7 +11,8 @@ use tracing::Instrument;
 
 use crate::client::BootstrapClient;
 use crate::error::ClientError;
-use crate::protocol::{validate_lease_ttl, LeaseId, RegisterResponse, RegisterWorker};
+use pd_protocol::vllm::{RegisterResponse, RegisterWorker};
+use pd_protocol::{LeaseId, MAX_LEASE_TTL};
 
 /// Where a [`LeaseKeeper`]'s registration stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,9 +127,13 @@ impl BootstrapClient {
         worker: &RegisterWorker,
         ttl_secs: u32,
     ) -> Result<LeaseKeeper, ClientError> {
-        validate_lease_ttl("lease_ttl", ttl_secs).map_err(|err| ClientError::InvalidInput {
-            reason: err.to_string(),
-        })?;
+        if !(1..=MAX_LEASE_TTL).contains(&ttl_secs) {
+            return Err(ClientError::InvalidInput {
+                reason: format!(
+                    "lease_ttl: {ttl_secs} is out of range (1 to {MAX_LEASE_TTL} seconds)"
+                ),
+            });
+        }
         let mut worker = RegisterWorker {
             lease_ttl: Some(ttl_secs),
             ..worker.clone()

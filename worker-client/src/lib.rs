@@ -1,5 +1,6 @@
 //! The worker side of pd-bootstrap: what P and D workers (and operators) use to talk to a
-//! bootstrap server, and the wire types every part of the project shares.
+//! bootstrap server. The wire types are [`protocol`] (the `pd-protocol` crate); the KV data plane
+//! is the separate `pd-transfer` crate.
 //!
 //! - [`BootstrapClient`]: one server; P-side registration with bounded retries, request ids,
 //!   topology and readiness.
@@ -8,9 +9,7 @@
 //! - [`BootstrapClient::watch`]: the registry's worker changes as a stream of [`WatchUpdate`]s.
 //! - [`EngineDirectory`]: D side; where a remote engine's workers are, cached per bootstrap
 //!   address with shared (single-flight) lookups.
-//! - [`protocol`]: the JSON of every route.
-//! - [`transfer`]: the KV data plane (P exports, D pulls) over TCP, or UCX with the `ucx` feature.
-//! - [`service`] and [`serve`]: logging, shutdown and HTTP serving for the project's binaries.
+//! - [`protocol`]: the JSON of every route, one module per dialect.
 //!
 //! Nothing here waits without a bound: every attempt has a timeout and every retry loop a
 //! deadline; errors say what failed, where, and whether retrying can help
@@ -20,12 +19,10 @@ mod client;
 mod directory;
 mod error;
 mod lease;
-pub mod protocol;
 mod retry;
-pub mod serve;
-pub mod service;
-pub mod transfer;
 mod watch;
+
+pub use pd_protocol as protocol;
 
 pub use client::{BootstrapClient, BootstrapClientBuilder, RequestOutcome};
 pub use directory::{EngineDirectory, EngineInfo};

@@ -11,13 +11,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use futures_util::StreamExt;
-use worker_client::protocol::{
-    Deregister, QueryRequestsResponse, Rank, RegisterWorker, RequestLocation, Revision, Topology,
-    WorkerEventKind, WorkerInfo, MAX_LEASE_TTL,
-};
-use worker_client::service::{
-    init_logging, parse_seconds, parse_seconds_or_zero, shutdown_signal, LogFormat,
-};
+use pd_protocol::native::{Deregister, WorkerEventKind, WorkerInfo};
+use pd_protocol::vllm::{QueryRequestsResponse, RegisterWorker, RequestLocation, Topology};
+use pd_protocol::{Rank, Revision, MAX_LEASE_TTL};
+use pd_service::{init_logging, parse_seconds, parse_seconds_or_zero, shutdown_signal, LogFormat};
 use worker_client::{
     BootstrapClient, ClientError, LeaseKeeper, LeaseState, RequestOutcome, WatchUpdate,
 };

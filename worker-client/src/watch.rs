@@ -7,7 +7,8 @@ use futures_util::stream::{self, BoxStream, StreamExt};
 
 use crate::client::BootstrapClient;
 use crate::error::ClientError;
-use crate::protocol::{Revision, WatchBatch, WorkerList};
+use pd_protocol::native::{WatchBatch, WorkerList};
+use pd_protocol::Revision;
 
 /// One item of [`BootstrapClient::watch`].
 #[derive(Debug, Clone, PartialEq, Eq)]

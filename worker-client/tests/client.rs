@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{fast_client, silent_server, start, start_at, worker};
 use futures_util::future::join_all;
-use worker_client::protocol::Deregister;
+use worker_client::protocol::native::Deregister;
 use worker_client::{BootstrapClient, ClientError, EngineDirectory, RequestOutcome};
 
 /// The value of one metric line of the server, 0 when absent.
@@ -318,10 +318,10 @@ async fn batches_larger_than_the_server_limit_are_split() {
     let server = start(dir.path()).await;
     let client = fast_client(&server.url());
     client.register_worker(&worker("e", 0, 0, 1)).await.unwrap();
-    let count = worker_client::protocol::MAX_QUERY_IDS + 904;
+    let count = worker_client::protocol::vllm::MAX_QUERY_IDS + 904;
     let ids: Vec<String> = (0..count).map(|i| format!("r{i}")).collect();
     for id in &ids {
-        let request = worker_client::protocol::RegisterRequest {
+        let request = worker_client::protocol::vllm::RegisterRequest {
             req_id: id.clone(),
             dp_rank: 0,
         };

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use bootstrap_server::server::ServerHandle;
 use common::{capture_logs, fast_client, start, start_at, worker, WAIT};
 use tokio::sync::watch;
-use worker_client::protocol::{LeaseId, WorkerInfo};
+use worker_client::protocol::native::WorkerInfo;
+use worker_client::protocol::LeaseId;
 use worker_client::{BootstrapClient, ClientError, LeaseKeeper, LeaseState};
 
 /// The workers the server lists.

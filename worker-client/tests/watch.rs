@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use common::{fast_builder, fast_client, serve, silent_server, start, start_at, worker, WAIT};
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
-use worker_client::protocol::{Deregister, WorkerEvent, WorkerEventKind};
+use worker_client::protocol::native::{Deregister, WorkerEvent, WorkerEventKind};
 use worker_client::{BootstrapClient, ClientError, WatchUpdate};
 
 type Updates = BoxStream<'static, Result<WatchUpdate, ClientError>>;

@@ -6,7 +6,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use worker_client::protocol::ErrorBody;
+use pd_protocol::ErrorBody;
 
 use crate::registry::{RegistryError, RequestConflict};
 

@@ -14,15 +14,19 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
+use pd_protocol::native::{
+    Deregister, DeregisterResponse, LeaseStatus, ReadyStatus, ReleaseResponse, RevokeResponse,
+    WatchBatch, WatchGone, WorkerList,
+};
+use pd_protocol::vllm::{
+    QueryRequests, RegisterLegacyWorker, RegisterRequest, RegisterResponse, RegisterWorker,
+    RequestLocation,
+};
+use pd_protocol::{LeaseId, Revision, Status};
+use pd_service::BearerToken;
 use serde::Deserialize;
 use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
-use worker_client::protocol::{
-    Deregister, DeregisterResponse, LeaseId, LeaseStatus, QueryRequests, ReadyStatus,
-    RegisterLegacyWorker, RegisterRequest, RegisterResponse, RegisterWorker, ReleaseResponse,
-    RequestLocation, Revision, RevokeResponse, Status, WatchBatch, WatchGone, WorkerList,
-};
 
-pub use auth::AuthToken;
 pub use error::ApiError;
 use extract::JsonBody;
 
@@ -51,7 +55,7 @@ pub struct AppState {
 }
 
 /// Builds the full router. With `auth`, every write route requires that bearer token.
-pub fn router(state: AppState, auth: Option<AuthToken>) -> Router {
+pub fn router(state: AppState, auth: Option<BearerToken>) -> Router {
     let mut writes = Router::new()
         .route("/register", post(register).delete(deregister))
         .route("/register_worker", post(register_worker))

@@ -4,7 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use worker_client::protocol::{Revision, WorkerEvent, WorkerEventKind};
+use pd_protocol::native::{WorkerEvent, WorkerEventKind};
+use pd_protocol::Revision;
 
 use super::watch::worker_info;
 use super::{Registry, RegistryConfig, RequestTable, WorkerState};

@@ -2,7 +2,8 @@
 
 use std::collections::VecDeque;
 
-use worker_client::protocol::{Revision, WorkerEvent};
+use pd_protocol::native::WorkerEvent;
+use pd_protocol::Revision;
 
 /// The most recent worker events kept; a watcher further behind re-lists.
 pub const HISTORY_CAPACITY: usize = 10_000;
@@ -68,7 +69,7 @@ impl History {
 
 #[cfg(test)]
 mod tests {
-    use worker_client::protocol::{WorkerEventKind, WorkerInfo};
+    use pd_protocol::native::{WorkerEventKind, WorkerInfo};
 
     use super::*;
 

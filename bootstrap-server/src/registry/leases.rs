@@ -1,6 +1,6 @@
 //! Leases: keepalives, revocation, and the clean-up of leases a slot moved away from.
 
-use worker_client::protocol::LeaseId;
+use pd_protocol::LeaseId;
 
 use super::{Registry, RegistryError, APPLY_WAIT};
 use crate::store::{Lease, StoreError};

@@ -5,6 +5,7 @@ mod follow;
 mod history;
 mod leases;
 mod requests;
+pub mod validate;
 mod watch;
 mod workers;
 
@@ -13,12 +14,16 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use bytes::Bytes;
-use worker_client::protocol::{
-    validate_addr, validate_id, validate_lease_ttl, validate_rank, Deregister, FieldError, LeaseId,
-    QueryRequests, QueryRequestsResponse, Rank, RegisterLegacyWorker, RegisterRequest,
-    RegisterResponse, RegisterWorker, RequestLocation, Revision, MAX_QUERY_IDS,
+use crate::registry::validate::{
+    validate_addr, validate_id, validate_lease_ttl, validate_rank, FieldError,
 };
+use bytes::Bytes;
+use pd_protocol::native::Deregister;
+use pd_protocol::vllm::{
+    QueryRequests, QueryRequestsResponse, RegisterLegacyWorker, RegisterRequest, RegisterResponse,
+    RegisterWorker, RequestLocation, MAX_QUERY_IDS,
+};
+use pd_protocol::{LeaseId, Rank, Revision};
 
 pub use history::{Compacted, History, HISTORY_CAPACITY};
 pub use requests::{Inserted, RequestConflict, RequestTable};
@@ -475,7 +480,7 @@ impl Registry {
 
     fn render(&self, table: &WorkerTable) -> TopologyView {
         let topology = table.topology(None);
-        let mut engines: BTreeMap<&str, BTreeMap<Rank, &worker_client::protocol::DpGroup>> =
+        let mut engines: BTreeMap<&str, BTreeMap<Rank, &pd_protocol::vllm::DpGroup>> =
             BTreeMap::new();
         for (dp, group) in &topology {
             if let Some(engine) = group.engine_id.as_deref() {

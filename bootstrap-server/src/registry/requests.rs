@@ -8,7 +8,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use worker_client::protocol::Rank;
+use pd_protocol::Rank;
 
 use crate::store::RequestRecord;
 

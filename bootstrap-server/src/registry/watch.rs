@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use worker_client::protocol::{Revision, WatchBatch, WorkerInfo, WorkerList};
+use pd_protocol::native::{WatchBatch, WorkerInfo, WorkerList};
+use pd_protocol::Revision;
 
 use super::{Compacted, Registry, RegistryError};
 use crate::store::WorkerRecord;

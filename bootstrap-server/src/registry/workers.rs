@@ -7,7 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use worker_client::protocol::{DpGroup, LeaseId, Rank, Topology};
+use pd_protocol::vllm::{DpGroup, Topology};
+use pd_protocol::{LeaseId, Rank};
 
 use crate::store::{Lease, Slot, WorkerChange, WorkerRecord};
 

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use pd_protocol::LeaseId;
 use serde::{Deserialize, Serialize};
-use worker_client::protocol::LeaseId;
 
 use super::{Lease, RequestRecord, Slot, StoreError, WorkerRecord};
 

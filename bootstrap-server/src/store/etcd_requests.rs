@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use etcd_client::{PutOptions, Txn, TxnOp};
+use pd_protocol::LeaseId;
 use tokio::sync::{mpsc, oneshot};
-use worker_client::protocol::LeaseId;
 
 use super::codec::encode_request;
 use super::etcd_store::{etcd_error, is_lease_not_found, Etcd, MAX_TXN_OPS};

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
+use pd_protocol::{LeaseId, Rank, Revision};
 use tokio::sync::mpsc;
-use worker_client::protocol::{LeaseId, Rank, Revision};
 
 use super::codec::{corrupt, decode_request, decode_worker, encode_worker};
 use super::etcd_requests::RequestWriter;
@@ -66,7 +66,7 @@ impl EtcdConfig {
             .map(str::to_owned)
             .collect();
         for endpoint in &endpoints {
-            worker_client::protocol::validate_addr("--store", endpoint)
+            crate::registry::validate::validate_addr("--store", endpoint)
                 .map_err(|e| format!("{e} (in {url:?})"))?;
             if endpoint.contains("://") {
                 return Err(format!("{endpoint:?} in {url:?} must be HOST:PORT"));

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use etcd_client::{EventType, WatchOptions};
+use pd_protocol::Revision;
 use tokio::sync::mpsc;
-use worker_client::protocol::Revision;
 
 use super::codec::decode_worker;
 use super::etcd_store::{request_record, revision_of, Etcd, KeyKind};

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 pub use etcd_requests::REQUEST_LEASE_BUCKET_MS;
 pub use etcd_store::{EtcdConfig, EtcdStore};
+use pd_protocol::{LeaseId, Rank, Revision};
 pub use sled_store::SledStore;
-use worker_client::protocol::{LeaseId, Rank, Revision};
 
 /// A boxed future returned by [`Store`] methods.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;

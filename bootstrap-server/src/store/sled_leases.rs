@@ -7,7 +7,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use worker_client::protocol::LeaseId;
+use pd_protocol::LeaseId;
 
 use super::{Slot, WorkerChange};
 

@@ -10,8 +10,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use pd_protocol::{LeaseId, Revision};
 use tokio::sync::mpsc;
-use worker_client::protocol::{LeaseId, Revision};
 
 use super::codec::{corrupt, decode_request, decode_worker, encode_request, encode_worker};
 use super::sled_leases::SledLeases;

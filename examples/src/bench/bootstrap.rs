@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use pd_protocol::vllm::RegisterWorker;
 use serde_json::json;
-use worker_client::protocol::RegisterWorker;
 use worker_client::BootstrapClient;
 
 use super::loadgen::{self, LoadConfig, ProcessUsage, RequestFactory};
@@ -356,7 +356,7 @@ pub async fn scale(settings: &Settings, live_ids: u64) -> Result<ScaleReport, St
         .map_err(|e| e.to_string())?;
     if !matches!(
         reloaded.results.get("req-0"),
-        Some(worker_client::protocol::RequestLocation::Ok(_))
+        Some(pd_protocol::vllm::RequestLocation::Ok(_))
     ) {
         return Err(format!(
             "request ids were not reloaded after the restart: {reloaded:?}"

@@ -18,7 +18,7 @@ use super::loadgen::{self, LoadConfig, ProcessUsage, RequestFactory};
 use super::report::Row;
 use crate::cluster::{free_port, spawn, wait_for, Cluster, ClusterSpec, PrefillShape, Process};
 use crate::openai_client::send;
-use worker_client::serve::{serve, ServeLimits};
+use pd_service::{serve, ServeLimits};
 
 /// SSE events a streamed mock answer carries before `[DONE]`.
 const STREAM_EVENTS: usize = 16;

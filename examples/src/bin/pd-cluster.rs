@@ -6,9 +6,9 @@ use std::time::Duration;
 use clap::Parser;
 use pd_examples::cluster::{Cluster, ClusterSpec};
 use pd_examples::openai_client::send;
+use pd_service::{init_logging, shutdown_signal, LogFormat};
+use pd_transfer::Transport;
 use serde_json::json;
-use worker_client::service::{init_logging, shutdown_signal, LogFormat};
-use worker_client::transfer::Transport;
 
 /// Start two bootstrap servers, two prefill engines (dp=2,tp=2 and dp=1,tp=2), two decode
 /// engines and the proxy; send a few requests; run until Ctrl-C.

@@ -1,6 +1,6 @@
 use clap::Parser;
 use pd_examples::sim::{SimArgs, SimEngine};
-use worker_client::service::{init_logging, shutdown_signal};
+use pd_service::{init_logging, shutdown_signal};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {

@@ -4,8 +4,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use worker_client::service::{parse_seconds, LogFormat};
-use worker_client::transfer::Transport;
+use pd_service::{parse_seconds, LogFormat};
+use pd_transfer::Transport;
 
 /// The role a simulated engine plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

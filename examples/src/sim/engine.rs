@@ -16,10 +16,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::future::join_all;
+use pd_protocol::native::Deregister;
+use pd_protocol::vllm::{KvTransferParams, RegisterWorker};
+use pd_service::{serve, ServeLimits};
+use pd_transfer::{ExportConfig, KvExporter, KvPuller, TransferError};
 use serde_json::{json, Value};
-use worker_client::protocol::{Deregister, KvTransferParams, RegisterWorker};
-use worker_client::serve::{serve, ServeLimits};
-use worker_client::transfer::{ExportConfig, KvExporter, KvPuller, TransferError};
 use worker_client::{BootstrapClient, ClientError, EngineDirectory, LeaseKeeper};
 
 use super::config::{Role, SimArgs};

@@ -4,7 +4,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use bytes::Bytes;
-use worker_client::transfer::pattern;
+use pd_transfer::pattern;
 
 /// Where one share of a request's KV was computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bootstrap_server::registry::RegistryConfig;
 use bootstrap_server::server::ServerHandle;
 use bootstrap_server::{Server, ServerConfig};
-use worker_client::protocol::RegisterWorker;
+use worker_client::protocol::vllm::RegisterWorker;
 use worker_client::{BootstrapClient, BootstrapClientBuilder, RetryPolicy};
 
 /// Every wait for an event is bounded by this.

@@ -6,6 +6,7 @@
 //! read timeout, `TCP_NODELAY` on every connection, and a bounded grace period at shutdown.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -16,7 +17,81 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tower::ServiceExt;
+
+/// The listening socket could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr}: {source}")]
+pub struct BindError {
+    /// The address asked for.
+    pub addr: String,
+    /// What failed.
+    pub source: std::io::Error,
+}
+
+/// Binds a listener on `addr` (`host:port`; port 0 picks a free one).
+pub async fn bind(host: &str, port: u16) -> Result<TcpListener, BindError> {
+    TcpListener::bind((host, port))
+        .await
+        .map_err(|source| BindError {
+            addr: if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            },
+            source,
+        })
+}
+
+/// A server running on a background task of the current runtime, stopped gracefully by
+/// [`Background::shutdown`]. Tests and embedders start servers this way.
+pub struct Background<E> {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), E>>,
+}
+
+impl<E: From<std::io::Error> + Send + 'static> Background<E> {
+    /// Spawns `run`, listening on `addr`, with the future that tells it to shut down.
+    pub fn spawn<R, F>(addr: SocketAddr, run: R) -> Self
+    where
+        R: FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> F,
+        F: Future<Output = Result<(), E>> + Send + 'static,
+    {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(run(Box::pin(async move {
+            let _ = stopped.await;
+        })));
+        Background {
+            addr,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`, the base URL clients use.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Shuts the server down gracefully and waits until it has stopped.
+    pub async fn shutdown(mut self) -> Result<(), E> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match (&mut self.task).await {
+            Ok(result) => result,
+            Err(join_error) => Err(E::from(std::io::Error::other(join_error))),
+        }
+    }
+}
 
 /// Time limits of [`serve`].
 #[derive(Debug, Clone, Copy)]

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use worker_client::transfer::pattern;
-use worker_client::transfer::ucx::{PullConfig, UcxExporter, UcxPuller};
-use worker_client::transfer::{ExportConfig, TransferError, Transport};
+use pd_transfer::pattern;
+use pd_transfer::ucx::{PullConfig, UcxExporter, UcxPuller};
+use pd_transfer::{ExportConfig, TransferError, Transport};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pull_out_of_time_leaves_the_others_from_the_same_p_running() {

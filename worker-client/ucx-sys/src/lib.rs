@@ -10,7 +10,7 @@
 //! [`ucp_init`], [`UCS_PTR_IS_ERR`], [`UCS_PTR_IS_PTR`] and [`UCS_PTR_STATUS`].
 //!
 //! Everything here is `unsafe` and follows the UCX documentation's rules (thread modes, object
-//! lifetimes, request ownership); `worker_client::transfer::ucx` is the safe API.
+//! lifetimes, request ownership); `pd_transfer::ucx` is the safe API.
 
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 #![allow(clippy::all)]

@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use worker_client::transfer::ucx::{PullConfig, UcxExporter, UcxPuller};
-use worker_client::transfer::{ExportConfig, KvExporter, KvPuller, TransferError, Transport};
+use pd_transfer::ucx::{PullConfig, UcxExporter, UcxPuller};
+use pd_transfer::{ExportConfig, KvExporter, KvPuller, TransferError, Transport};
 
 async fn exporter(pool_bytes: usize, hold: Duration) -> UcxExporter {
     let config = ExportConfig {

@@ -13,8 +13,8 @@ use super::context::Context;
 use super::descriptor::{from_hex, Chunk, KvDescriptor};
 use super::worker::{Endpoint, RemoteKey, Request, Worker};
 use super::UcxError;
-use crate::transfer::tcp::{held_get, pull_url};
-use crate::transfer::{TransferError, Transport};
+use crate::pull::{held_get, pull_url};
+use crate::{TransferError, Transport};
 
 /// How often an idle engine progresses its worker (keep-alives, endpoint errors).
 const IDLE_TICK: Duration = Duration::from_millis(10);

@@ -15,7 +15,7 @@ use axum::Router;
 use tokio::sync::Notify;
 
 use super::TransferError;
-use crate::serve::{serve, ServeLimits};
+use pd_service::{serve, ServeLimits};
 
 /// The longest a pull may ask the exporter to wait.
 pub(crate) const MAX_WAIT: Duration = Duration::from_secs(600);

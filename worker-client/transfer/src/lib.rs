@@ -1,4 +1,6 @@
-//! The KV data plane: a P worker exports KV under a transfer id, a D worker pulls it.
+//! The KV data plane of pd-bootstrap: a P worker exports KV under a transfer id, a D worker pulls
+//! it. Only engines (and the simulated ones) build this crate; the bootstrap server and the proxy
+//! never do.
 //!
 //! A worker's transfer address names its transport, so D picks the right one:
 //! - `tcp://host:port` ([`tcp`], always built): the KV bytes travel over HTTP/1.1 on a plain TCP
@@ -17,6 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+mod pull;
 mod shelf;
 pub mod tcp;
 #[cfg(feature = "ucx")]

@@ -19,9 +19,9 @@ use super::descriptor::{to_hex, KvDescriptor};
 use super::pool::{BlockPool, Lease};
 use super::worker::Worker;
 use super::UcxError;
-use crate::transfer::shelf::{listen, spawn_janitor, Shelf};
-use crate::transfer::tcp::PullParams;
-use crate::transfer::{ExportConfig, TransferError, UCX_SCHEME};
+use crate::pull::PullParams;
+use crate::shelf::{listen, spawn_janitor, Shelf};
+use crate::{ExportConfig, TransferError, UCX_SCHEME};
 
 /// How long the progress thread sleeps at most when idle (also how soon it sees a stop).
 const IDLE_WAIT: Duration = Duration::from_millis(50);

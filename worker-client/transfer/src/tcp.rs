@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -11,17 +11,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use serde::Deserialize;
 
-use super::shelf::{listen, spawn_janitor, Shelf};
-use super::{TransferError, TCP_SCHEME};
-
-/// The query of a pull: how long the exporter may hold it open for the KV to be published.
-#[derive(Deserialize)]
-pub(crate) struct PullParams {
-    #[serde(default)]
-    pub(crate) wait_ms: u64,
-}
+use crate::pull::{held_get, pull_url, PullParams};
+use crate::shelf::{listen, spawn_janitor, Shelf};
+use crate::{TransferError, TCP_SCHEME};
 
 async fn serve_pull(
     State(shelf): State<Arc<Shelf<Bytes>>>,
@@ -71,54 +64,6 @@ impl TcpExporter {
     }
 }
 
-/// The URL of a pull of `transfer_id` from the exporter at `host_port`, held open for `wait`.
-pub(crate) fn pull_url(host_port: &str, transfer_id: &str, wait: Duration) -> String {
-    let id: String = url::form_urlencoded::byte_serialize(transfer_id.as_bytes()).collect();
-    format!("http://{host_port}/kv/{id}?wait_ms={}", wait.as_millis())
-}
-
-/// Sends `GET url` and returns the body of a 200, bounded by `deadline` (plus a second for the
-/// bytes); a 404 means P did not publish in time.
-pub(crate) async fn held_get(
-    http: &reqwest::Client,
-    url: &str,
-    addr: &str,
-    transfer_id: &str,
-    deadline: Duration,
-) -> Result<Bytes, TransferError> {
-    let started = Instant::now();
-    let unreachable = |reason: String| TransferError::Unreachable {
-        addr: addr.to_owned(),
-        transfer_id: transfer_id.to_owned(),
-        reason,
-    };
-    let not_published = || TransferError::NotPublished {
-        addr: addr.to_owned(),
-        transfer_id: transfer_id.to_owned(),
-        waited: started.elapsed(),
-    };
-    // The exporter answers at the latest when the wait ends; allow a little for the bytes.
-    let call = async {
-        let response = http
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        match response.status() {
-            StatusCode::OK => response
-                .bytes()
-                .await
-                .map_err(|e| unreachable(e.to_string())),
-            StatusCode::NOT_FOUND => Err(not_published()),
-            other => Err(unreachable(format!("exporter answered {other}"))),
-        }
-    };
-    match tokio::time::timeout(deadline.saturating_add(Duration::from_secs(1)), call).await {
-        Ok(result) => result,
-        Err(_) => Err(not_published()),
-    }
-}
-
 /// D side of the TCP transport.
 #[derive(Clone)]
 pub struct TcpPuller {
@@ -151,8 +96,10 @@ impl TcpPuller {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
     use super::*;
-    use crate::transfer::{KvExporter, KvPuller};
+    use crate::{KvExporter, KvPuller};
 
     async fn exporter(hold: Duration) -> KvExporter {
         KvExporter::bind("127.0.0.1:0".parse().unwrap(), hold)

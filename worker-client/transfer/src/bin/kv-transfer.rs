@@ -9,9 +9,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use pd_service::{init_logging, parse_seconds, LogFormat};
+use pd_transfer::{pattern, ExportConfig, KvExporter, KvPuller, Transport};
 use serde_json::json;
-use worker_client::service::{init_logging, parse_seconds, LogFormat};
-use worker_client::transfer::{pattern, ExportConfig, KvExporter, KvPuller, Transport};
 
 /// Export or pull numbered KV transfers `<id>-0`, `<id>-1`... of a deterministic pattern.
 #[derive(Debug, Parser)]
@@ -136,7 +136,7 @@ async fn export(args: ExportArgs) -> Result<(), String> {
         let _ = std::io::stdin().read_to_end(&mut Vec::new());
         let _ = closed_tx.send(());
     });
-    let shutdown = worker_client::service::shutdown_signal();
+    let shutdown = pd_service::shutdown_signal();
     tokio::pin!(shutdown);
     let mut published = 0;
     let mut said_pulling = false;
@@ -165,15 +165,15 @@ async fn export(args: ExportArgs) -> Result<(), String> {
 enum Puller {
     Generic(KvPuller),
     #[cfg(feature = "ucx")]
-    Ucx(worker_client::transfer::ucx::UcxPuller),
+    Ucx(pd_transfer::ucx::UcxPuller),
 }
 
 impl Puller {
     fn new(addr: &str) -> Result<Self, String> {
         #[cfg(feature = "ucx")]
         if addr.starts_with("ucx://") {
-            let config = worker_client::transfer::ucx::PullConfig::default();
-            return worker_client::transfer::ucx::UcxPuller::new(config)
+            let config = pd_transfer::ucx::PullConfig::default();
+            return pd_transfer::ucx::UcxPuller::new(config)
                 .map(Puller::Ucx)
                 .map_err(|e| e.to_string());
         }

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::context::MemRegion;
-use crate::transfer::TransferError;
+use crate::TransferError;
 
 /// A run of blocks: `(first block, block count)`.
 pub type BlockRange = (u64, u64);

@@ -1,0 +1,59 @@
+//! The wire types of pd-bootstrap, one module per dialect, shared by the bootstrap server, the
+//! worker client, the proxy and the examples. Only serde: no HTTP, no runtime.
+//!
+//! - [`vllm`]: vLLM's Mooncake connector wire (`POST /register`, `GET /query`, the request-keyed
+//!   routes and `kv_transfer_params`), with the optional fields that are ours.
+//! - [`native`]: pd-bootstrap's own routes (leases, `GET /workers`, `GET /watch`,
+//!   deregistration, readiness).
+//!
+//! What every dialect shares (ranks, revisions, leases, the error body and the limits the server
+//! enforces) is defined here.
+
+use serde::{Deserialize, Serialize};
+
+pub mod native;
+pub mod vllm;
+
+/// A data-, tensor- or pipeline-parallel rank.
+pub type Rank = u32;
+
+/// The largest rank any route accepts; anything above is rejected as absurd.
+pub const MAX_RANK: Rank = 65_535;
+
+/// The longest engine id or request id accepted, in bytes.
+pub const MAX_ID_LEN: usize = 256;
+
+/// The longest transfer address accepted, in bytes.
+pub const MAX_ADDR_LEN: usize = 512;
+
+/// The longest lease a registration may ask for, in seconds (a day).
+pub const MAX_LEASE_TTL: u32 = 86_400;
+
+/// Identifies a lease: a registration that lives only while its worker keeps it alive.
+pub type LeaseId = i64;
+
+/// A position in the registry's history of worker changes (see `GET /watch`).
+pub type Revision = u64;
+
+/// The answer to `{"status": "ok"}`-style routes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// `"ok"` (or `"ready"` for `/ready`).
+    pub status: String,
+}
+
+impl Status {
+    /// The usual `{"status": "ok"}`.
+    pub fn ok() -> Self {
+        Status {
+            status: "ok".to_owned(),
+        }
+    }
+}
+
+/// Every error body: vLLM's (FastAPI's) `{"detail": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong, naming the field or the conflict.
+    pub detail: String,
+}

@@ -1,0 +1,17 @@
+//! The process plumbing every pd-bootstrap binary shares, so that each server's lifecycle reads
+//! the same and is written once: logging ([`init_logging`]), the shutdown signal
+//! ([`shutdown_signal`]), duration flags and error text ([`parse_seconds`], [`error_chain`]),
+//! binding and serving an axum router with bounded timeouts and a graceful shutdown
+//! ([`serve`], [`bind`], [`Background`]), and the bearer-token check ([`BearerToken`]).
+
+mod bearer;
+mod logging;
+mod serve;
+mod shutdown;
+mod text;
+
+pub use bearer::BearerToken;
+pub use logging::{init_logging, LogFormat};
+pub use serve::{bind, serve, Background, BindError, ServeLimits};
+pub use shutdown::shutdown_signal;
+pub use text::{error_chain, parse_seconds, parse_seconds_or_zero};
