@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pd_service::{serve, BearerToken, ServeLimits};
+use pd_service::{bind, serve, Background, BearerToken, BindError, ServeLimits};
 use tokio::net::TcpListener;
 
 use crate::http::{self, AppState};
@@ -41,13 +41,8 @@ pub enum ServerError {
         source: StoreError,
     },
     /// The listening socket could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address asked for.
-        addr: SocketAddr,
-        /// What failed.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] BindError),
     /// Serving failed.
     #[error("server failed: {0}")]
     Serve(#[from] std::io::Error),
@@ -94,13 +89,7 @@ impl Server {
                 store: described,
                 source,
             })?;
-        let listener =
-            TcpListener::bind(config.addr)
-                .await
-                .map_err(|source| ServerError::Bind {
-                    addr: config.addr,
-                    source,
-                })?;
+        let listener = bind(&config.addr.ip().to_string(), config.addr.port()).await?;
         Ok(Server {
             listener,
             state: AppState {
@@ -125,17 +114,10 @@ impl Server {
 
     /// Runs the server on a background task of the current runtime.
     pub fn spawn(self) -> ServerHandle {
-        let addr = self.local_addr();
         let registry = self.state.registry.clone();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(self.run(async move {
-            let _ = stopped.await;
-        }));
         ServerHandle {
-            addr,
+            server: Background::spawn(self.local_addr(), |shutdown| self.run(shutdown)),
             registry,
-            stop: Some(stop),
-            task,
         }
     }
 
@@ -173,21 +155,19 @@ impl Server {
 
 /// A server running on a background task (see [`Server::spawn`]).
 pub struct ServerHandle {
-    addr: SocketAddr,
+    server: Background<ServerError>,
     registry: Arc<Registry>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), ServerError>>,
 }
 
 impl ServerHandle {
     /// The address the server listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// `http://ADDR`, the base URL clients use.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.server.url()
     }
 
     /// The registry the server serves.
@@ -196,14 +176,8 @@ impl ServerHandle {
     }
 
     /// Shuts the server down gracefully and waits until it has flushed its store.
-    pub async fn shutdown(mut self) -> Result<(), ServerError> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        match (&mut self.task).await {
-            Ok(result) => result,
-            Err(join_error) => Err(ServerError::Serve(std::io::Error::other(join_error))),
-        }
+    pub async fn shutdown(self) -> Result<(), ServerError> {
+        self.server.shutdown().await
     }
 }
 

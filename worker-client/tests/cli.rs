@@ -302,14 +302,14 @@ async fn register_with_a_lease_keeps_the_worker_until_sigterm() {
     // Alive across more than two ttls: the sidecar keeps it.
     let until = std::time::Instant::now() + Duration::from_millis(2500);
     while std::time::Instant::now() < until {
-        let workers = server.registry().list().workers;
+        let (_, workers) = server.registry().list();
         assert_eq!(workers.len(), 1);
-        assert_eq!(workers[0].lease_id, Some(lease));
+        assert_eq!(workers[0].lease.map(|l| l.id), Some(lease));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(sidecar.terminate().await, 0);
     assert!(
-        server.registry().list().workers.is_empty(),
+        server.registry().list().1.is_empty(),
         "revoked before exiting, not left to expire"
     );
 }

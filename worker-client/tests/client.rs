@@ -321,11 +321,7 @@ async fn batches_larger_than_the_server_limit_are_split() {
     let count = worker_client::protocol::vllm::MAX_QUERY_IDS + 904;
     let ids: Vec<String> = (0..count).map(|i| format!("r{i}")).collect();
     for id in &ids {
-        let request = worker_client::protocol::vllm::RegisterRequest {
-            req_id: id.clone(),
-            dp_rank: 0,
-        };
-        server.registry().register_request(&request).await.unwrap();
+        server.registry().register_request(id, 0).await.unwrap();
     }
     let outcomes = client
         .query_requests(&ids, 0, 1, Duration::from_secs(5))

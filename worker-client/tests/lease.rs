@@ -5,6 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use bootstrap_server::http::native::worker_info;
 use bootstrap_server::server::ServerHandle;
 use common::{capture_logs, fast_client, start, start_at, worker, WAIT};
 use tokio::sync::watch;
@@ -14,7 +15,8 @@ use worker_client::{BootstrapClient, ClientError, LeaseKeeper, LeaseState};
 
 /// The workers the server lists.
 fn listed(server: &ServerHandle) -> Vec<WorkerInfo> {
-    server.registry().list().workers
+    let (_, workers) = server.registry().list();
+    workers.iter().map(worker_info).collect()
 }
 
 /// Waits (bounded) until the keeper's state satisfies `done`, and returns it.

@@ -1,4 +1,5 @@
-//! Every error the server sends: a status code and vLLM's `{"detail": "..."}` body.
+//! Every error the server sends: a status code and FastAPI's `{"detail": "..."}` body (what
+//! vLLM's server sends, and so what its clients parse), also for errors made below the handlers.
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -25,32 +26,43 @@ impl ApiError {
             detail: detail.into(),
         }
     }
+
+    /// The text of the answer.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+}
+
+/// The status every wire module answers a registry error with.
+pub fn status_of(err: &RegistryError) -> StatusCode {
+    match err {
+        RegistryError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        RegistryError::OutOfRange { .. }
+        | RegistryError::Worker(_)
+        | RegistryError::TpSizeMismatch { .. }
+        | RegistryError::Request(RequestConflict::RankMismatch { .. }) => StatusCode::BAD_REQUEST,
+        RegistryError::UnknownLease(_) => StatusCode::NOT_FOUND,
+        RegistryError::Compacted { .. } | RegistryError::AheadOfRegistry { .. } => StatusCode::GONE,
+        RegistryError::Request(RequestConflict::Full { .. }) | RegistryError::Store(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+    }
+}
+
+impl ApiError {
+    /// A registry error with `detail` as its text (a wire module's own wording).
+    pub fn registry(err: &RegistryError, detail: impl Into<String>) -> Self {
+        if let RegistryError::Store(store_err) = err {
+            tracing::error!(error = %store_err, "storage failure");
+        }
+        ApiError::new(status_of(err), detail)
+    }
 }
 
 impl From<RegistryError> for ApiError {
+    /// The registry's own wording.
     fn from(err: RegistryError) -> Self {
-        let status = match &err {
-            RegistryError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            RegistryError::OutOfRange(_)
-            | RegistryError::Worker(_)
-            | RegistryError::TpSizeMismatch { .. }
-            | RegistryError::Request(RequestConflict::RankMismatch { .. }) => {
-                StatusCode::BAD_REQUEST
-            }
-            RegistryError::UnknownEngine(_) | RegistryError::UnknownLease(_) => {
-                StatusCode::NOT_FOUND
-            }
-            RegistryError::Compacted { .. } | RegistryError::AheadOfRegistry { .. } => {
-                StatusCode::GONE
-            }
-            RegistryError::Request(RequestConflict::Full { .. })
-            | RegistryError::NotReady { .. }
-            | RegistryError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
-        };
-        if let RegistryError::Store(store_err) = &err {
-            tracing::error!(error = %store_err, "storage failure");
-        }
-        ApiError::new(status, err.to_string())
+        ApiError::registry(&err, err.to_string())
     }
 }
 

@@ -4,12 +4,12 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use pd_protocol::native::{WorkerEvent, WorkerEventKind};
 use pd_protocol::Revision;
 
-use super::watch::worker_info;
+use super::model::{Change, ChangeKind};
 use super::{Registry, RegistryConfig, RequestTable, WorkerState};
-use crate::store::{Snapshot, StoreEvent, StoreEvents, WorkerChange};
+use crate::registry::model::WorkerChange;
+use crate::store::{Snapshot, StoreEvent, StoreEvents};
 use crate::sync::{lock, now_ms};
 
 impl Registry {
@@ -43,19 +43,19 @@ impl Registry {
                 guard,
             } => {
                 let mut state = self.write_workers();
-                let mut events: Vec<WorkerEvent> = remove
+                let mut events: Vec<Change> = remove
                     .iter()
                     .filter_map(|slot| state.table.get(*slot))
-                    .map(|old| WorkerEvent {
+                    .map(|old| Change {
                         revision,
-                        kind: WorkerEventKind::Delete,
-                        worker: worker_info(&old),
+                        kind: ChangeKind::Delete,
+                        worker: old,
                     })
                     .collect();
-                events.extend(put.iter().map(|new| WorkerEvent {
+                events.extend(put.iter().map(|new| Change {
                     revision,
-                    kind: WorkerEventKind::Put,
-                    worker: worker_info(new),
+                    kind: ChangeKind::Put,
+                    worker: new.clone(),
                 }));
                 state.table.apply(&WorkerChange { remove, put });
                 state.observed_tp_size = state.table.observed_tp_size();

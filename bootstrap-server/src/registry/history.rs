@@ -2,8 +2,9 @@
 
 use std::collections::VecDeque;
 
-use pd_protocol::native::WorkerEvent;
 use pd_protocol::Revision;
+
+use super::model::Change;
 
 /// The most recent worker events kept; a watcher further behind re-lists.
 pub const HISTORY_CAPACITY: usize = 10_000;
@@ -18,7 +19,7 @@ pub struct Compacted {
 /// Every worker event after revision `floor`, oldest first, at most `capacity` of them.
 #[derive(Debug)]
 pub struct History {
-    events: VecDeque<WorkerEvent>,
+    events: VecDeque<Change>,
     floor: Revision,
     capacity: usize,
 }
@@ -40,7 +41,7 @@ impl History {
     }
 
     /// Appends events (in revision order), dropping the oldest beyond the capacity.
-    pub fn extend(&mut self, events: impl IntoIterator<Item = WorkerEvent>) {
+    pub fn extend(&mut self, events: impl IntoIterator<Item = Change>) {
         self.events.extend(events);
         while self.events.len() > self.capacity {
             if let Some(dropped) = self.events.pop_front() {
@@ -58,7 +59,7 @@ impl History {
     }
 
     /// The events after `since`, or [`Compacted`] when some of them are no longer kept.
-    pub fn since(&self, since: Revision) -> Result<Vec<WorkerEvent>, Compacted> {
+    pub fn since(&self, since: Revision) -> Result<Vec<Change>, Compacted> {
         if since < self.floor {
             return Err(Compacted { floor: self.floor });
         }
@@ -69,21 +70,22 @@ impl History {
 
 #[cfg(test)]
 mod tests {
-    use pd_protocol::native::{WorkerEventKind, WorkerInfo};
-
     use super::*;
+    use crate::registry::model::{ChangeKind, Slot, WorkerRecord};
 
-    fn event(revision: Revision, dp_rank: u32) -> WorkerEvent {
-        WorkerEvent {
+    fn event(revision: Revision, dp_rank: u32) -> Change {
+        Change {
             revision,
-            kind: WorkerEventKind::Put,
-            worker: WorkerInfo {
+            kind: ChangeKind::Put,
+            worker: WorkerRecord {
+                slot: Slot {
+                    dp: dp_rank,
+                    tp: 0,
+                    pp: 0,
+                },
                 engine_id: None,
-                dp_rank,
-                tp_rank: 0,
-                pp_rank: 0,
                 addr: "tcp://h:1".into(),
-                lease_id: None,
+                lease: None,
             },
         }
     }

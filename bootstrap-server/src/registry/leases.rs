@@ -3,7 +3,8 @@
 use pd_protocol::LeaseId;
 
 use super::{Registry, RegistryError, APPLY_WAIT};
-use crate::store::{Lease, StoreError};
+use crate::registry::model::Lease;
+use crate::store::StoreError;
 
 impl Registry {
     /// Revokes, in the background, a lease that a registration moved its slot away from, once no

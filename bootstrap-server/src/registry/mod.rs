@@ -1,39 +1,42 @@
 //! The registry: one type that owns the worker table and the request-id table, validates every
-//! change, makes it durable through a [`Store`], and serves the HTTP routes.
+//! change, makes it durable through a [`Store`], and answers in its own domain types
+//! ([`model`]). It knows no HTTP and no dialect: the wire modules under [`crate::http`] map
+//! vLLM's (or another) JSON to these calls and render the answers and errors their clients
+//! expect.
 
+mod config;
+mod error;
 mod follow;
 mod history;
 mod leases;
+pub mod model;
+mod request_table;
 mod requests;
 pub mod validate;
+mod view;
 mod watch;
 mod workers;
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use crate::registry::validate::{
-    validate_addr, validate_id, validate_lease_ttl, validate_rank, FieldError,
-};
-use bytes::Bytes;
-use pd_protocol::native::Deregister;
-use pd_protocol::vllm::{
-    QueryRequests, QueryRequestsResponse, RegisterLegacyWorker, RegisterRequest, RegisterResponse,
-    RegisterWorker, RequestLocation, MAX_QUERY_IDS,
-};
-use pd_protocol::{LeaseId, Rank, Revision};
+use pd_protocol::{Rank, Revision};
 
+pub use config::{ExpectedTopology, RegistryConfig};
+pub use error::RegistryError;
 pub use history::{Compacted, History, HISTORY_CAPACITY};
-pub use requests::{Inserted, RequestConflict, RequestTable};
+pub use request_table::{Inserted, RequestConflict, RequestTable};
+pub use view::View;
+pub use watch::Changes;
 pub use workers::{EngineConflictPolicy, RegisterOutcome, WorkerConflict, WorkerTable};
 
-use crate::store::{RequestRecord, Slot, Store, StoreError, WorkerChange, WorkerRecord};
-use crate::sync::{lock, now_ms};
-
-/// How many expired ids one pruning step removes before it lets others take the lock.
-const PRUNE_BATCH: usize = 4096;
+use self::model::{
+    Deregistration, Lease, Readiness, Registration, Slot, WorkerChange, WorkerRecord,
+};
+use self::validate::{validate_addr, validate_id, validate_lease_ttl, validate_rank};
+use crate::store::{Store, StoreError};
+use crate::sync::lock;
 
 /// How often a worker change is planned again after another replica changed the table first.
 const WRITE_ATTEMPTS: usize = 8;
@@ -44,122 +47,6 @@ const APPLY_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a write that lost a race waits for the winner's change to arrive.
 const CONFLICT_WAIT: Duration = Duration::from_secs(2);
-
-/// The P deployment's expected shape; `GET /query` answers 503 until every rank has registered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExpectedTopology {
-    /// Number of dp ranks.
-    pub dp_size: Rank,
-    /// Number of tp ranks per dp rank.
-    pub tp_size: Rank,
-    /// Number of pp ranks per tp rank.
-    pub pp_size: Rank,
-}
-
-impl ExpectedTopology {
-    /// How many workers make the topology complete.
-    pub fn worker_count(&self) -> usize {
-        self.dp_size as usize * self.tp_size as usize * self.pp_size as usize
-    }
-}
-
-/// Registry settings.
-#[derive(Debug, Clone)]
-pub struct RegistryConfig {
-    /// The expected topology, if the operator configured one.
-    pub expected: Option<ExpectedTopology>,
-    /// How long a request id lives after registration.
-    pub request_ttl: Duration,
-    /// The most live request ids held at once.
-    pub max_requests: usize,
-    /// What a new engine id for an owned dp rank does.
-    pub engine_conflict: EngineConflictPolicy,
-}
-
-impl Default for RegistryConfig {
-    fn default() -> Self {
-        RegistryConfig {
-            expected: None,
-            request_ttl: Duration::from_secs(960),
-            max_requests: 2_000_000,
-            engine_conflict: EngineConflictPolicy::Reject,
-        }
-    }
-}
-
-/// Why the registry refused a call. The HTTP layer maps each kind to a status code.
-#[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
-    /// A field is malformed (422).
-    #[error(transparent)]
-    Invalid(#[from] FieldError),
-    /// A rank is not below the configured size (400, vLLM's wording).
-    #[error("{0}")]
-    OutOfRange(String),
-    /// A registration conflicts with what is on record (400, vLLM's wording).
-    #[error(transparent)]
-    Worker(#[from] WorkerConflict),
-    /// A request id conflicts, or the table is full.
-    #[error(transparent)]
-    Request(#[from] RequestConflict),
-    /// D's tp size differs from P's (400, vLLM's wording).
-    #[error(
-        "heterogeneous TP is not supported yet. TP size mismatch: expected {expected}, got {got}"
-    )]
-    TpSizeMismatch {
-        /// P's tp size.
-        expected: Rank,
-        /// The tp size D sent.
-        got: Rank,
-    },
-    /// The expected topology is incomplete (503).
-    #[error("Mooncake prefiller worker topology is not ready: {missing} of {expected} workers have not registered.")]
-    NotReady {
-        /// Workers still missing.
-        missing: usize,
-        /// Workers expected in all.
-        expected: usize,
-    },
-    /// No dp rank belongs to this engine (404).
-    #[error("engine_id {0:?} is not registered")]
-    UnknownEngine(String),
-    /// The lease has expired, was revoked or never existed (404).
-    #[error("lease {0} is not live (expired or revoked): register again")]
-    UnknownLease(LeaseId),
-    /// A watcher asked for changes older than the history kept (410).
-    #[error("revision {since} is older than the history kept (from {floor}): re-list with GET /workers and watch from its revision")]
-    Compacted {
-        /// What the watcher asked for.
-        since: Revision,
-        /// The oldest revision it can resume from.
-        floor: Revision,
-        /// The current revision.
-        revision: Revision,
-    },
-    /// A watcher asked for changes after a revision this registry has not reached, even after
-    /// waiting: it was restored from an older state, or the watcher knows another registry (410).
-    #[error("revision {since} is newer than this registry's {revision} (restored, or another registry): re-list with GET /workers and watch from its revision")]
-    AheadOfRegistry {
-        /// What the watcher asked for.
-        since: Revision,
-        /// The current revision.
-        revision: Revision,
-    },
-    /// The store failed (503: retrying may help).
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// How complete the registered topology is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Readiness {
-    /// Registered workers.
-    pub registered: usize,
-    /// Expected workers, when a topology is configured.
-    pub expected: Option<usize>,
-    /// Expected workers not yet registered (0 without a configured topology).
-    pub missing: usize,
-}
 
 /// Counts for `/metrics`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,21 +63,13 @@ pub struct Stats {
     pub store_connected: bool,
 }
 
-/// The pre-rendered answers of `GET /query`, rebuilt lazily after a change.
-struct TopologyView {
-    all: Bytes,
-    by_engine: HashMap<String, Bytes>,
-    readiness: Readiness,
-    engines: usize,
-}
-
 struct WorkerState {
     table: WorkerTable,
     /// The revision of the last committed worker change (what the next commit is guarded by).
     guard: Revision,
     /// P's tp size as the table shows it, kept current on every change (lookups read it).
     observed_tp_size: Option<Rank>,
-    view: Option<Arc<TopologyView>>,
+    view: Option<Arc<View>>,
     history: History,
 }
 
@@ -225,11 +104,6 @@ pub struct Registry {
     /// ids and progress reports, so that every replica in sync reports the same revision. It
     /// only moves past a worker change while the workers lock is held for writing.
     revision: AtomicU64,
-}
-
-fn to_bytes<T: serde::Serialize>(value: &T) -> Bytes {
-    // Maps with integer or string keys and string values always serialize.
-    Bytes::from(serde_json::to_vec(value).expect("topology serializes"))
 }
 
 impl Registry {
@@ -274,15 +148,16 @@ impl Registry {
 
     fn check_rank(
         &self,
-        kind: &str,
+        kind: &'static str,
         rank: Rank,
         size: impl Fn(&ExpectedTopology) -> Rank,
     ) -> Result<(), RegistryError> {
         match &self.config.expected {
-            Some(expected) if rank >= size(expected) => Err(RegistryError::OutOfRange(format!(
-                "{kind} rank {rank} must be less than {kind} size {}.",
-                size(expected)
-            ))),
+            Some(expected) if rank >= size(expected) => Err(RegistryError::OutOfRange {
+                kind,
+                rank,
+                size: size(expected),
+            }),
             _ => Ok(()),
         }
     }
@@ -296,21 +171,18 @@ impl Registry {
         self.check_rank("PP", slot.pp, |e| e.pp_size)
     }
 
-    /// `POST /register`: records one worker of an engine, under a new lease when it asks for one.
+    /// Records one worker of an engine, under a new lease when it asks for one; returns the
+    /// lease.
     pub async fn register(
         self: &Arc<Self>,
-        reg: &RegisterWorker,
-    ) -> Result<RegisterResponse, RegistryError> {
+        reg: &Registration,
+    ) -> Result<Option<Lease>, RegistryError> {
         validate_id("engine_id", &reg.engine_id)?;
         validate_addr("addr", &reg.addr)?;
         if let Some(ttl) = reg.lease_ttl {
             validate_lease_ttl("lease_ttl", ttl)?;
         }
-        let slot = Slot {
-            dp: reg.dp_rank,
-            tp: reg.tp_rank,
-            pp: reg.pp_rank,
-        };
+        let slot = reg.slot;
         self.check_slot(slot)?;
         let lease = match reg.lease_ttl {
             Some(ttl) => Some(self.store.grant_lease(ttl).await?),
@@ -354,41 +226,33 @@ impl Registry {
             ),
             RegisterOutcome::Replayed => {}
         }
-        Ok(RegisterResponse {
-            status: "ok".to_owned(),
-            lease_id,
-            lease_ttl: lease.map(|l| l.ttl),
-        })
+        Ok(lease)
     }
 
-    /// `POST /register_worker`: records a worker of vLLM's request-keyed API (pp rank 0).
-    pub async fn register_legacy(
+    /// Records a worker without an engine id (vLLM's request-keyed `/register_worker`): the slot
+    /// is written whatever it held, keeping the dp rank's engine id if it has one.
+    pub async fn register_unowned(
         self: &Arc<Self>,
-        reg: &RegisterLegacyWorker,
+        slot: Slot,
+        addr: &str,
     ) -> Result<(), RegistryError> {
-        validate_addr("worker_addr", &reg.worker_addr)?;
-        self.check_slot(Slot {
-            dp: reg.dp_rank,
-            tp: reg.tp_rank,
-            pp: 0,
-        })?;
-        let (dp, tp, addr) = (reg.dp_rank, reg.tp_rank, reg.worker_addr.clone());
-        self.write(move |table| Ok((table.plan_register_legacy(dp, tp, &addr), ())))
+        validate_addr("worker_addr", addr)?;
+        self.check_slot(slot)?;
+        let addr = addr.to_owned();
+        self.write(move |table| Ok((table.plan_register_unowned(slot, &addr), ())))
             .await
     }
 
-    /// `DELETE /register`: removes matching workers; returns how many.
-    pub async fn deregister(self: &Arc<Self>, req: &Deregister) -> Result<usize, RegistryError> {
+    /// Removes an engine's workers that match the selection; returns how many.
+    pub async fn deregister(
+        self: &Arc<Self>,
+        req: &Deregistration,
+    ) -> Result<usize, RegistryError> {
         validate_id("engine_id", &req.engine_id)?;
         let selection = req.clone();
         let removed = self
             .write(move |table| {
-                let change = table.plan_deregister(
-                    &selection.engine_id,
-                    selection.dp_rank,
-                    selection.tp_rank,
-                    selection.pp_rank,
-                );
+                let change = table.plan_deregister(&selection);
                 let removed = change.remove.len();
                 Ok((change, removed))
             })
@@ -467,200 +331,22 @@ impl Registry {
         self.workers.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn view(&self) -> Arc<TopologyView> {
+    /// The worker table as it stands, with its readiness; the same snapshot until the next
+    /// change, so what a wire module renders from it can be kept with it ([`View::rendered`]).
+    pub fn view(&self) -> Arc<View> {
         if let Some(view) = &self.read_workers().view {
             return view.clone();
         }
         let mut state = self.write_workers();
         if state.view.is_none() {
-            state.view = Some(Arc::new(self.render(&state.table)));
+            state.view = Some(Arc::new(View::new(&state.table, self.config.expected)));
         }
-        state.view.clone().expect("view was just rendered")
-    }
-
-    fn render(&self, table: &WorkerTable) -> TopologyView {
-        let topology = table.topology(None);
-        let mut engines: BTreeMap<&str, BTreeMap<Rank, &pd_protocol::vllm::DpGroup>> =
-            BTreeMap::new();
-        for (dp, group) in &topology {
-            if let Some(engine) = group.engine_id.as_deref() {
-                engines.entry(engine).or_default().insert(*dp, group);
-            }
-        }
-        let by_engine = engines
-            .iter()
-            .map(|(engine, groups)| ((*engine).to_owned(), to_bytes(groups)))
-            .collect();
-        let registered = table.worker_count();
-        let readiness = match &self.config.expected {
-            Some(expected) => Readiness {
-                registered,
-                expected: Some(expected.worker_count()),
-                missing: expected.worker_count().saturating_sub(table.count_within(
-                    expected.dp_size,
-                    expected.tp_size,
-                    expected.pp_size,
-                )),
-            },
-            None => Readiness {
-                registered,
-                expected: None,
-                missing: 0,
-            },
-        };
-        TopologyView {
-            all: to_bytes(&topology),
-            by_engine,
-            readiness,
-            engines: engines.len(),
-        }
+        state.view.clone().expect("the view was just made")
     }
 
     /// How complete the topology is.
     pub fn readiness(&self) -> Readiness {
-        self.view().readiness
-    }
-
-    /// `GET /query`: the JSON of every dp group, or of one engine's.
-    pub fn query(&self, engine_id: Option<&str>) -> Result<Bytes, RegistryError> {
-        if let Some(engine) = engine_id {
-            validate_id("engine_id", engine)?;
-        }
-        let view = self.view();
-        if let Some(expected) = view.readiness.expected {
-            if view.readiness.missing > 0 {
-                return Err(RegistryError::NotReady {
-                    missing: view.readiness.missing,
-                    expected,
-                });
-            }
-        }
-        match engine_id {
-            None => Ok(view.all.clone()),
-            Some(engine) => view
-                .by_engine
-                .get(engine)
-                .cloned()
-                .ok_or_else(|| RegistryError::UnknownEngine(engine.to_owned())),
-        }
-    }
-
-    /// `POST /register_request`: maps a request id to the dp rank that holds its KV.
-    pub async fn register_request(&self, req: &RegisterRequest) -> Result<Inserted, RegistryError> {
-        validate_id("req_id", &req.req_id)?;
-        validate_rank("dp_rank", req.dp_rank)?;
-        self.check_rank("DP", req.dp_rank, |e| e.dp_size)?;
-        let now = now_ms();
-        let record = RequestRecord {
-            dp_rank: req.dp_rank,
-            expires_at_ms: now + self.config.request_ttl.as_millis() as u64,
-        };
-        let inserted =
-            lock(&self.requests).insert(&req.req_id, req.dp_rank, now, record.expires_at_ms)?;
-        if inserted == Inserted::New {
-            if let Err(err) = self.store.put_request(&req.req_id, record).await {
-                lock(&self.requests).remove_if(&req.req_id, record);
-                return Err(err.into());
-            }
-        }
-        Ok(inserted)
-    }
-
-    /// `POST /query_requests`: where the KV of each id lives, for D's tp rank.
-    pub fn query_requests(
-        &self,
-        query: &QueryRequests,
-    ) -> Result<QueryRequestsResponse, RegistryError> {
-        validate_rank("tp_rank", query.tp_rank)?;
-        validate_rank("tp_size", query.tp_size)?;
-        if query.req_ids.len() > MAX_QUERY_IDS {
-            return Err(FieldError {
-                field: "req_ids",
-                problem: format!("{} ids asked, at most {MAX_QUERY_IDS}", query.req_ids.len()),
-            }
-            .into());
-        }
-        for id in &query.req_ids {
-            validate_id("req_ids", id)?;
-        }
-        let workers = self.read_workers();
-        // With a configured tp size, D's must equal it. Without one, P's is inferred from what
-        // has registered so far, which may still be incomplete: only a D tp size below it is
-        // certainly a mismatch (missing tp ranks answer per id).
-        let mismatch = match (&self.config.expected, workers.observed_tp_size) {
-            (Some(expected), _) => (expected.tp_size != query.tp_size).then_some(expected.tp_size),
-            (None, Some(observed)) => (query.tp_size < observed).then_some(observed),
-            (None, None) => None,
-        };
-        if let Some(expected) = mismatch {
-            return Err(RegistryError::TpSizeMismatch {
-                expected,
-                got: query.tp_size,
-            });
-        }
-        let now = now_ms();
-        let ranks: Vec<Option<Rank>> = {
-            let requests = lock(&self.requests);
-            query
-                .req_ids
-                .iter()
-                .map(|id| requests.get(id, now))
-                .collect()
-        };
-        let results = query
-            .req_ids
-            .iter()
-            .zip(ranks)
-            .map(|(id, rank)| {
-                let location = match rank {
-                    None => RequestLocation::Retry,
-                    Some(dp) if !workers.table.has_dp_group(dp) => {
-                        RequestLocation::Error(format!("Prefiller DP group {dp} not found"))
-                    }
-                    Some(dp) => match workers.table.addresses(dp, query.tp_rank) {
-                        addrs if addrs.is_empty() => RequestLocation::Error(format!(
-                            "Prefiller TP rank {} not matched in DP group {dp}",
-                            query.tp_rank
-                        )),
-                        addrs => RequestLocation::Ok(addrs),
-                    },
-                };
-                (id.clone(), location)
-            })
-            .collect();
-        Ok(QueryRequestsResponse { results })
-    }
-
-    /// `DELETE /requests/{req_id}`: forgets an id after its transfer; true when it was live.
-    pub async fn release_request(&self, req_id: &str) -> Result<bool, RegistryError> {
-        validate_id("req_id", req_id)?;
-        let live = lock(&self.requests).get(req_id, now_ms()).is_some();
-        // The store first, also for an id this replica does not hold: a retry after a failed
-        // delete (or a release sent to another replica than the registration) still reaches it.
-        self.store.remove_requests(&[Arc::from(req_id)]).await?;
-        lock(&self.requests).remove(req_id);
-        Ok(live)
-    }
-
-    /// Removes every expired request id; returns how many.
-    pub async fn prune_expired(&self) -> usize {
-        let mut total = 0;
-        loop {
-            let batch = lock(&self.requests).pop_expired(now_ms(), PRUNE_BATCH);
-            if batch.is_empty() {
-                break;
-            }
-            total += batch.len();
-            if let Err(err) = self.store.forget_expired(&batch).await {
-                // The ids are gone from memory; in the store they are dropped as expired at the
-                // next load.
-                tracing::warn!(error = %err, "could not delete pruned request ids from the store");
-            }
-        }
-        if total > 0 {
-            tracing::debug!(pruned = total, "expired request ids pruned");
-        }
-        total
+        self.view().readiness()
     }
 
     /// Counts for `/metrics`.
@@ -670,8 +356,8 @@ impl Registry {
         let revision = self.revision();
         let live_requests = lock(&self.requests).len();
         Stats {
-            workers: view.readiness.registered,
-            engines: view.engines,
+            workers: view.readiness().registered,
+            engines: view.engines(),
             live_requests,
             revision,
             store_connected: self.store.connected(),

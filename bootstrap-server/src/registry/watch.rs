@@ -1,46 +1,35 @@
-//! `GET /workers` and `GET /watch`: the worker table with its revision, and the changes after a
-//! revision, waited for.
+//! The worker table with its revision, and the changes after a revision, waited for (what the
+//! native `GET /workers` and `GET /watch` serve).
 
 use std::time::Duration;
 
-use pd_protocol::native::{WatchBatch, WorkerInfo, WorkerList};
 use pd_protocol::Revision;
 
+use super::model::{Change, WorkerRecord};
 use super::{Compacted, Registry, RegistryError};
-use crate::store::WorkerRecord;
 
-/// The wire form of a stored worker.
-pub(super) fn worker_info(record: &WorkerRecord) -> WorkerInfo {
-    WorkerInfo {
-        engine_id: record.engine_id.as_deref().map(str::to_owned),
-        dp_rank: record.slot.dp,
-        tp_rank: record.slot.tp,
-        pp_rank: record.slot.pp,
-        addr: record.addr.clone(),
-        lease_id: record.lease.map(|l| l.id),
-    }
+/// The changes after a revision, and the revision the watcher is then current at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changes {
+    /// Where the watcher stands after these changes: the next `since`.
+    pub revision: Revision,
+    /// The changes, oldest first (empty when the wait ran out).
+    pub changes: Vec<Change>,
 }
 
 impl Registry {
-    /// `GET /workers`: every registered worker, with the revision to watch from.
-    pub fn list(&self) -> WorkerList {
+    /// Every registered worker, with the revision to watch from.
+    pub fn list(&self) -> (Revision, Vec<WorkerRecord>) {
         let state = self.read_workers();
-        WorkerList {
-            // Read under the lock: no worker change can land between the table and the number.
-            revision: self.revision(),
-            workers: state.table.records().map(|r| worker_info(&r)).collect(),
-        }
+        // Read under the lock: no worker change can land between the table and the number.
+        (self.revision(), state.table.records().collect())
     }
 
-    /// `GET /watch?since=REV`: the worker changes after `since`, waiting up to `wait` for the
+    /// The worker changes after `since`, waiting up to `wait` for the
     /// first one. An empty batch means the wait ran out. A `since` ahead of this replica is
     /// waited for (another replica may be a little ahead) and refused if it is still ahead when
     /// the wait runs out.
-    pub async fn watch(
-        &self,
-        since: Revision,
-        wait: Duration,
-    ) -> Result<WatchBatch, RegistryError> {
+    pub async fn watch(&self, since: Revision, wait: Duration) -> Result<Changes, RegistryError> {
         let mut applied = self.applied.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
         loop {
@@ -57,7 +46,10 @@ impl Registry {
                     }
                 })?;
                 if !events.is_empty() {
-                    return Ok(WatchBatch { revision, events });
+                    return Ok(Changes {
+                        revision,
+                        changes: events,
+                    });
                 }
                 revision
             };
@@ -71,9 +63,9 @@ impl Registry {
                     })
                 }
                 _ => {
-                    return Ok(WatchBatch {
+                    return Ok(Changes {
                         revision: current,
-                        events: Vec::new(),
+                        changes: Vec::new(),
                     })
                 }
             }

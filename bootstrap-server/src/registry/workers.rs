@@ -7,10 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use pd_protocol::vllm::{DpGroup, Topology};
 use pd_protocol::{LeaseId, Rank};
 
-use crate::store::{Lease, Slot, WorkerChange, WorkerRecord};
+use super::model::{Deregistration, Lease, Slot, WorkerChange, WorkerRecord};
 
 /// What to do when a new engine id registers a dp rank that another engine owns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -24,11 +23,11 @@ pub enum EngineConflictPolicy {
     Replace,
 }
 
-/// Why a registration was refused. The texts are vLLM's.
+/// Why a registration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WorkerConflict {
     /// The dp rank belongs to another engine.
-    #[error("Engine ID mismatch for dp_rank={dp_rank}: expected {expected}, got {got}")]
+    #[error("dp rank {dp_rank} belongs to engine {expected}, not to {got}")]
     EngineMismatch {
         /// The contested dp rank.
         dp_rank: Rank,
@@ -38,9 +37,7 @@ pub enum WorkerConflict {
         got: String,
     },
     /// The slot is registered at another address.
-    #[error(
-        "Worker with {slot} is already registered at {old}, but still want to register at {new}"
-    )]
+    #[error("the worker at {slot} is registered at {old}, not at {new}")]
     SlotTaken {
         /// The contested slot.
         slot: Slot,
@@ -80,10 +77,25 @@ pub struct WorkerTable {
     groups: BTreeMap<Rank, Group>,
 }
 
+/// The workers of one dp rank.
 #[derive(Debug, Clone, Default)]
-struct Group {
+pub struct Group {
     engine_id: Option<Arc<str>>,
     workers: BTreeMap<(Rank, Rank), Worker>,
+}
+
+impl Group {
+    /// The engine that owns the dp rank (none for workers registered without an engine id).
+    pub fn engine_id(&self) -> Option<&str> {
+        self.engine_id.as_deref()
+    }
+
+    /// `(tp rank, pp rank, address)` of every worker, in rank order.
+    pub fn workers(&self) -> impl Iterator<Item = (Rank, Rank, &str)> {
+        self.workers
+            .iter()
+            .map(|((tp, pp), worker)| (*tp, *pp, worker.addr.as_str()))
+    }
 }
 
 /// One slot's registration.
@@ -167,32 +179,12 @@ impl WorkerTable {
             .count()
     }
 
-    /// The table as `GET /query` shows it, optionally only one engine's dp ranks.
-    pub fn topology(&self, engine_id: Option<&str>) -> Topology {
-        let mut topology = Topology::new();
-        for (dp, group) in &self.groups {
-            if engine_id.is_some() && group.engine_id.as_deref() != engine_id {
-                continue;
-            }
-            let mut worker_addr: BTreeMap<Rank, BTreeMap<Rank, String>> = BTreeMap::new();
-            for ((tp, pp), worker) in &group.workers {
-                worker_addr
-                    .entry(*tp)
-                    .or_default()
-                    .insert(*pp, worker.addr.clone());
-            }
-            topology.insert(
-                *dp,
-                DpGroup {
-                    engine_id: group.engine_id.as_deref().map(str::to_owned),
-                    worker_addr,
-                },
-            );
-        }
-        topology
+    /// Every dp rank with workers, in rank order.
+    pub fn groups(&self) -> impl Iterator<Item = (Rank, &Group)> {
+        self.groups.iter().map(|(dp, group)| (*dp, group))
     }
 
-    /// Plans `POST /register`. Arguments must already be validated.
+    /// Plans a registration under an engine id. Arguments must already be validated.
     pub fn plan_register(
         &self,
         engine_id: &str,
@@ -319,13 +311,12 @@ impl WorkerTable {
         }
     }
 
-    /// Plans `POST /register_worker` (vLLM's request-keyed API): the slot (dp, tp, 0) is written
-    /// whatever it held, as vLLM does, keeping the dp rank's engine id if it has one.
-    pub fn plan_register_legacy(&self, dp: Rank, tp: Rank, addr: &str) -> WorkerChange {
-        let slot = Slot { dp, tp, pp: 0 };
-        let group = self.groups.get(&dp);
+    /// Plans a registration without an engine id: the slot is written whatever it held, as
+    /// vLLM's `/register_worker` does, keeping the dp rank's engine id if it has one.
+    pub fn plan_register_unowned(&self, slot: Slot, addr: &str) -> WorkerChange {
+        let group = self.groups.get(&slot.dp);
         if group
-            .and_then(|g| g.workers.get(&(tp, 0)))
+            .and_then(|g| g.workers.get(&(slot.tp, slot.pp)))
             .is_some_and(|w| w.addr == addr && w.lease.is_none())
         {
             return WorkerChange::default();
@@ -341,19 +332,20 @@ impl WorkerTable {
         }
     }
 
-    /// Plans `DELETE /register`: the engine's slots that match the given ranks.
-    pub fn plan_deregister(
-        &self,
-        engine_id: &str,
-        dp: Option<Rank>,
-        tp: Option<Rank>,
-        pp: Option<Rank>,
-    ) -> WorkerChange {
+    /// Plans a deregistration: the engine's slots that match the given ranks.
+    pub fn plan_deregister(&self, selection: &Deregistration) -> WorkerChange {
+        let Deregistration {
+            engine_id,
+            dp,
+            tp,
+            pp,
+        } = selection;
+        let (dp, tp, pp) = (*dp, *tp, *pp);
         let matches = |want: Option<Rank>, have: Rank| want.is_none_or(|w| w == have);
         let remove = self
             .groups
             .iter()
-            .filter(|(d, g)| g.engine_id.as_deref() == Some(engine_id) && matches(dp, **d))
+            .filter(|(d, g)| g.engine_id.as_deref() == Some(engine_id.as_str()) && matches(dp, **d))
             .flat_map(|(d, g)| {
                 g.workers.keys().map(move |(t, p)| Slot {
                     dp: *d,
@@ -494,8 +486,12 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!(
-            err.to_string(),
-            "Engine ID mismatch for dp_rank=0: expected A, got B"
+            err,
+            WorkerConflict::EngineMismatch {
+                dp_rank: 0,
+                expected: "A".into(),
+                got: "B".into()
+            }
         );
         let err = table
             .plan_register(
@@ -508,9 +504,12 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!(
-            err.to_string(),
-            "Worker with dp_rank=0, tp_rank=0, pp_rank=0 is already registered at tcp://h:1, \
-             but still want to register at tcp://h:9"
+            err,
+            WorkerConflict::SlotTaken {
+                slot: slot(0, 0, 0),
+                old: "tcp://h:1".into(),
+                new: "tcp://h:9".into()
+            }
         );
     }
 
@@ -538,10 +537,10 @@ mod tests {
             }
         );
         table.apply(&plan.change);
-        let topology = table.topology(None);
-        assert_eq!(topology[&0].engine_id.as_deref(), Some("B"));
-        assert_eq!(topology[&0].worker_addr.len(), 1, "A's tp 1 must be gone");
-        assert_eq!(topology[&1].engine_id.as_deref(), Some("A"));
+        let groups: Vec<(Rank, &Group)> = table.groups().collect();
+        assert_eq!(groups[0].1.engine_id(), Some("B"));
+        assert_eq!(groups[0].1.workers().count(), 1, "A's tp 1 must be gone");
+        assert_eq!(groups[1].1.engine_id(), Some("A"));
         assert_eq!(table.engine_count(), 2);
 
         let policy_plan = table
@@ -566,7 +565,12 @@ mod tests {
             ("A", slot(0, 0, 0), "tcp://h:1"),
             ("A", slot(0, 1, 0), "tcp://h:2"),
         ]);
-        let change = table.plan_deregister("A", None, None, None);
+        let change = table.plan_deregister(&Deregistration {
+            engine_id: "A".into(),
+            dp: None,
+            tp: None,
+            pp: None,
+        });
         assert_eq!(change.remove.len(), 2);
         table.apply(&change);
         assert_eq!(table.worker_count(), 0);
@@ -595,14 +599,15 @@ mod tests {
         assert_eq!(table.observed_tp_size(), Some(2));
         assert_eq!(table.count_within(1, 2, 2), 3);
         assert_eq!(table.count_within(6, 1, 1), 2);
-        assert_eq!(table.topology(Some("B")).len(), 1);
+        let owned_by_b = table.groups().filter(|(_, g)| g.engine_id() == Some("B"));
+        assert_eq!(owned_by_b.count(), 1);
     }
 
     #[test]
     fn legacy_workers_are_claimed_by_an_engine() {
         let mut table = WorkerTable::default();
-        table.apply(&table.plan_register_legacy(0, 1, "tcp://h:1"));
-        assert_eq!(table.topology(None)[&0].engine_id, None);
+        table.apply(&table.plan_register_unowned(slot(0, 1, 0), "tcp://h:1"));
+        assert_eq!(table.groups().next().unwrap().1.engine_id(), None);
         let plan = table
             .plan_register(
                 "E",
@@ -614,7 +619,7 @@ mod tests {
             )
             .unwrap();
         table.apply(&plan.change);
-        assert_eq!(table.topology(None)[&0].engine_id.as_deref(), Some("E"));
+        assert_eq!(table.groups().next().unwrap().1.engine_id(), Some("E"));
         assert_eq!(table.worker_count(), 2);
     }
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use pd_protocol::LeaseId;
 use serde::{Deserialize, Serialize};
 
-use super::{Lease, RequestRecord, Slot, StoreError, WorkerRecord};
+use super::StoreError;
+use crate::registry::model::{Lease, RequestRecord, Slot, WorkerRecord};
 
 #[derive(Serialize, Deserialize)]
 struct StoredWorker {

@@ -1,21 +1,21 @@
-//! Where the registry keeps its state: a small async trait, so that the embedded sled store and a
-//! distributed one (etcd) serve the same [`Registry`](crate::registry::Registry).
+//! Where the registry keeps its state: one small async trait, so that the embedded sled store
+//! ([`sled`](SledStore), one folder) and a distributed one ([`etcd`](EtcdStore), one folder) serve
+//! the same [`Registry`](crate::registry::Registry). Both store the registry's own model
+//! ([`crate::registry::model`]) with one [`codec`].
 
 mod codec;
-mod etcd_requests;
-mod etcd_store;
-mod etcd_watch;
-mod sled_leases;
-mod sled_store;
+mod etcd;
+mod sled;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-pub use etcd_requests::REQUEST_LEASE_BUCKET_MS;
-pub use etcd_store::{EtcdConfig, EtcdStore};
-use pd_protocol::{LeaseId, Rank, Revision};
-pub use sled_store::SledStore;
+pub use etcd::{EtcdConfig, EtcdStore, REQUEST_LEASE_BUCKET_MS};
+use pd_protocol::{LeaseId, Revision};
+pub use sled::SledStore;
+
+use crate::registry::model::{Lease, RequestRecord, Slot, WorkerChange, WorkerRecord};
 
 /// A boxed future returned by [`Store`] methods.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -41,75 +41,6 @@ pub enum StoreError {
         /// Why it could not be decoded.
         reason: String,
     },
-}
-
-/// The (dp, tp, pp) position of one worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Slot {
-    /// Data-parallel rank.
-    pub dp: Rank,
-    /// Tensor-parallel rank.
-    pub tp: Rank,
-    /// Pipeline-parallel rank.
-    pub pp: Rank,
-}
-
-impl std::fmt::Display for Slot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "dp_rank={}, tp_rank={}, pp_rank={}",
-            self.dp, self.tp, self.pp
-        )
-    }
-}
-
-/// One registered worker as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkerRecord {
-    /// Its position.
-    pub slot: Slot,
-    /// The engine that owns its dp rank; `None` for `/register_worker` registrations.
-    pub engine_id: Option<Arc<str>>,
-    /// Its transfer address.
-    pub addr: String,
-    /// The lease it lives by; `None` lives until deregistered or replaced.
-    pub lease: Option<Lease>,
-}
-
-/// A granted lease: its id and time to live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lease {
-    /// The lease id.
-    pub id: LeaseId,
-    /// Seconds it lives without a keepalive.
-    pub ttl: u32,
-}
-
-/// One request id's mapping as stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestRecord {
-    /// The dp rank that holds the request's KV.
-    pub dp_rank: Rank,
-    /// When the mapping expires, in milliseconds since the Unix epoch.
-    pub expires_at_ms: u64,
-}
-
-/// An atomic change to the worker table: everything in `remove` goes, then everything in `put` is
-/// written. Backends apply it all or nothing.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WorkerChange {
-    /// Slots to delete.
-    pub remove: Vec<Slot>,
-    /// Workers to write (insert or overwrite).
-    pub put: Vec<WorkerRecord>,
-}
-
-impl WorkerChange {
-    /// True when the change does nothing.
-    pub fn is_empty(&self) -> bool {
-        self.remove.is_empty() && self.put.is_empty()
-    }
 }
 
 /// Everything a store holds, as of one revision.

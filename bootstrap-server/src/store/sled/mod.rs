@@ -6,6 +6,8 @@
 //! acknowledged; request ids are flushed by sled every `flush_every_ms` and on [`Store::close`]
 //! (graceful shutdown). Leases live in memory ([`SledLeases`]) and expire on a background task.
 
+mod leases;
+
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -13,12 +15,10 @@ use std::time::{Duration, Instant};
 use pd_protocol::{LeaseId, Revision};
 use tokio::sync::mpsc;
 
+use self::leases::SledLeases;
 use super::codec::{corrupt, decode_request, decode_worker, encode_request, encode_worker};
-use super::sled_leases::SledLeases;
-use super::{
-    Lease, RequestRecord, Slot, Snapshot, Store, StoreError, StoreEvent, StoreEvents, StoreFuture,
-    WorkerChange,
-};
+use super::{Snapshot, Store, StoreError, StoreEvent, StoreEvents, StoreFuture};
+use crate::registry::model::{Lease, RequestRecord, Slot, WorkerChange};
 use crate::sync::lock;
 
 /// How often sled writes buffered request ids to disk on its own.
@@ -360,7 +360,7 @@ impl Store for SledStore {
 mod tests {
     use super::*;
 
-    use crate::store::WorkerRecord;
+    use crate::registry::model::WorkerRecord;
 
     #[test]
     fn keys_round_trip() {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use pd_protocol::LeaseId;
 
-use super::{Slot, WorkerChange};
+use crate::registry::model::{Slot, WorkerChange};
 
 #[derive(Debug)]
 struct Entry {
@@ -139,7 +139,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::store::{Lease, WorkerRecord};
+    use crate::registry::model::{Lease, WorkerRecord};
 
     fn slot(dp: u32) -> Slot {
         Slot { dp, tp: 0, pp: 0 }

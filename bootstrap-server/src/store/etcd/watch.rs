@@ -11,9 +11,10 @@ use etcd_client::{EventType, WatchOptions};
 use pd_protocol::Revision;
 use tokio::sync::mpsc;
 
-use super::codec::decode_worker;
-use super::etcd_store::{request_record, revision_of, Etcd, KeyKind};
-use super::{StoreEvent, WorkerChange};
+use super::conn::{request_record, revision_of, Etcd, KeyKind};
+use crate::registry::model::WorkerChange;
+use crate::store::codec::decode_worker;
+use crate::store::StoreEvent;
 
 /// How often a replica asks etcd how far its watch has got.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);

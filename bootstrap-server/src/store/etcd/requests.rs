@@ -13,9 +13,10 @@ use etcd_client::{PutOptions, Txn, TxnOp};
 use pd_protocol::LeaseId;
 use tokio::sync::{mpsc, oneshot};
 
-use super::codec::encode_request;
-use super::etcd_store::{etcd_error, is_lease_not_found, Etcd, MAX_TXN_OPS};
-use super::{RequestRecord, StoreError};
+use super::conn::{etcd_error, is_lease_not_found, Etcd, MAX_TXN_OPS};
+use crate::registry::model::RequestRecord;
+use crate::store::codec::encode_request;
+use crate::store::StoreError;
 use crate::sync::{lock, now_ms};
 
 /// Request ids expiring within one window of this many milliseconds share one etcd lease.

@@ -1,0 +1,198 @@
+//! pd-bootstrap's own routes: leases, deregistration, request release, the worker list and its
+//! changes (`GET /workers`, `GET /watch`), health, readiness and metrics.
+
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use pd_protocol::native::{
+    Deregister, DeregisterResponse, LeaseStatus, ReadyStatus, ReleaseResponse, RevokeResponse,
+    WatchBatch, WatchGone, WorkerEvent, WorkerEventKind, WorkerInfo, WorkerList,
+};
+use pd_protocol::{LeaseId, Revision, Status};
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::extract::JsonBody;
+use super::{rejected, vllm, AppState};
+use crate::registry::model::{Change, ChangeKind, Deregistration, WorkerRecord};
+use crate::registry::RegistryError;
+
+/// How long `GET /watch` waits for a change when the caller does not say.
+const WATCH_WAIT_DEFAULT_MS: u64 = 20_000;
+
+/// The longest `GET /watch` waits (longer asks are shortened), well inside the request timeout.
+const WATCH_WAIT_MAX_MS: u64 = 25_000;
+
+/// The write routes (behind the bearer token when one is set).
+pub fn writes() -> Router<AppState> {
+    Router::new()
+        .route("/register", axum::routing::delete(deregister))
+        .route("/requests/{req_id}", delete(release_request))
+        .route("/leases/{lease_id}", delete(revoke_lease))
+        .route("/leases/{lease_id}/keepalive", post(keep_alive))
+}
+
+/// The read routes.
+pub fn reads() -> Router<AppState> {
+    Router::new()
+        .route("/workers", get(workers))
+        .route("/watch", get(watch))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+}
+
+/// The wire form of a registered worker.
+pub fn worker_info(record: &WorkerRecord) -> WorkerInfo {
+    WorkerInfo {
+        engine_id: record.engine_id.as_deref().map(str::to_owned),
+        dp_rank: record.slot.dp,
+        tp_rank: record.slot.tp,
+        pp_rank: record.slot.pp,
+        addr: record.addr.clone(),
+        lease_id: record.lease.map(|l| l.id),
+    }
+}
+
+fn worker_event(change: &Change) -> WorkerEvent {
+    WorkerEvent {
+        revision: change.revision,
+        kind: match change.kind {
+            ChangeKind::Put => WorkerEventKind::Put,
+            ChangeKind::Delete => WorkerEventKind::Delete,
+        },
+        worker: worker_info(&change.worker),
+    }
+}
+
+async fn keep_alive(
+    State(state): State<AppState>,
+    lease_id: Result<Path<LeaseId>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<LeaseStatus>, ApiError> {
+    let Path(lease_id) = lease_id.map_err(rejected)?;
+    let lease_ttl = state.registry.keep_alive(lease_id).await?;
+    Ok(Json(LeaseStatus {
+        status: "ok".to_owned(),
+        lease_id,
+        lease_ttl,
+    }))
+}
+
+async fn revoke_lease(
+    State(state): State<AppState>,
+    lease_id: Result<Path<LeaseId>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<RevokeResponse>, ApiError> {
+    let Path(lease_id) = lease_id.map_err(rejected)?;
+    let revoked = state.registry.revoke(lease_id).await?;
+    Ok(Json(RevokeResponse {
+        status: "ok".to_owned(),
+        revoked,
+    }))
+}
+
+async fn deregister(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<Deregister>,
+) -> Result<Json<DeregisterResponse>, ApiError> {
+    let selection = Deregistration {
+        engine_id: body.engine_id,
+        dp: body.dp_rank,
+        tp: body.tp_rank,
+        pp: body.pp_rank,
+    };
+    let removed = state.registry.deregister(&selection).await?;
+    Ok(Json(DeregisterResponse {
+        status: "ok".to_owned(),
+        removed,
+    }))
+}
+
+async fn release_request(
+    State(state): State<AppState>,
+    Path(req_id): Path<String>,
+) -> Result<Json<ReleaseResponse>, ApiError> {
+    let released = state.registry.release_request(&req_id).await?;
+    Ok(Json(ReleaseResponse {
+        status: "ok".to_owned(),
+        released,
+    }))
+}
+
+async fn workers(State(state): State<AppState>) -> Json<WorkerList> {
+    let (revision, workers) = state.registry.list();
+    Json(WorkerList {
+        revision,
+        workers: workers.iter().map(worker_info).collect(),
+    })
+}
+
+/// `GET /watch` parameters.
+#[derive(Deserialize)]
+struct WatchParams {
+    since: Revision,
+    timeout_ms: Option<u64>,
+}
+
+async fn watch(
+    State(state): State<AppState>,
+    params: Result<Query<WatchParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(params) = params.map_err(rejected)?;
+    let wait_ms = params
+        .timeout_ms
+        .unwrap_or(WATCH_WAIT_DEFAULT_MS)
+        .min(WATCH_WAIT_MAX_MS);
+    match state
+        .registry
+        .watch(params.since, Duration::from_millis(wait_ms))
+        .await
+    {
+        Ok(changes) => Ok(Json(WatchBatch {
+            revision: changes.revision,
+            events: changes.changes.iter().map(worker_event).collect(),
+        })
+        .into_response()),
+        Err(
+            err @ (RegistryError::Compacted { revision, .. }
+            | RegistryError::AheadOfRegistry { revision, .. }),
+        ) => Ok((
+            StatusCode::GONE,
+            Json(WatchGone {
+                detail: err.to_string(),
+                revision,
+            }),
+        )
+            .into_response()),
+        Err(err) => Err(err.into()),
+    }
+}
+
+async fn health() -> Json<Status> {
+    Json(Status::ok())
+}
+
+async fn ready(State(state): State<AppState>) -> Response {
+    let readiness = state.registry.readiness();
+    let mut body = ReadyStatus {
+        status: "ready".to_owned(),
+        registered: readiness.registered,
+        expected: readiness.expected,
+        missing: readiness.missing,
+        detail: None,
+    };
+    if readiness.is_incomplete() {
+        body.status = "not_ready".to_owned();
+        body.detail = Some(vllm::not_ready(readiness));
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
+    Json(body).into_response()
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let text = state.metrics.render(state.registry.stats());
+    ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response()
+}

@@ -1,0 +1,310 @@
+//! vLLM's Mooncake wire: `POST /register` and `GET /query` (what vLLM 0.33's P and D workers
+//! call), and the request-keyed routes of the connector's design (`POST /register_worker`,
+//! `POST /register_request`, `POST /query_requests`). This module maps vLLM's JSON to registry
+//! calls and renders the answers and errors in vLLM's own words.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use bytes::Bytes;
+use pd_protocol::vllm::{
+    DpGroup, QueryRequests, QueryRequestsResponse, RegisterLegacyWorker, RegisterRequest,
+    RegisterResponse, RegisterWorker, RequestLocation, Topology, MAX_QUERY_IDS,
+};
+use pd_protocol::{Rank, Status};
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::extract::JsonBody;
+use super::{rejected, AppState};
+use crate::registry::model::{Location, Readiness, Registration, Slot};
+use crate::registry::validate::{validate_id, FieldError};
+use crate::registry::{RegistryError, RequestConflict, WorkerConflict, WorkerTable};
+
+/// The write routes (behind the bearer token when one is set).
+pub fn writes() -> Router<AppState> {
+    Router::new()
+        .route("/register", post(register))
+        .route("/register_worker", post(register_worker))
+        .route("/register_request", post(register_request))
+}
+
+/// The read routes.
+pub fn reads() -> Router<AppState> {
+    Router::new()
+        .route("/query", axum::routing::get(query))
+        .route("/query_requests", post(query_requests))
+}
+
+/// A registry error in vLLM's words where vLLM's server has words for it.
+pub fn error(err: RegistryError) -> ApiError {
+    let detail = match &err {
+        RegistryError::OutOfRange { kind, rank, size } => {
+            format!("{kind} rank {rank} must be less than {kind} size {size}.")
+        }
+        RegistryError::Worker(WorkerConflict::EngineMismatch {
+            dp_rank,
+            expected,
+            got,
+        }) => format!("Engine ID mismatch for dp_rank={dp_rank}: expected {expected}, got {got}"),
+        RegistryError::Worker(WorkerConflict::SlotTaken { slot, old, new }) => format!(
+            "Worker with {slot} is already registered at {old}, but still want to register at {new}"
+        ),
+        RegistryError::Request(RequestConflict::RankMismatch {
+            req_id,
+            registered,
+            requested,
+        }) => format!(
+            "Request '{req_id}' already registered with rank {registered} but still want to register with rank {requested}"
+        ),
+        RegistryError::TpSizeMismatch { expected, got } => format!(
+            "heterogeneous TP is not supported yet. TP size mismatch: expected {expected}, got {got}"
+        ),
+        other => other.to_string(),
+    };
+    ApiError::registry(&err, detail)
+}
+
+/// Why `/query` answers 503 while the configured topology is incomplete.
+pub fn not_ready(readiness: Readiness) -> String {
+    format!(
+        "Mooncake prefiller worker topology is not ready: {} of {} workers have not registered.",
+        readiness.missing,
+        readiness.expected.unwrap_or(0)
+    )
+}
+
+async fn register(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<RegisterWorker>,
+) -> Result<Json<RegisterResponse>, ApiError> {
+    let registration = Registration {
+        engine_id: body.engine_id,
+        slot: Slot {
+            dp: body.dp_rank,
+            tp: body.tp_rank,
+            pp: body.pp_rank,
+        },
+        addr: body.addr,
+        replace: body.replace,
+        lease_ttl: body.lease_ttl,
+    };
+    let lease = state
+        .registry
+        .register(&registration)
+        .await
+        .map_err(error)?;
+    Ok(Json(RegisterResponse {
+        status: "ok".to_owned(),
+        lease_id: lease.map(|l| l.id),
+        lease_ttl: lease.map(|l| l.ttl),
+    }))
+}
+
+async fn register_worker(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<RegisterLegacyWorker>,
+) -> Result<Json<Status>, ApiError> {
+    let slot = Slot {
+        dp: body.dp_rank,
+        tp: body.tp_rank,
+        pp: 0,
+    };
+    state
+        .registry
+        .register_unowned(slot, &body.worker_addr)
+        .await
+        .map_err(error)?;
+    Ok(Json(Status::ok()))
+}
+
+/// `GET /query` parameters.
+#[derive(Deserialize)]
+struct QueryParams {
+    engine_id: Option<String>,
+}
+
+/// `GET /query`, rendered once per change of the table: every dp group, and each engine's.
+struct Rendered {
+    all: Bytes,
+    by_engine: HashMap<String, Bytes>,
+}
+
+fn topology(table: &WorkerTable) -> Topology {
+    table
+        .groups()
+        .map(|(dp, group)| {
+            let mut worker_addr: BTreeMap<Rank, BTreeMap<Rank, String>> = BTreeMap::new();
+            for (tp, pp, addr) in group.workers() {
+                worker_addr
+                    .entry(tp)
+                    .or_default()
+                    .insert(pp, addr.to_owned());
+            }
+            let engine_id = group.engine_id().map(str::to_owned);
+            (
+                dp,
+                DpGroup {
+                    engine_id,
+                    worker_addr,
+                },
+            )
+        })
+        .collect()
+}
+
+fn to_bytes<T: serde::Serialize>(value: &T) -> Bytes {
+    // Maps with integer or string keys and string values always serialize.
+    Bytes::from(serde_json::to_vec(value).expect("topology serializes"))
+}
+
+fn render(table: &WorkerTable) -> Rendered {
+    let topology = topology(table);
+    let mut engines: BTreeMap<&str, BTreeMap<Rank, &DpGroup>> = BTreeMap::new();
+    for (dp, group) in &topology {
+        if let Some(engine) = group.engine_id.as_deref() {
+            engines.entry(engine).or_default().insert(*dp, group);
+        }
+    }
+    Rendered {
+        by_engine: engines
+            .iter()
+            .map(|(engine, groups)| ((*engine).to_owned(), to_bytes(groups)))
+            .collect(),
+        all: to_bytes(&topology),
+    }
+}
+
+async fn query(
+    State(state): State<AppState>,
+    params: Result<Query<QueryParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(params) = params.map_err(rejected)?;
+    if let Some(engine) = &params.engine_id {
+        validate_id("engine_id", engine).map_err(|e| error(e.into()))?;
+    }
+    let view = state.registry.view();
+    if view.readiness().is_incomplete() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            not_ready(view.readiness()),
+        ));
+    }
+    let rendered: Arc<Rendered> = view.rendered(render);
+    let body = match &params.engine_id {
+        None => rendered.all.clone(),
+        Some(engine) => rendered.by_engine.get(engine).cloned().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("engine_id {engine:?} is not registered"),
+            )
+        })?,
+    };
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+async fn register_request(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<RegisterRequest>,
+) -> Result<Json<Status>, ApiError> {
+    state
+        .registry
+        .register_request(&body.req_id, body.dp_rank)
+        .await
+        .map_err(error)?;
+    Ok(Json(Status::ok()))
+}
+
+async fn query_requests(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<QueryRequests>,
+) -> Result<Response, ApiError> {
+    if body.req_ids.len() > MAX_QUERY_IDS {
+        let err = FieldError {
+            field: "req_ids",
+            problem: format!("{} ids asked, at most {MAX_QUERY_IDS}", body.req_ids.len()),
+        };
+        return Err(error(err.into()));
+    }
+    let locations = state
+        .registry
+        .locate_requests(&body.req_ids, body.tp_rank, body.tp_size)
+        .map_err(error)?;
+    let (mut ok, mut retry, mut failed) = (0, 0, 0);
+    let results = body
+        .req_ids
+        .into_iter()
+        .zip(locations)
+        .map(|(id, location)| {
+            let location = match location {
+                Location::Ready(addrs) => {
+                    ok += 1;
+                    RequestLocation::Ok(addrs)
+                }
+                Location::Pending => {
+                    retry += 1;
+                    RequestLocation::Retry
+                }
+                Location::MissingDpGroup(dp) => {
+                    failed += 1;
+                    RequestLocation::Error(format!("Prefiller DP group {dp} not found"))
+                }
+                Location::MissingTpRank { dp, tp } => {
+                    failed += 1;
+                    RequestLocation::Error(format!(
+                        "Prefiller TP rank {tp} not matched in DP group {dp}"
+                    ))
+                }
+            };
+            (id, location)
+        })
+        .collect();
+    state.metrics.observe_lookups(ok, retry, failed);
+    Ok(Json(QueryRequestsResponse { results }).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conflicts_use_vllm_wording() {
+        let mismatch = error(RegistryError::Worker(WorkerConflict::EngineMismatch {
+            dp_rank: 0,
+            expected: "A".into(),
+            got: "B".into(),
+        }));
+        assert_eq!(
+            mismatch.detail(),
+            "Engine ID mismatch for dp_rank=0: expected A, got B"
+        );
+        let taken = error(RegistryError::Worker(WorkerConflict::SlotTaken {
+            slot: Slot {
+                dp: 0,
+                tp: 0,
+                pp: 0,
+            },
+            old: "tcp://h:1".into(),
+            new: "tcp://h:9".into(),
+        }));
+        assert_eq!(
+            taken.detail(),
+            "Worker with dp_rank=0, tp_rank=0, pp_rank=0 is already registered at tcp://h:1, \
+             but still want to register at tcp://h:9"
+        );
+        let rank = error(RegistryError::Request(RequestConflict::RankMismatch {
+            req_id: "a".into(),
+            registered: 1,
+            requested: 2,
+        }));
+        assert_eq!(
+            rank.detail(),
+            "Request 'a' already registered with rank 1 but still want to register with rank 2"
+        );
+    }
+}

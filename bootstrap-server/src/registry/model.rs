@@ -1,0 +1,160 @@
+//! The registry's domain model: worker slots, registrations, leases, request-id records and
+//! atomic changes to the worker table. No HTTP and no dialect here: the wire modules under
+//! [`crate::http`] map their JSON to and from these types, and the stores persist them.
+
+use std::sync::Arc;
+
+use pd_protocol::{LeaseId, Rank, Revision};
+
+/// The (dp, tp, pp) position of one worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Slot {
+    /// Data-parallel rank.
+    pub dp: Rank,
+    /// Tensor-parallel rank.
+    pub tp: Rank,
+    /// Pipeline-parallel rank.
+    pub pp: Rank,
+}
+
+impl std::fmt::Display for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "dp_rank={}, tp_rank={}, pp_rank={}",
+            self.dp, self.tp, self.pp
+        )
+    }
+}
+
+/// One registered worker as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerRecord {
+    /// Its position.
+    pub slot: Slot,
+    /// The engine that owns its dp rank; `None` for `/register_worker` registrations.
+    pub engine_id: Option<Arc<str>>,
+    /// Its transfer address.
+    pub addr: String,
+    /// The lease it lives by; `None` lives until deregistered or replaced.
+    pub lease: Option<Lease>,
+}
+
+/// A granted lease: its id and time to live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// The lease id.
+    pub id: LeaseId,
+    /// Seconds it lives without a keepalive.
+    pub ttl: u32,
+}
+
+/// One request id's mapping as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// The dp rank that holds the request's KV.
+    pub dp_rank: Rank,
+    /// When the mapping expires, in milliseconds since the Unix epoch.
+    pub expires_at_ms: u64,
+}
+
+/// An atomic change to the worker table: everything in `remove` goes, then everything in `put` is
+/// written. Backends apply it all or nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerChange {
+    /// Slots to delete.
+    pub remove: Vec<Slot>,
+    /// Workers to write (insert or overwrite).
+    pub put: Vec<WorkerRecord>,
+}
+
+impl WorkerChange {
+    /// True when the change does nothing.
+    pub fn is_empty(&self) -> bool {
+        self.remove.is_empty() && self.put.is_empty()
+    }
+}
+
+/// A worker announcing itself under an engine id (vLLM's `POST /register`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    /// The engine that owns the worker's dp rank.
+    pub engine_id: String,
+    /// Its position.
+    pub slot: Slot,
+    /// Its transfer address.
+    pub addr: String,
+    /// Take the slot (and the dp rank) over from another engine.
+    pub replace: bool,
+    /// Seconds the registration lives without a keepalive; `None` lives until removed.
+    pub lease_ttl: Option<u32>,
+}
+
+/// Which of an engine's workers to remove: ranks left out widen the selection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deregistration {
+    /// The engine.
+    pub engine_id: String,
+    /// Only this dp rank.
+    pub dp: Option<Rank>,
+    /// Only this tp rank.
+    pub tp: Option<Rank>,
+    /// Only this pp rank.
+    pub pp: Option<Rank>,
+}
+
+/// What happened to a worker in one change of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// Registered, or registered again with other values.
+    Put,
+    /// Removed: deregistered, replaced by another engine's registration, or its lease expired.
+    Delete,
+}
+
+/// One change of the worker table, as the watch reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// The revision of the change (changes committed together share one).
+    pub revision: Revision,
+    /// Put or delete.
+    pub kind: ChangeKind,
+    /// The worker as registered (for a delete: as it was before).
+    pub worker: WorkerRecord,
+}
+
+/// Where the KV of one request id lives, for one D tp rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// The addresses (in pp order) of the P workers that hold this D rank's share.
+    Ready(Vec<String>),
+    /// P has not registered the id yet (or it expired): ask again later.
+    Pending,
+    /// The id maps to a dp rank that has no workers.
+    MissingDpGroup(Rank),
+    /// The id's dp rank has no worker with the asked tp rank.
+    MissingTpRank {
+        /// The id's dp rank.
+        dp: Rank,
+        /// The tp rank asked for.
+        tp: Rank,
+    },
+}
+
+/// How complete the registered topology is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readiness {
+    /// Registered workers.
+    pub registered: usize,
+    /// Expected workers, when a topology is configured.
+    pub expected: Option<usize>,
+    /// Expected workers not yet registered (0 without a configured topology).
+    pub missing: usize,
+}
+
+impl Readiness {
+    /// True when a configured topology still misses workers.
+    pub fn is_incomplete(&self) -> bool {
+        self.expected.is_some() && self.missing > 0
+    }
+}

@@ -1,0 +1,86 @@
+//! [`View`]: an immutable snapshot of the worker table, kept until the next change, with what
+//! the wire modules render from it.
+
+use std::any::{Any, TypeId};
+use std::sync::{Arc, RwLock};
+
+use super::model::Readiness;
+use super::{ExpectedTopology, WorkerTable};
+
+/// The worker table as of one change, its readiness, and the renderings made from it.
+///
+/// A wire module that answers reads from the table (vLLM's `GET /query`) renders once per
+/// change with [`View::rendered`] and hands out the same bytes until the table changes.
+pub struct View {
+    table: WorkerTable,
+    readiness: Readiness,
+    engines: usize,
+    renderings: RwLock<Vec<(TypeId, Arc<dyn Any + Send + Sync>)>>,
+}
+
+impl View {
+    /// A snapshot of `table`, complete or not against `expected`.
+    pub(super) fn new(table: &WorkerTable, expected: Option<ExpectedTopology>) -> Self {
+        let registered = table.worker_count();
+        let readiness = match expected {
+            Some(expected) => Readiness {
+                registered,
+                expected: Some(expected.worker_count()),
+                missing: expected.worker_count().saturating_sub(table.count_within(
+                    expected.dp_size,
+                    expected.tp_size,
+                    expected.pp_size,
+                )),
+            },
+            None => Readiness {
+                registered,
+                expected: None,
+                missing: 0,
+            },
+        };
+        View {
+            engines: table.engine_count(),
+            table: table.clone(),
+            readiness,
+            renderings: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// The workers.
+    pub fn table(&self) -> &WorkerTable {
+        &self.table
+    }
+
+    /// How complete the topology is.
+    pub fn readiness(&self) -> Readiness {
+        self.readiness
+    }
+
+    /// Engines owning at least one dp rank.
+    pub fn engines(&self) -> usize {
+        self.engines
+    }
+
+    /// The rendering of type `T` made from this snapshot: made by `render` on first use, the
+    /// same afterwards (one rendering per type).
+    pub fn rendered<T: Any + Send + Sync>(&self, render: impl FnOnce(&WorkerTable) -> T) -> Arc<T> {
+        let find = |renderings: &[(TypeId, Arc<dyn Any + Send + Sync>)]| {
+            renderings
+                .iter()
+                .find(|(id, _)| *id == TypeId::of::<T>())
+                .and_then(|(_, value)| value.clone().downcast::<T>().ok())
+        };
+        let renderings = self.renderings.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = find(&renderings) {
+            return found;
+        }
+        drop(renderings);
+        let mut renderings = self.renderings.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = find(&renderings) {
+            return found;
+        }
+        let made = Arc::new(render(&self.table));
+        renderings.push((TypeId::of::<T>(), made.clone()));
+        made
+    }
+}
