@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use ipnet::IpNet;
 use pd_protocol::{Rank, MAX_RANK};
 use pd_service::{parse_seconds, LogFormat};
 
@@ -52,12 +53,20 @@ pub struct Args {
     /// Expected number of pp ranks.
     #[arg(long, env = "PD_BOOTSTRAP_PP_SIZE", value_parser = size_parser())]
     pub pp_size: Option<Rank>,
-    /// What a new engine id for a dp rank owned by another engine does.
-    #[arg(long, env = "PD_BOOTSTRAP_ENGINE_CONFLICT", value_enum, default_value_t = EngineConflictPolicy::Reject)]
+    /// What a registration for a slot held by another engine (or by the same engine id at
+    /// another address: a restart) does: `replace` (takeover; the old engine leaves whole) or
+    /// `reject` (vLLM's 400, unless the request says `"replace": true`).
+    #[arg(long, env = "PD_BOOTSTRAP_ENGINE_CONFLICT", value_enum, default_value_t = EngineConflictPolicy::Replace)]
     pub engine_conflict: EngineConflictPolicy,
-    /// Bearer token required on every write route (reads stay open).
+    /// Bearer token required on every write route (reads stay open), except from peers inside
+    /// --allow-writes-from.
     #[arg(long, env = "PD_BOOTSTRAP_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
+    /// Networks (CIDR, or single addresses) whose peers may write without a token, comma
+    /// separated: e.g. the prefill nodes' subnet, for stock vLLM/SGLang workers that cannot send
+    /// one. Peers outside get 403 (or need --auth-token, when set). Reads stay open.
+    #[arg(long, env = "PD_BOOTSTRAP_ALLOW_WRITES_FROM", value_delimiter = ',', value_parser = parse_net)]
+    pub allow_writes_from: Vec<IpNet>,
     /// Log format.
     #[arg(long, env = "PD_BOOTSTRAP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -87,6 +96,14 @@ fn parse_cluster(name: &str) -> Result<String, String> {
     }
 }
 
+/// A network in CIDR notation, or one address (a /32 or /128).
+fn parse_net(text: &str) -> Result<IpNet, String> {
+    let text = text.trim();
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("{text:?} is not a network (CIDR such as 10.0.0.0/16) or an address"))
+}
+
 fn size_parser() -> clap::builder::RangedI64ValueParser<Rank> {
     clap::value_parser!(u32).range(1..=i64::from(MAX_RANK) + 1)
 }
@@ -112,6 +129,7 @@ impl Args {
                     op_timeout: self.store_timeout,
                 }),
             auth_token: self.auth_token.clone().filter(|t| !t.is_empty()),
+            allow_writes_from: self.allow_writes_from.clone(),
             registry: RegistryConfig {
                 expected,
                 request_ttl: self.request_ttl,
@@ -140,6 +158,8 @@ mod tests {
             "etcd://127.0.0.1:2379,10.0.0.2:2379",
             "--cluster",
             "prod-a",
+            "--allow-writes-from",
+            "10.0.0.0/16, 192.168.1.7",
         ])
         .unwrap();
         let config = args.server_config();
@@ -160,6 +180,18 @@ mod tests {
             })
         );
         assert_eq!(config.registry.request_ttl, Duration::from_millis(1500));
+        assert_eq!(
+            config.allow_writes_from,
+            vec![
+                "10.0.0.0/16".parse::<IpNet>().unwrap(),
+                "192.168.1.7/32".parse().unwrap()
+            ]
+        );
+        assert_eq!(
+            config.registry.engine_conflict,
+            EngineConflictPolicy::Replace,
+            "takeover is the default"
+        );
     }
 
     #[test]
@@ -170,6 +202,8 @@ mod tests {
             &["--dp-size", "0"],
             &["--port", "70000"],
             &["--engine-conflict", "maybe"],
+            &["--allow-writes-from", "10.0.0.0/33"],
+            &["--allow-writes-from", "nonsense"],
             &["--store", "sled://here"],
             &["--store", "etcd://"],
             &["--cluster", "a/b"],

@@ -15,6 +15,8 @@ pub struct Metrics {
     http_duration: HistogramVec,
     request_lookups: IntCounterVec,
     pruned_requests: IntCounter,
+    engine_takeovers: IntCounter,
+    writes_unprotected: IntGauge,
     workers: IntGauge,
     engines: IntGauge,
     live_requests: IntGauge,
@@ -65,6 +67,16 @@ impl Metrics {
             "Request ids removed because their TTL expired",
         )
         .expect("valid metric");
+        let engine_takeovers = IntCounter::new(
+            "bootstrap_engine_takeovers_total",
+            "Registrations that took a slot over from another engine, or from the same engine at another address (a restart); the old engine's workers left with it",
+        )
+        .expect("valid metric");
+        let writes_unprotected = IntGauge::new(
+            "bootstrap_writes_unprotected",
+            "1 when the server listens beyond loopback with neither --auth-token nor --allow-writes-from: anyone who reaches the port can register",
+        )
+        .expect("valid metric");
         let workers =
             IntGauge::new("bootstrap_workers", "Registered worker slots").expect("valid metric");
         let engines = IntGauge::new("bootstrap_engines", "Engines owning at least one dp rank")
@@ -87,6 +99,8 @@ impl Metrics {
             Box::new(http_duration.clone()),
             Box::new(request_lookups.clone()),
             Box::new(pruned_requests.clone()),
+            Box::new(engine_takeovers.clone()),
+            Box::new(writes_unprotected.clone()),
             Box::new(workers.clone()),
             Box::new(engines.clone()),
             Box::new(live_requests.clone()),
@@ -103,6 +117,8 @@ impl Metrics {
             http_duration,
             request_lookups,
             pruned_requests,
+            engine_takeovers,
+            writes_unprotected,
             workers,
             engines,
             live_requests,
@@ -130,6 +146,16 @@ impl Metrics {
                     .inc_by(count);
             }
         }
+    }
+
+    /// Counts one engine takeover.
+    pub fn observe_takeover(&self) {
+        self.engine_takeovers.inc();
+    }
+
+    /// Says whether writes are open to anyone who reaches the port.
+    pub fn set_writes_unprotected(&self, unprotected: bool) {
+        self.writes_unprotected.set(i64::from(unprotected));
     }
 
     /// Counts request ids removed by expiry.

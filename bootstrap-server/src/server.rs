@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ipnet::IpNet;
 use pd_service::{bind, serve, Background, BearerToken, BindError, ServeLimits};
 use tokio::net::TcpListener;
 
-use crate::http::{self, AppState};
+use crate::http::{self, AppState, WriteGuard};
 use crate::metrics::Metrics;
 use crate::registry::{Registry, RegistryConfig};
 use crate::store::{EtcdConfig, EtcdStore, SledStore, Store, StoreError};
@@ -25,8 +26,25 @@ pub struct ServerConfig {
     pub etcd: Option<EtcdConfig>,
     /// The bearer token for write routes, if any.
     pub auth_token: Option<String>,
+    /// Networks whose peers may write without the token (none: only the token decides).
+    pub allow_writes_from: Vec<IpNet>,
     /// Registry settings.
     pub registry: RegistryConfig,
+}
+
+impl ServerConfig {
+    /// A server on 127.0.0.1 with a free port, storing in `data_dir` with sled, no write
+    /// protection and default registry settings (tests, benchmarks and embedders start here).
+    pub fn local(data_dir: &std::path::Path) -> Self {
+        ServerConfig {
+            addr: (std::net::Ipv4Addr::LOCALHOST, 0).into(),
+            data_dir: data_dir.to_path_buf(),
+            etcd: None,
+            auth_token: None,
+            allow_writes_from: Vec::new(),
+            registry: RegistryConfig::default(),
+        }
+    }
 }
 
 /// Why the server could not start or stopped with an error.
@@ -52,7 +70,7 @@ pub enum ServerError {
 pub struct Server {
     listener: TcpListener,
     state: AppState,
-    auth: Option<BearerToken>,
+    guard: WriteGuard,
 }
 
 impl Server {
@@ -90,13 +108,30 @@ impl Server {
                 source,
             })?;
         let listener = bind(&config.addr.ip().to_string(), config.addr.port()).await?;
+        let guard = WriteGuard::new(
+            config.auth_token.as_deref().and_then(BearerToken::new),
+            config.allow_writes_from.clone(),
+        );
+        let metrics = Arc::new(Metrics::new());
+        // Workers are remote, so 0.0.0.0 stays the default; an open one is said loudly, once.
+        let open_writes = (guard.is_open() && !config.addr.ip().is_loopback()).then(|| {
+            let warning = format!(
+                "listening on {} with neither --auth-token nor --allow-writes-from: anyone who \
+                 can reach this port can register workers",
+                config.addr.ip()
+            );
+            tracing::warn!("{warning}");
+            Arc::from(warning)
+        });
+        metrics.set_writes_unprotected(open_writes.is_some());
         Ok(Server {
             listener,
             state: AppState {
                 registry,
-                metrics: Arc::new(Metrics::new()),
+                metrics,
+                open_writes,
             },
-            auth: config.auth_token.as_deref().and_then(BearerToken::new),
+            guard,
         })
     }
 
@@ -130,18 +165,17 @@ impl Server {
         let Server {
             listener,
             state,
-            auth,
+            guard,
         } = self;
-        if auth.is_none() {
-            tracing::warn!(
-                "no --auth-token set: anyone who can reach this port can register workers"
-            );
-        }
         let registry = state.registry.clone();
         let pruner = tokio::spawn(prune_forever(state.clone()));
         tracing::info!(addr = %listener.local_addr()?, "bootstrap server listening");
-        let app = http::router(state, auth);
-        let served = serve(listener, app, shutdown, ServeLimits::default()).await;
+        let app = http::router(state, guard);
+        let limits = ServeLimits {
+            wire_error_body: Some(http::wire_error_body),
+            ..ServeLimits::default()
+        };
+        let served = serve(listener, app, shutdown, limits).await;
         pruner.abort();
         // Awaited, so its registry handle is gone before `run` returns.
         let _ = pruner.await;

@@ -47,7 +47,7 @@ async fn engine_keyed_registration_and_query() {
 }
 
 async fn conflicts_use_vllm_wording() {
-    let server = start().await;
+    let server = start_with(|c| c.registry.engine_conflict = EngineConflictPolicy::Reject).await;
     server.register("A", 0, 0, 0, "tcp://h:1").await;
     assert_eq!(
         server.register("B", 0, 1, 0, "tcp://h:2").await,
@@ -66,12 +66,13 @@ async fn conflicts_use_vllm_wording() {
 }
 
 async fn a_restarted_engine_takes_its_ranks_back() {
-    let server = start().await;
+    let server = start_with(|c| c.registry.engine_conflict = EngineConflictPolicy::Reject).await;
     server.register("old", 0, 0, 0, "tcp://h:1").await;
     server.register("old", 0, 1, 0, "tcp://h:2").await;
-    server.register("old", 1, 0, 0, "tcp://h:3").await;
+    server.register("other", 1, 0, 0, "tcp://h:3").await;
 
-    // Rule 1: "replace": true takes the dp rank over; the old engine's workers of that rank go.
+    // Rule 1: "replace": true takes the dp rank over even under the reject policy; the old
+    // engine leaves whole.
     let (status, _) = server
         .post(
             "/register",
@@ -84,10 +85,10 @@ async fn a_restarted_engine_takes_its_ranks_back() {
         topology["0"],
         json!({"engine_id": "new", "worker_addr": {"0": {"0": "tcp://h:7"}}})
     );
-    assert_eq!(topology["1"]["engine_id"], "old");
+    assert_eq!(topology["1"]["engine_id"], "other");
 
-    // Rule 2: once the old engine deregistered, a new id registers plainly.
-    let (status, body) = server.deregister(json!({"engine_id": "old"})).await;
+    // Rule 2: once an engine deregistered, a new id registers plainly.
+    let (status, body) = server.deregister(json!({"engine_id": "other"})).await;
     assert_eq!(
         (status, body),
         (StatusCode::OK, json!({"status": "ok", "removed": 1}))
@@ -104,15 +105,49 @@ async fn a_restarted_engine_takes_its_ranks_back() {
     assert_eq!(body["removed"], 0);
 }
 
-async fn replace_policy_lets_vllm_clients_restart() {
-    let server = start_with(|c| c.registry.engine_conflict = EngineConflictPolicy::Replace).await;
+async fn takeover_is_the_default_so_stock_vllm_restarts() {
+    let server = start().await;
     server.register("old", 0, 0, 0, "tcp://h:1").await;
+    server.register("old", 0, 1, 0, "tcp://h:2").await;
+    // A restarted P with a new engine id (vLLM's default).
     assert_eq!(
-        server.register("new", 0, 0, 0, "tcp://h:2").await.0,
+        server.register("new", 0, 1, 0, "tcp://n:2").await,
+        (StatusCode::OK, json!({"status": "ok"}))
+    );
+    let (_, topology) = server.get("/query").await;
+    assert_eq!(
+        topology,
+        json!({"0": {"engine_id": "new", "worker_addr": {"1": {"0": "tcp://n:2"}}}}),
+        "the old engine's remaining rank left with it"
+    );
+    // A restarted P with a pinned engine id: new addresses.
+    server.register("new", 0, 0, 0, "tcp://n:1").await;
+    assert_eq!(
+        server.register("new", 0, 0, 0, "tcp://m:1").await.0,
         StatusCode::OK
     );
     let (_, topology) = server.get("/query").await;
-    assert_eq!(topology["0"]["engine_id"], "new");
+    assert_eq!(
+        topology,
+        json!({"0": {"engine_id": "new", "worker_addr": {"0": {"0": "tcp://m:1"}}}})
+    );
+    // Native clients can refuse a takeover.
+    let (status, body) = server
+        .post(
+            "/register",
+            json!({"engine_id": "x", "dp_rank": 0, "tp_rank": 0, "pp_rank": 0, "addr": "tcp://x:1", "replace": false}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["detail"]
+        .as_str()
+        .unwrap()
+        .contains("Engine ID mismatch"));
+    let metrics = server.metrics().await;
+    assert!(
+        metrics.contains("bootstrap_engine_takeovers_total 2"),
+        "{metrics}"
+    );
 }
 
 async fn expected_topology_gates_query_and_ranks() {
@@ -344,8 +379,8 @@ async fn health_and_metrics() {
         .await;
     let metrics = server.metrics().await;
     for line in [
-        r#"bootstrap_http_requests_total{method="POST",route="/register",status="200"} 1"#,
-        r#"bootstrap_http_requests_total{method="POST",route="/register",status="400"} 1"#,
+        r#"bootstrap_http_requests_total{method="POST",route="/register",status="200"} 2"#,
+        "bootstrap_engine_takeovers_total 1",
         r#"bootstrap_request_lookups_total{result="ok"} 1"#,
         r#"bootstrap_request_lookups_total{result="retry"} 1"#,
         "bootstrap_workers 1",
@@ -386,4 +421,4 @@ async fn writes_need_the_token_and_reads_stay_open() {
     assert_eq!(status, StatusCode::OK);
 }
 
-on_both_backends!("current_thread"; engine_keyed_registration_and_query, conflicts_use_vllm_wording, a_restarted_engine_takes_its_ranks_back, replace_policy_lets_vllm_clients_restart, expected_topology_gates_query_and_ranks, request_keyed_api, tp_rank_not_registered_is_a_per_request_error, request_ids_expire_after_the_ttl, a_full_request_map_answers_503, health_and_metrics, writes_need_the_token_and_reads_stay_open);
+on_both_backends!("current_thread"; engine_keyed_registration_and_query, conflicts_use_vllm_wording, a_restarted_engine_takes_its_ranks_back, takeover_is_the_default_so_stock_vllm_restarts, expected_topology_gates_query_and_ranks, request_keyed_api, tp_rank_not_registered_is_a_per_request_error, request_ids_expire_after_the_ttl, a_full_request_map_answers_503, health_and_metrics, writes_need_the_token_and_reads_stay_open);

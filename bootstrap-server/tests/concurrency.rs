@@ -36,7 +36,10 @@ async fn many_registrations_at_once_lose_nothing() {
 }
 
 async fn contested_slots_have_exactly_one_winner() {
-    let server = common::start().await;
+    let server = common::start_with(|c| {
+        c.registry.engine_conflict = bootstrap_server::registry::EngineConflictPolicy::Reject
+    })
+    .await;
     // 32 engines race for dp rank 0, and 32 addresses race for one slot of a second engine.
     let engines = (0..32).map(|i| {
         let server = &server;

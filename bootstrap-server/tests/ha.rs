@@ -14,12 +14,21 @@ use futures_util::future::join_all;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
+use bootstrap_server::registry::EngineConflictPolicy;
+
 /// Two in-process replicas of one new cluster on the etcd at `endpoint`.
 async fn two_replicas(endpoint: &str) -> (TestServer, TestServer) {
+    replicas_with(endpoint, EngineConflictPolicy::default()).await
+}
+
+/// Two replicas of one new cluster whose engine-conflict policy is `policy`.
+async fn replicas_with(endpoint: &str, policy: EngineConflictPolicy) -> (TestServer, TestServer) {
     let cluster = etcd::unique_cluster();
-    let a = start_with(|c| c.etcd = Some(etcd_config(endpoint, &cluster))).await;
-    let b = start_with(|c| c.etcd = Some(etcd_config(endpoint, &cluster))).await;
-    (a, b)
+    let config = |c: &mut bootstrap_server::ServerConfig| {
+        c.etcd = Some(etcd_config(endpoint, &cluster));
+        c.registry.engine_conflict = policy;
+    };
+    (start_with(config).await, start_with(config).await)
 }
 
 /// Polls `check` every 20 ms until it returns `Some`, for at most `limit`.
@@ -175,7 +184,7 @@ async fn stray_keys_under_the_prefix_are_skipped_not_fatal() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contested_dp_rank_has_one_owner_across_replicas() {
-    let (a, b) = two_replicas(etcd::shared()).await;
+    let (a, b) = replicas_with(etcd::shared(), EngineConflictPolicy::Reject).await;
     let attempts = (0..16u32).map(|i| {
         let replica = if i % 2 == 0 { &a } else { &b };
         async move {
@@ -210,6 +219,48 @@ async fn a_contested_dp_rank_has_one_owner_across_replicas() {
         .await;
         assert_eq!(&owner, winners[0]);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_takeovers_leave_one_engine_whole_on_every_replica() {
+    let (a, b) = two_replicas(etcd::shared()).await;
+    let attempts = (0..16u32).map(|i| {
+        let replica = if i % 2 == 0 { &a } else { &b };
+        async move {
+            let (status, body) = replica
+                .register(
+                    &format!("engine-{i}"),
+                    5,
+                    i % 2,
+                    0,
+                    &format!("tcp://p:{}", 100 + i),
+                )
+                .await;
+            // A write that lost the guard race too often answers 503 (retryable).
+            assert!(status == 200 || status == 503, "{status} {body}");
+            status == 200
+        }
+    });
+    let wins = join_all(attempts)
+        .await
+        .into_iter()
+        .filter(|won| *won)
+        .count();
+    assert!(wins >= 1);
+    let views = [&a, &b].map(|replica| async move {
+        eventually(Duration::from_secs(3), "a settled view", || async {
+            let (_, topology) = replica.get("/query").await;
+            let group = &topology["5"];
+            // One owner, and only its own workers (a takeover removes the loser whole).
+            let owner = group["engine_id"].as_str()?.to_owned();
+            let workers = group["worker_addr"].as_object()?.len();
+            (workers == 1).then_some((owner, workers))
+        })
+        .await
+    });
+    let [first, second] = views;
+    let (first, second) = (first.await, second.await);
+    assert_eq!(first, second, "both replicas show the same last winner");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use bootstrap_server::registry::RegistryConfig;
 use bootstrap_server::server::ServerHandle;
 use bootstrap_server::{Server, ServerConfig};
 use common::*;
@@ -248,16 +247,10 @@ async fn the_real_bootstrap_server_is_understood() {
 
 /// The real bootstrap server on a free port, storing in `dir`.
 async fn real_bootstrap(dir: &std::path::Path) -> ServerHandle {
-    Server::bind(ServerConfig {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.to_path_buf(),
-        etcd: None,
-        auth_token: None,
-        registry: RegistryConfig::default(),
-    })
-    .await
-    .unwrap()
-    .spawn()
+    Server::bind(ServerConfig::local(dir))
+        .await
+        .unwrap()
+        .spawn()
 }
 
 /// Registers `engine` on dp rank `dp_rank` of the real bootstrap server at `url`.
@@ -270,8 +263,8 @@ async fn register_rank(url: &str, engine: &str, dp_rank: u32, replace: bool) {
             tp_rank: 0,
             pp_rank: 0,
             addr: format!("tcp://127.0.0.1:{}", 42000 + dp_rank),
-            replace,
-            lease_ttl: None,
+            replace: Some(replace),
+            ..RegisterWorker::default()
         })
         .await
         .unwrap();

@@ -339,8 +339,7 @@ impl BootstrapClient {
     ///         tp_rank: 1,
     ///         pp_rank: 0,
     ///         addr: "tcp://10.0.0.5:41232".into(),
-    ///         replace: false,
-    ///         lease_ttl: None,
+    ///         ..RegisterWorker::default()
     ///     })
     ///     .await?;
     /// # Ok(()) }

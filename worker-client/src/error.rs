@@ -92,6 +92,23 @@ pub enum ClientError {
         /// The engine id looked for.
         engine_id: String,
     },
+    /// The remote engine cannot work with this one: a field of its registered layout (model,
+    /// KV dtype, block size, tp/pp size, protocol version) differs from ours.
+    #[error(
+        "engine {engine_id} at {url} is incompatible: its {field} is {remote}, ours is {local}"
+    )]
+    Incompatible {
+        /// The bootstrap server asked.
+        url: String,
+        /// The remote engine.
+        engine_id: String,
+        /// The field that differs.
+        field: &'static str,
+        /// Our value.
+        local: String,
+        /// The remote engine's value.
+        remote: String,
+    },
 }
 
 impl ClientError {

@@ -142,7 +142,7 @@ impl BootstrapClient {
         let lease = Lease::granted(&answer, self.url())?;
         tracing::info!(lease_id = lease.id, ttl = ?lease.ttl, "{} registered under a lease", SlotName(&worker));
         // Registering again must never take the slot from an engine that owns it by then.
-        worker.replace = false;
+        worker.replace = Some(false);
         let (state_tx, state) = watch::channel(lease.state());
         let (stop, stopped) = watch::channel(false);
         let span = tracing::info_span!("lease_keeper", url = %self.url(), engine_id = %worker.engine_id,

@@ -72,9 +72,11 @@ enum Command {
         /// The worker's transfer address, e.g. tcp://10.0.0.5:41231.
         #[arg(long)]
         addr: String,
-        /// Take the dp rank over from another engine (a restarted engine).
-        #[arg(long)]
-        replace: bool,
+        /// Take the slot over from the engine holding it (`--replace` or `--replace true`), never
+        /// do (`--replace false`); without it the server's --engine-conflict policy decides
+        /// (takeover by default).
+        #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+        replace: Option<bool>,
         /// Seconds to keep retrying.
         #[arg(long, default_value = "600", value_parser = parse_seconds)]
         deadline: Duration,
@@ -243,6 +245,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 addr,
                 replace,
                 lease_ttl: None,
+                meta: Default::default(),
             };
             match lease_ttl {
                 Some(ttl) => keep_registered(client.register_leased(&worker, ttl).await?).await?,

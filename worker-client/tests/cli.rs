@@ -2,21 +2,13 @@
 
 use std::time::Duration;
 
-use bootstrap_server::registry::{ExpectedTopology, RegistryConfig};
+use bootstrap_server::registry::ExpectedTopology;
 use bootstrap_server::server::ServerHandle;
 use bootstrap_server::{Server, ServerConfig};
 
 async fn start(dir: &std::path::Path, expected: Option<ExpectedTopology>) -> ServerHandle {
-    let config = ServerConfig {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.to_path_buf(),
-        etcd: None,
-        auth_token: None,
-        registry: RegistryConfig {
-            expected,
-            ..RegistryConfig::default()
-        },
-    };
+    let mut config = ServerConfig::local(dir);
+    config.registry.expected = expected;
     Server::bind(config).await.unwrap().spawn()
 }
 
@@ -67,6 +59,9 @@ async fn register_query_and_deregister() {
                     tp,
                     "--addr",
                     "tcp://10.0.0.5:4000",
+                    // Refuse to take a slot over, whatever the server's policy.
+                    "--replace",
+                    "false",
                 ],
             )
             .await
@@ -341,7 +336,8 @@ async fn watch_prints_the_snapshot_then_each_event_as_json() {
     assert_eq!(event["type"], "put");
     assert_eq!(
         event["worker"],
-        serde_json::json!({"engine_id": "e", "dp_rank": 2, "tp_rank": 0, "pp_rank": 0, "addr": "tcp://p:7"})
+        serde_json::json!({"engine_id": "e", "dp_rank": 2, "tp_rank": 0, "pp_rank": 0, "addr": "tcp://p:7",
+                           "incarnation": 1})
     );
     assert!(event["revision"].as_u64().unwrap() > snapshot["revision"].as_u64().unwrap());
     assert_eq!(watch.terminate().await, 0);

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use common::{fast_client, silent_server, start, start_at, worker};
 use futures_util::future::join_all;
 use worker_client::protocol::native::Deregister;
+use worker_client::protocol::vllm::RegisterWorker;
 use worker_client::{BootstrapClient, ClientError, EngineDirectory, RequestOutcome};
 
 /// The value of one metric line of the server, 0 when absent.
@@ -24,8 +25,9 @@ async fn metric(url: &str, line_prefix: &str) -> u64 {
         .map_or(0, |v| v.trim().parse().unwrap())
 }
 
-const QUERY_200: &str =
-    r#"bootstrap_http_requests_total{method="GET",route="/query",status="200"}"#;
+/// The directory's fetches: `GET /workers` (the native list, with incarnations).
+const LIST_200: &str =
+    r#"bootstrap_http_requests_total{method="GET",route="/workers",status="200"}"#;
 
 #[tokio::test]
 async fn every_call_works_against_the_real_server() {
@@ -137,7 +139,7 @@ async fn cache_and_retries_recover_when_the_server_restarts() {
     );
     // ...and a registration keeps retrying until the server is back.
     let mut restarted = worker("new", 0, 0, 2);
-    restarted.replace = true;
+    restarted.replace = Some(true);
     let registering = {
         let client = client.clone();
         tokio::spawn(async move { client.register_worker(&restarted).await })
@@ -163,10 +165,12 @@ async fn conflicts_are_typed_and_not_retried() {
     let client = fast_client(&server.url());
     client.register_worker(&worker("A", 0, 0, 1)).await.unwrap();
     let started = Instant::now();
-    let err = client
-        .register_worker(&worker("B", 0, 0, 1))
-        .await
-        .unwrap_err();
+    // A native client can refuse to take a slot over (the server's default policy would).
+    let refusing = RegisterWorker {
+        replace: Some(false),
+        ..worker("B", 0, 0, 1)
+    };
+    let err = client.register_worker(&refusing).await.unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(1));
     match &err {
         ClientError::Rejected {
@@ -208,22 +212,22 @@ async fn concurrent_lookups_share_one_fetch() {
         assert_eq!(engine.dp_ranks.len(), 4);
     }
     assert_eq!(
-        metric(&url, QUERY_200).await,
+        metric(&url, LIST_200).await,
         1,
-        "50 lookups, one GET /query"
+        "50 lookups, one GET /workers"
     );
 
     // An unknown engine costs exactly one refetch, and the error is not cached.
     let err = directory.engine(&url, "ghost").await.unwrap_err();
     assert!(matches!(err, ClientError::UnknownEngine { .. }), "{err:?}");
-    assert_eq!(metric(&url, QUERY_200).await, 2);
+    assert_eq!(metric(&url, LIST_200).await, 2);
 
     // After an explicit invalidation the next lookup fetches again.
     directory.engine(&url, "e").await.unwrap();
-    assert_eq!(metric(&url, QUERY_200).await, 2, "served from the cache");
+    assert_eq!(metric(&url, LIST_200).await, 2, "served from the cache");
     directory.invalidate(&url);
     directory.engine(&url, "e").await.unwrap();
-    assert_eq!(metric(&url, QUERY_200).await, 3);
+    assert_eq!(metric(&url, LIST_200).await, 3);
 }
 
 #[tokio::test]
@@ -331,4 +335,65 @@ async fn batches_larger_than_the_server_limit_are_split() {
     assert!(outcomes
         .values()
         .all(|o| matches!(o, RequestOutcome::Ready(_))));
+}
+
+#[tokio::test]
+async fn a_pinned_engine_restarting_at_new_addresses_is_picked_up_within_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    let url = server.url();
+    let client = fast_client(&url);
+    client.register_worker(&worker("p", 0, 0, 1)).await.unwrap();
+    let directory = EngineDirectory::new(client.clone());
+    let before = directory.engine(&url, "p").await.unwrap();
+    assert_eq!(before.worker(0, 0), Some(vec!["tcp://127.0.0.1:1"]));
+
+    // P restarts under the same (pinned) engine id, at a new address: a new incarnation.
+    client.register_worker(&worker("p", 0, 0, 2)).await.unwrap();
+    let restarted = Instant::now();
+    let after = loop {
+        let engine = directory.engine(&url, "p").await.unwrap();
+        if engine.worker(0, 0) == Some(vec!["tcp://127.0.0.1:2"]) {
+            break engine;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(1),
+            "still the old address after 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        after.incarnation > before.incarnation,
+        "{after:?} {before:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_engine_with_another_layout_is_incompatible() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    let url = server.url();
+    let client = fast_client(&url);
+    let layout = |model: &str, block_size| worker_client::protocol::native::EngineMeta {
+        model: Some(model.into()),
+        block_size: Some(block_size),
+        ..Default::default()
+    };
+    let p = RegisterWorker {
+        meta: layout("llama", 16),
+        ..worker("p", 0, 0, 1)
+    };
+    client.register_worker(&p).await.unwrap();
+    let same = EngineDirectory::new(client.clone()).with_layout(layout("llama", 16));
+    assert!(same.engine(&url, "p").await.is_ok());
+    let other = EngineDirectory::new(client.clone()).with_layout(layout("llama", 32));
+    match other.engine(&url, "p").await {
+        Err(ClientError::Incompatible {
+            field: "block_size",
+            local,
+            remote,
+            ..
+        }) => assert_eq!((local.as_str(), remote.as_str()), ("32", "16")),
+        other => panic!("expected Incompatible, got {other:?}"),
+    }
 }

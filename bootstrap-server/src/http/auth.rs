@@ -1,30 +1,93 @@
-//! The bearer-token layer of the write routes (reads stay open, as SGLang's server does).
+//! Who may write: a bearer token (`--auth-token`), a list of writer networks
+//! (`--allow-writes-from`), both, or neither. Reads stay open, as SGLang's server does.
+//!
+//! A write is let through when nothing is configured, when its peer is inside an allowed
+//! network (stock vLLM and SGLang workers send no token: this is how they write to a protected
+//! server), or when it carries the token. Otherwise it gets 401 (a token would help) or 403
+//! (the peer is outside every allowed network and no token is configured).
 
-use axum::extract::{Request, State};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use ipnet::IpNet;
 use pd_service::BearerToken;
 
 use super::error::ApiError;
 
-/// Middleware: 401 unless the request carries the configured bearer token.
-pub async fn require_token(
-    State(token): State<BearerToken>,
+/// The write policy of a server.
+#[derive(Clone, Debug, Default)]
+pub struct WriteGuard {
+    token: Option<BearerToken>,
+    allowed: Arc<[IpNet]>,
+}
+
+impl WriteGuard {
+    /// Writes need `token` (if any), unless the peer is in one of `allowed` (if any).
+    pub fn new(token: Option<BearerToken>, allowed: Vec<IpNet>) -> Self {
+        WriteGuard {
+            token,
+            allowed: allowed.into(),
+        }
+    }
+
+    /// True when anyone who reaches the port may write.
+    pub fn is_open(&self) -> bool {
+        self.token.is_none() && self.allowed.is_empty()
+    }
+
+    fn allows(&self, peer: Option<IpAddr>) -> bool {
+        peer.is_some_and(|ip| {
+            let ip = ip.to_canonical();
+            self.allowed.iter().any(|net| net.contains(&ip))
+        })
+    }
+}
+
+/// Middleware of the write routes: lets a write through or answers 401/403 JSON.
+pub async fn guard_writes(
+    State(guard): State<WriteGuard>,
     request: Request,
     next: Next,
 ) -> Response {
-    if token.admits(request.headers()) {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|info| info.0.ip());
+    if guard.is_open() || guard.allows(peer) {
         return next.run(request).await;
     }
-    let mut response = ApiError::new(
-        StatusCode::UNAUTHORIZED,
-        "this route needs the header Authorization: Bearer <token> with the server's --auth-token",
-    )
-    .into_response();
-    response.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        header::HeaderValue::from_static("Bearer"),
-    );
-    response
+    match &guard.token {
+        Some(token) if token.admits(request.headers()) => next.run(request).await,
+        Some(_) => {
+            let mut detail = "this route needs the header Authorization: Bearer <token> with the server's --auth-token".to_owned();
+            if !guard.allowed.is_empty() {
+                detail.push_str(" (or a peer inside --allow-writes-from)");
+            }
+            let mut response = ApiError::new(StatusCode::UNAUTHORIZED, detail).into_response();
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            response
+        }
+        None => {
+            let nets: Vec<String> = guard.allowed.iter().map(ToString::to_string).collect();
+            let who = peer.map_or_else(
+                || "this peer".to_owned(),
+                |ip| ip.to_canonical().to_string(),
+            );
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "writes are accepted only from --allow-writes-from {}; {who} is outside it",
+                    nets.join(",")
+                ),
+            )
+            .into_response()
+        }
+    }
 }

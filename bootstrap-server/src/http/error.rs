@@ -110,3 +110,15 @@ pub async fn json_errors(request: Request, next: Next) -> Response {
     let body = serde_json::to_vec(&ErrorBody { detail }).unwrap_or_default();
     Response::from_parts(parts, Body::from(body))
 }
+
+/// The body of the errors hyper answers before any route sees the request (wired in through
+/// `pd_service::ServeLimits::wire_error_body`).
+pub fn wire_error_body(code: u16, reason: &str) -> Vec<u8> {
+    let detail = match code {
+        400 => "the request is not valid HTTP/1.1 (a malformed request line or header)".to_owned(),
+        414 => "the request URI is too long (64 KiB at most)".to_owned(),
+        431 => "the request has too many headers (100 at most) or they are too large".to_owned(),
+        _ => format!("{code} {reason}"),
+    };
+    serde_json::to_vec(&ErrorBody { detail }).unwrap_or_default()
+}

@@ -16,10 +16,10 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use pd_service::BearerToken;
 use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
 
-pub use error::ApiError;
+pub use auth::WriteGuard;
+pub use error::{wire_error_body, ApiError};
 
 use crate::metrics::Metrics;
 use crate::registry::Registry;
@@ -37,15 +37,15 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     /// The metrics.
     pub metrics: Arc<Metrics>,
+    /// Why writes are unprotected, when they are (shown by `GET /health`).
+    pub open_writes: Option<Arc<str>>,
 }
 
-/// Builds the full router. With `auth`, every write route requires that bearer token.
-pub fn router(state: AppState, auth: Option<BearerToken>) -> Router {
-    let mut writes = vllm::writes().merge(native::writes());
-    if let Some(token) = auth {
-        writes = writes.route_layer(middleware::from_fn_with_state(token, auth::require_token));
-    }
-    writes
+/// Builds the full router; every write route goes through `guard` (see [`WriteGuard`]).
+pub fn router(state: AppState, guard: WriteGuard) -> Router {
+    vllm::writes()
+        .merge(native::writes())
+        .route_layer(middleware::from_fn_with_state(guard, auth::guard_writes))
         .merge(vllm::reads())
         .merge(native::reads())
         .fallback(not_found)

@@ -55,6 +55,8 @@ pub fn worker_info(record: &WorkerRecord) -> WorkerInfo {
         pp_rank: record.slot.pp,
         addr: record.addr.clone(),
         lease_id: record.lease.map(|l| l.id),
+        incarnation: Some(record.incarnation),
+        meta: (*record.meta).clone(),
     }
 }
 
@@ -171,8 +173,14 @@ async fn watch(
     }
 }
 
-async fn health() -> Json<Status> {
-    Json(Status::ok())
+/// `GET /health`: `{"status": "ok"}`, with a `warning` while writes are open to anyone.
+async fn health(State(state): State<AppState>) -> Response {
+    match &state.open_writes {
+        None => Json(Status::ok()).into_response(),
+        Some(warning) => {
+            Json(serde_json::json!({"status": "ok", "warning": &**warning})).into_response()
+        }
+    }
 }
 
 async fn ready(State(state): State<AppState>) -> Response {

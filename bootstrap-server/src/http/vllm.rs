@@ -24,7 +24,9 @@ use super::extract::JsonBody;
 use super::{rejected, AppState};
 use crate::registry::model::{Location, Readiness, Registration, Slot};
 use crate::registry::validate::{validate_id, FieldError};
-use crate::registry::{RegistryError, RequestConflict, WorkerConflict, WorkerTable};
+use crate::registry::{
+    RegisterOutcome, RegistryError, RequestConflict, WorkerConflict, WorkerTable,
+};
 
 /// The write routes (behind the bearer token when one is set).
 pub fn writes() -> Router<AppState> {
@@ -93,12 +95,17 @@ async fn register(
         addr: body.addr,
         replace: body.replace,
         lease_ttl: body.lease_ttl,
+        meta: body.meta,
     };
-    let lease = state
+    let registered = state
         .registry
         .register(&registration)
         .await
         .map_err(error)?;
+    if matches!(registered.outcome, RegisterOutcome::TakenOver { .. }) {
+        state.metrics.observe_takeover();
+    }
+    let lease = registered.lease;
     Ok(Json(RegisterResponse {
         status: "ok".to_owned(),
         lease_id: lease.map(|l| l.id),
@@ -135,9 +142,12 @@ struct Rendered {
     by_engine: HashMap<String, Bytes>,
 }
 
+/// vLLM's view of the table. Dp ranks of workers registered without an engine id
+/// (`/register_worker`) are left out: vLLM's D reads `engine_id` from every entry.
 fn topology(table: &WorkerTable) -> Topology {
     table
         .groups()
+        .filter(|(_, group)| group.engine_id().is_some())
         .map(|(dp, group)| {
             let mut worker_addr: BTreeMap<Rank, BTreeMap<Rank, String>> = BTreeMap::new();
             for (tp, pp, addr) in group.workers() {

@@ -44,7 +44,7 @@ impl Default for RegistryConfig {
             expected: None,
             request_ttl: Duration::from_secs(960),
             max_requests: 2_000_000,
-            engine_conflict: EngineConflictPolicy::Reject,
+            engine_conflict: EngineConflictPolicy::Replace,
         }
     }
 }

@@ -3,9 +3,9 @@
 
 use pd_protocol::{LeaseId, Rank, Revision};
 
+use super::plan::WorkerConflict;
 use super::request_table::RequestConflict;
 use super::validate::FieldError;
-use super::workers::WorkerConflict;
 use crate::store::StoreError;
 
 /// Why the registry refused a call.

@@ -86,6 +86,8 @@ mod tests {
                 engine_id: None,
                 addr: "tcp://h:1".into(),
                 lease: None,
+                incarnation: 0,
+                meta: Default::default(),
             },
         }
     }

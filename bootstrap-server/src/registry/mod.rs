@@ -10,6 +10,7 @@ mod follow;
 mod history;
 mod leases;
 pub mod model;
+mod plan;
 mod request_table;
 mod requests;
 pub mod validate;
@@ -26,10 +27,11 @@ use pd_protocol::{Rank, Revision};
 pub use config::{ExpectedTopology, RegistryConfig};
 pub use error::RegistryError;
 pub use history::{Compacted, History, HISTORY_CAPACITY};
+pub use plan::{EngineConflictPolicy, Plan, RegisterOutcome, WorkerConflict};
 pub use request_table::{Inserted, RequestConflict, RequestTable};
 pub use view::View;
 pub use watch::Changes;
-pub use workers::{EngineConflictPolicy, RegisterOutcome, WorkerConflict, WorkerTable};
+pub use workers::{Group, WorkerTable};
 
 use self::model::{
     Deregistration, Lease, Readiness, Registration, Slot, WorkerChange, WorkerRecord,
@@ -47,6 +49,17 @@ const APPLY_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a write that lost a race waits for the winner's change to arrive.
 const CONFLICT_WAIT: Duration = Duration::from_secs(2);
+
+/// What a registration did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    /// The lease it lives by, if it asked for one.
+    pub lease: Option<Lease>,
+    /// Its engine's incarnation.
+    pub incarnation: u64,
+    /// How it was applied.
+    pub outcome: RegisterOutcome,
+}
 
 /// Counts for `/metrics`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,34 +184,42 @@ impl Registry {
         self.check_rank("PP", slot.pp, |e| e.pp_size)
     }
 
-    /// Records one worker of an engine, under a new lease when it asks for one; returns the
-    /// lease.
+    /// Records one worker of an engine, under a new lease when it asks for one; a slot held by
+    /// another engine (or by this one at another address) is taken over as the policy says.
     pub async fn register(
         self: &Arc<Self>,
         reg: &Registration,
-    ) -> Result<Option<Lease>, RegistryError> {
+    ) -> Result<Registered, RegistryError> {
         validate_id("engine_id", &reg.engine_id)?;
         validate_addr("addr", &reg.addr)?;
         if let Some(ttl) = reg.lease_ttl {
             validate_lease_ttl("lease_ttl", ttl)?;
         }
-        let slot = reg.slot;
-        self.check_slot(slot)?;
+        self.check_slot(reg.slot)?;
         let lease = match reg.lease_ttl {
             Some(ttl) => Some(self.store.grant_lease(ttl).await?),
             None => None,
         };
-        let (engine_id, addr, replace) = (reg.engine_id.clone(), reg.addr.clone(), reg.replace);
-        let policy = self.config.engine_conflict;
-        let superseded = self.read_workers().table.get(slot).and_then(|w| w.lease);
+        let takeover = self.config.engine_conflict == EngineConflictPolicy::Replace;
+        let planned = reg.clone();
         let written = self
-            .write(move |table| {
-                let plan = table.plan_register(&engine_id, slot, &addr, replace, policy, lease)?;
-                Ok((plan.change, plan.outcome))
+            .write(move |table, next_incarnation| {
+                let plan = table.plan_register(&planned, lease, takeover, next_incarnation)?;
+                // The leases of the workers this change removes or overwrites: revoked once no
+                // worker lives by them (each registration grants a new lease).
+                let superseded: Vec<Lease> = plan
+                    .change
+                    .remove
+                    .iter()
+                    .chain(plan.change.put.iter().map(|w| &w.slot))
+                    .filter_map(|slot| table.get(*slot)?.lease)
+                    .filter(|old| Some(*old) != lease)
+                    .collect();
+                Ok((plan.change, (plan.outcome, plan.incarnation, superseded)))
             })
             .await;
-        let outcome = match written {
-            Ok(outcome) => outcome,
+        let (outcome, incarnation, superseded) = match written {
+            Ok(written) => written,
             Err(err) => {
                 let not_written = !matches!(
                     err,
@@ -213,20 +234,34 @@ impl Registry {
                 return Err(err);
             }
         };
-        self.revoke_if_unused(superseded.filter(|old| Some(*old) != lease));
+        for old in superseded {
+            self.revoke_if_unused(Some(old));
+        }
         let lease_id = lease.map(|l| l.id);
+        let slot = reg.slot;
         match &outcome {
             RegisterOutcome::Created => {
-                tracing::info!(engine_id = %reg.engine_id, %slot, addr = %reg.addr, ?lease_id, "worker registered")
+                tracing::info!(engine_id = %reg.engine_id, %slot, addr = %reg.addr, incarnation, ?lease_id, "worker registered")
             }
-            RegisterOutcome::Replaced { previous_engine } => tracing::warn!(
-                engine_id = %reg.engine_id, %slot, addr = %reg.addr, ?lease_id,
+            RegisterOutcome::TakenOver {
+                previous_engine,
+                previous_incarnation,
+                removed,
+            } => tracing::warn!(
+                engine_id = %reg.engine_id, %slot, addr = %reg.addr, incarnation, ?lease_id,
                 previous_engine = previous_engine.as_deref().unwrap_or("-"),
-                "worker registration replaced an earlier one"
+                previous_incarnation, removed,
+                "engine takeover: {} (incarnation {previous_incarnation}) replaced by {} (incarnation {incarnation}); its {removed} worker(s) left",
+                previous_engine.as_deref().unwrap_or("workers without an engine id"),
+                reg.engine_id,
             ),
-            RegisterOutcome::Replayed => {}
+            RegisterOutcome::Replayed | RegisterOutcome::Renewed => {}
         }
-        Ok(lease)
+        Ok(Registered {
+            lease,
+            incarnation,
+            outcome,
+        })
     }
 
     /// Records a worker without an engine id (vLLM's request-keyed `/register_worker`): the slot
@@ -239,7 +274,7 @@ impl Registry {
         validate_addr("worker_addr", addr)?;
         self.check_slot(slot)?;
         let addr = addr.to_owned();
-        self.write(move |table| Ok((table.plan_register_unowned(slot, &addr), ())))
+        self.write(move |table, _| Ok((table.plan_register_unowned(slot, &addr), ())))
             .await
     }
 
@@ -251,7 +286,7 @@ impl Registry {
         validate_id("engine_id", &req.engine_id)?;
         let selection = req.clone();
         let removed = self
-            .write(move |table| {
+            .write(move |table, _| {
                 let change = table.plan_deregister(&selection);
                 let removed = change.remove.len();
                 Ok((change, removed))
@@ -272,7 +307,7 @@ impl Registry {
     async fn write<T, P>(self: &Arc<Self>, plan: P) -> Result<T, RegistryError>
     where
         T: Send + 'static,
-        P: Fn(&WorkerTable) -> Result<(WorkerChange, T), RegistryError> + Send + 'static,
+        P: Fn(&WorkerTable, u64) -> Result<(WorkerChange, T), RegistryError> + Send + 'static,
     {
         let registry = self.clone();
         let task = tokio::spawn(async move {
@@ -280,7 +315,9 @@ impl Registry {
             for _ in 0..WRITE_ATTEMPTS {
                 let (guard, (change, outcome)) = {
                     let state = registry.read_workers();
-                    (state.guard, plan(&state.table)?)
+                    // A new incarnation is greater than every one on record: the table's
+                    // incarnations were all planned against older guards.
+                    (state.guard, plan(&state.table, state.guard + 1)?)
                 };
                 if change.is_empty() {
                     return Ok(outcome);

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use pd_protocol::native::EngineMeta;
 use pd_protocol::{LeaseId, Rank, Revision};
 
 /// The (dp, tp, pp) position of one worker.
@@ -38,6 +39,10 @@ pub struct WorkerRecord {
     pub addr: String,
     /// The lease it lives by; `None` lives until deregistered or replaced.
     pub lease: Option<Lease>,
+    /// Its engine's incarnation when it registered (0: stored before incarnations existed).
+    pub incarnation: u64,
+    /// What its engine serves and how its KV is laid out, as registered.
+    pub meta: Arc<EngineMeta>,
 }
 
 /// A granted lease: its id and time to live.
@@ -84,10 +89,13 @@ pub struct Registration {
     pub slot: Slot,
     /// Its transfer address.
     pub addr: String,
-    /// Take the slot (and the dp rank) over from another engine.
-    pub replace: bool,
+    /// Take the slot over from the engine holding it (`Some(true)`), never do
+    /// (`Some(false)`), or as the server's policy says (`None`).
+    pub replace: Option<bool>,
     /// Seconds the registration lives without a keepalive; `None` lives until removed.
     pub lease_ttl: Option<u32>,
+    /// What the engine serves and how its KV is laid out.
+    pub meta: EngineMeta,
 }
 
 /// Which of an engine's workers to remove: ranks left out widen the selection.

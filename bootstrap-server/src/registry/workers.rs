@@ -1,75 +1,14 @@
-//! The worker table: which engine owns each dp rank and where every (dp, tp, pp) worker listens.
-//!
-//! Planning is pure: [`WorkerTable::plan_register`] and friends turn a request into a
-//! [`WorkerChange`] (or a conflict) without touching anything, so the registry can make the change
-//! durable first and apply it to memory second.
+//! The worker table: which engine owns each dp rank and where every (dp, tp, pp) worker listens,
+//! with each worker's lease, incarnation and engine metadata. Changes are planned elsewhere
+//! ([`super::plan`]) and applied here once durable.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use pd_protocol::native::EngineMeta;
 use pd_protocol::{LeaseId, Rank};
 
-use super::model::{Deregistration, Lease, Slot, WorkerChange, WorkerRecord};
-
-/// What to do when a new engine id registers a dp rank that another engine owns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum EngineConflictPolicy {
-    /// Refuse with vLLM's "Engine ID mismatch" 400, unless the request says `"replace": true`.
-    #[default]
-    Reject,
-    /// The newcomer takes the dp rank over and the old engine's workers of that rank are dropped
-    /// (for vLLM clients, which cannot send `replace`, in deployments where a restarted engine
-    /// must come back without an operator).
-    Replace,
-}
-
-/// Why a registration was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WorkerConflict {
-    /// The dp rank belongs to another engine.
-    #[error("dp rank {dp_rank} belongs to engine {expected}, not to {got}")]
-    EngineMismatch {
-        /// The contested dp rank.
-        dp_rank: Rank,
-        /// The engine that owns it.
-        expected: String,
-        /// The engine that asked for it.
-        got: String,
-    },
-    /// The slot is registered at another address.
-    #[error("the worker at {slot} is registered at {old}, not at {new}")]
-    SlotTaken {
-        /// The contested slot.
-        slot: Slot,
-        /// The address on record.
-        old: String,
-        /// The address asked for.
-        new: String,
-    },
-}
-
-/// How a registration was applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RegisterOutcome {
-    /// A new slot was recorded.
-    Created,
-    /// The exact same registration was already on record (a client retry).
-    Replayed,
-    /// The slot or the dp rank was taken over; `previous_engine` is who had it.
-    Replaced {
-        /// The engine that owned the dp rank before, if another one.
-        previous_engine: Option<String>,
-    },
-}
-
-/// A planned change and what it will mean once applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
-    /// What to write.
-    pub change: WorkerChange,
-    /// How to describe it.
-    pub outcome: RegisterOutcome,
-}
+use super::model::{Lease, Slot, WorkerChange, WorkerRecord};
 
 /// All registered workers, grouped by dp rank.
 #[derive(Debug, Clone, Default)]
@@ -84,6 +23,15 @@ pub struct Group {
     workers: BTreeMap<(Rank, Rank), Worker>,
 }
 
+/// One slot's registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Worker {
+    pub(super) addr: String,
+    pub(super) lease: Option<Lease>,
+    pub(super) incarnation: u64,
+    pub(super) meta: Arc<EngineMeta>,
+}
+
 impl Group {
     /// The engine that owns the dp rank (none for workers registered without an engine id).
     pub fn engine_id(&self) -> Option<&str> {
@@ -96,13 +44,38 @@ impl Group {
             .iter()
             .map(|((tp, pp), worker)| (*tp, *pp, worker.addr.as_str()))
     }
-}
 
-/// One slot's registration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Worker {
-    addr: String,
-    lease: Option<Lease>,
+    /// The worker at (tp, pp).
+    pub(super) fn worker(&self, tp: Rank, pp: Rank) -> Option<&Worker> {
+        self.workers.get(&(tp, pp))
+    }
+
+    /// Every slot of dp rank `dp` with a worker.
+    pub(super) fn slots(&self, dp: Rank) -> impl Iterator<Item = Slot> + '_ {
+        self.workers.keys().map(move |(tp, pp)| Slot {
+            dp,
+            tp: *tp,
+            pp: *pp,
+        })
+    }
+
+    /// The group's workers as records.
+    fn records(&self, dp: Rank) -> impl Iterator<Item = WorkerRecord> + '_ {
+        self.workers
+            .iter()
+            .map(move |((tp, pp), worker)| WorkerRecord {
+                slot: Slot {
+                    dp,
+                    tp: *tp,
+                    pp: *pp,
+                },
+                engine_id: self.engine_id.clone(),
+                addr: worker.addr.clone(),
+                lease: worker.lease,
+                incarnation: worker.incarnation,
+                meta: worker.meta.clone(),
+            })
+    }
 }
 
 impl WorkerTable {
@@ -128,13 +101,6 @@ impl WorkerTable {
             .filter_map(|g| g.engine_id.as_deref())
             .collect::<BTreeSet<_>>()
             .len()
-    }
-
-    /// True when some dp rank is owned by `engine_id`.
-    pub fn has_engine(&self, engine_id: &str) -> bool {
-        self.groups
-            .values()
-            .any(|g| g.engine_id.as_deref() == Some(engine_id))
     }
 
     /// The largest number of tp ranks registered in one dp group: P's tp size as far as the
@@ -184,181 +150,26 @@ impl WorkerTable {
         self.groups.iter().map(|(dp, group)| (*dp, group))
     }
 
-    /// Plans a registration under an engine id. Arguments must already be validated.
-    pub fn plan_register(
-        &self,
-        engine_id: &str,
-        slot: Slot,
-        addr: &str,
-        replace: bool,
-        policy: EngineConflictPolicy,
-        lease: Option<Lease>,
-    ) -> Result<Plan, WorkerConflict> {
-        let new_record = || WorkerRecord {
-            slot,
-            engine_id: Some(Arc::from(engine_id)),
-            addr: addr.to_owned(),
-            lease,
-        };
-        let Some(group) = self.groups.get(&slot.dp) else {
-            return Ok(Plan {
-                change: WorkerChange {
-                    remove: Vec::new(),
-                    put: vec![new_record()],
-                },
-                outcome: RegisterOutcome::Created,
-            });
-        };
-        match group.engine_id.as_deref() {
-            Some(owner) if owner != engine_id => {
-                if !(replace || policy == EngineConflictPolicy::Replace) {
-                    return Err(WorkerConflict::EngineMismatch {
-                        dp_rank: slot.dp,
-                        expected: owner.to_owned(),
-                        got: engine_id.to_owned(),
-                    });
-                }
-                let remove = group
-                    .workers
-                    .keys()
-                    .map(|(tp, pp)| Slot {
-                        dp: slot.dp,
-                        tp: *tp,
-                        pp: *pp,
-                    })
-                    .collect();
-                return Ok(Plan {
-                    change: WorkerChange {
-                        remove,
-                        put: vec![new_record()],
-                    },
-                    outcome: RegisterOutcome::Replaced {
-                        previous_engine: Some(owner.to_owned()),
-                    },
-                });
-            }
-            Some(_) => {}
-            None => {
-                // Workers registered without an engine id: this engine claims the whole group.
-                let mut put: Vec<WorkerRecord> = group
-                    .workers
-                    .iter()
-                    .filter(|(key, _)| **key != (slot.tp, slot.pp))
-                    .map(|((tp, pp), old)| WorkerRecord {
-                        slot: Slot {
-                            dp: slot.dp,
-                            tp: *tp,
-                            pp: *pp,
-                        },
-                        engine_id: Some(Arc::from(engine_id)),
-                        addr: old.addr.clone(),
-                        lease: old.lease,
-                    })
-                    .collect();
-                self.check_slot(group, slot, addr, lease, replace)?;
-                put.push(new_record());
-                return Ok(Plan {
-                    change: WorkerChange {
-                        remove: Vec::new(),
-                        put,
-                    },
-                    outcome: RegisterOutcome::Created,
-                });
-            }
-        }
-        let takeover = replace || policy == EngineConflictPolicy::Replace;
-        let outcome = match self.check_slot(group, slot, addr, lease, takeover)? {
-            SlotState::Free => RegisterOutcome::Created,
-            SlotState::Renewed => RegisterOutcome::Replayed,
-            SlotState::Same => {
-                return Ok(Plan {
-                    change: WorkerChange::default(),
-                    outcome: RegisterOutcome::Replayed,
-                })
-            }
-            SlotState::Overwritten => RegisterOutcome::Replaced {
-                previous_engine: None,
-            },
-        };
-        Ok(Plan {
-            change: WorkerChange {
-                remove: Vec::new(),
-                put: vec![new_record()],
-            },
-            outcome,
-        })
+    /// The group of dp rank `dp`.
+    pub(super) fn group(&self, dp: Rank) -> Option<&Group> {
+        self.groups.get(&dp)
     }
 
-    fn check_slot(
-        &self,
-        group: &Group,
-        slot: Slot,
-        addr: &str,
-        lease: Option<Lease>,
-        replace: bool,
-    ) -> Result<SlotState, WorkerConflict> {
-        match group.workers.get(&(slot.tp, slot.pp)) {
-            None => Ok(SlotState::Free),
-            Some(old) if old.addr == addr && old.lease == lease => Ok(SlotState::Same),
-            // The same worker registering again, under a new lease (or none).
-            Some(old) if old.addr == addr => Ok(SlotState::Renewed),
-            Some(_) if replace => Ok(SlotState::Overwritten),
-            Some(old) => Err(WorkerConflict::SlotTaken {
-                slot,
-                old: old.addr.clone(),
-                new: addr.to_owned(),
-            }),
-        }
+    /// The dp ranks `engine_id` owns, with their groups.
+    pub(super) fn engine_groups<'a>(
+        &'a self,
+        engine_id: &'a str,
+    ) -> impl Iterator<Item = (Rank, &'a Group)> + 'a {
+        self.groups()
+            .filter(move |(_, group)| group.engine_id() == Some(engine_id))
     }
 
-    /// Plans a registration without an engine id: the slot is written whatever it held, as
-    /// vLLM's `/register_worker` does, keeping the dp rank's engine id if it has one.
-    pub fn plan_register_unowned(&self, slot: Slot, addr: &str) -> WorkerChange {
-        let group = self.groups.get(&slot.dp);
-        if group
-            .and_then(|g| g.workers.get(&(slot.tp, slot.pp)))
-            .is_some_and(|w| w.addr == addr && w.lease.is_none())
-        {
-            return WorkerChange::default();
-        }
-        WorkerChange {
-            remove: Vec::new(),
-            put: vec![WorkerRecord {
-                slot,
-                engine_id: group.and_then(|g| g.engine_id.clone()),
-                addr: addr.to_owned(),
-                lease: None,
-            }],
-        }
-    }
-
-    /// Plans a deregistration: the engine's slots that match the given ranks.
-    pub fn plan_deregister(&self, selection: &Deregistration) -> WorkerChange {
-        let Deregistration {
-            engine_id,
-            dp,
-            tp,
-            pp,
-        } = selection;
-        let (dp, tp, pp) = (*dp, *tp, *pp);
-        let matches = |want: Option<Rank>, have: Rank| want.is_none_or(|w| w == have);
-        let remove = self
-            .groups
-            .iter()
-            .filter(|(d, g)| g.engine_id.as_deref() == Some(engine_id.as_str()) && matches(dp, **d))
-            .flat_map(|(d, g)| {
-                g.workers.keys().map(move |(t, p)| Slot {
-                    dp: *d,
-                    tp: *t,
-                    pp: *p,
-                })
-            })
-            .filter(|slot| matches(tp, slot.tp) && matches(pp, slot.pp))
-            .collect();
-        WorkerChange {
-            remove,
-            put: Vec::new(),
-        }
+    /// The incarnation of `engine_id`'s registration (the highest of its workers'), if it has
+    /// workers.
+    pub fn incarnation(&self, engine_id: &str) -> Option<u64> {
+        self.engine_groups(engine_id)
+            .flat_map(|(_, group)| group.workers.values().map(|w| w.incarnation))
+            .max()
     }
 
     /// Applies a change (already made durable). A dp rank whose last worker goes is freed.
@@ -381,6 +192,8 @@ impl WorkerTable {
                 Worker {
                     addr: record.addr.clone(),
                     lease: record.lease,
+                    incarnation: record.incarnation,
+                    meta: record.meta.clone(),
                 },
             );
         }
@@ -395,26 +208,16 @@ impl WorkerTable {
             engine_id: group.engine_id.clone(),
             addr: worker.addr.clone(),
             lease: worker.lease,
+            incarnation: worker.incarnation,
+            meta: worker.meta.clone(),
         })
     }
 
     /// Every registered worker, in (dp, tp, pp) order.
     pub fn records(&self) -> impl Iterator<Item = WorkerRecord> + '_ {
-        self.groups.iter().flat_map(|(dp, group)| {
-            group
-                .workers
-                .iter()
-                .map(move |((tp, pp), worker)| WorkerRecord {
-                    slot: Slot {
-                        dp: *dp,
-                        tp: *tp,
-                        pp: *pp,
-                    },
-                    engine_id: group.engine_id.clone(),
-                    addr: worker.addr.clone(),
-                    lease: worker.lease,
-                })
-        })
+        self.groups
+            .iter()
+            .flat_map(|(dp, group)| group.records(*dp))
     }
 
     /// True when some worker lives by lease `id`.
@@ -423,203 +226,5 @@ impl WorkerTable {
             .values()
             .flat_map(|g| g.workers.values())
             .any(|w| w.lease.is_some_and(|l| l.id == id))
-    }
-}
-
-enum SlotState {
-    Free,
-    Same,
-    Renewed,
-    Overwritten,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn slot(dp: Rank, tp: Rank, pp: Rank) -> Slot {
-        Slot { dp, tp, pp }
-    }
-
-    fn registered(entries: &[(&str, Slot, &str)]) -> WorkerTable {
-        let mut table = WorkerTable::default();
-        for (engine, slot, addr) in entries {
-            let plan = table
-                .plan_register(
-                    engine,
-                    *slot,
-                    addr,
-                    false,
-                    EngineConflictPolicy::Reject,
-                    None,
-                )
-                .unwrap();
-            table.apply(&plan.change);
-        }
-        table
-    }
-
-    #[test]
-    fn replay_is_a_no_op_and_conflicts_use_vllm_wording() {
-        let table = registered(&[("A", slot(0, 0, 0), "tcp://h:1")]);
-        let replay = table
-            .plan_register(
-                "A",
-                slot(0, 0, 0),
-                "tcp://h:1",
-                false,
-                EngineConflictPolicy::Reject,
-                None,
-            )
-            .unwrap();
-        assert_eq!(replay.outcome, RegisterOutcome::Replayed);
-        assert!(replay.change.is_empty());
-
-        let err = table
-            .plan_register(
-                "B",
-                slot(0, 1, 0),
-                "tcp://h:2",
-                false,
-                EngineConflictPolicy::Reject,
-                None,
-            )
-            .unwrap_err();
-        assert_eq!(
-            err,
-            WorkerConflict::EngineMismatch {
-                dp_rank: 0,
-                expected: "A".into(),
-                got: "B".into()
-            }
-        );
-        let err = table
-            .plan_register(
-                "A",
-                slot(0, 0, 0),
-                "tcp://h:9",
-                false,
-                EngineConflictPolicy::Reject,
-                None,
-            )
-            .unwrap_err();
-        assert_eq!(
-            err,
-            WorkerConflict::SlotTaken {
-                slot: slot(0, 0, 0),
-                old: "tcp://h:1".into(),
-                new: "tcp://h:9".into()
-            }
-        );
-    }
-
-    #[test]
-    fn replace_takes_the_whole_dp_rank_over() {
-        let mut table = registered(&[
-            ("A", slot(0, 0, 0), "tcp://h:1"),
-            ("A", slot(0, 1, 0), "tcp://h:2"),
-            ("A", slot(1, 0, 0), "tcp://h:3"),
-        ]);
-        let plan = table
-            .plan_register(
-                "B",
-                slot(0, 0, 0),
-                "tcp://h:4",
-                true,
-                EngineConflictPolicy::Reject,
-                None,
-            )
-            .unwrap();
-        assert_eq!(
-            plan.outcome,
-            RegisterOutcome::Replaced {
-                previous_engine: Some("A".into())
-            }
-        );
-        table.apply(&plan.change);
-        let groups: Vec<(Rank, &Group)> = table.groups().collect();
-        assert_eq!(groups[0].1.engine_id(), Some("B"));
-        assert_eq!(groups[0].1.workers().count(), 1, "A's tp 1 must be gone");
-        assert_eq!(groups[1].1.engine_id(), Some("A"));
-        assert_eq!(table.engine_count(), 2);
-
-        let policy_plan = table
-            .plan_register(
-                "C",
-                slot(1, 0, 0),
-                "tcp://h:5",
-                false,
-                EngineConflictPolicy::Replace,
-                None,
-            )
-            .unwrap();
-        assert!(matches!(
-            policy_plan.outcome,
-            RegisterOutcome::Replaced { .. }
-        ));
-    }
-
-    #[test]
-    fn deregistered_ranks_are_free_for_a_new_engine() {
-        let mut table = registered(&[
-            ("A", slot(0, 0, 0), "tcp://h:1"),
-            ("A", slot(0, 1, 0), "tcp://h:2"),
-        ]);
-        let change = table.plan_deregister(&Deregistration {
-            engine_id: "A".into(),
-            dp: None,
-            tp: None,
-            pp: None,
-        });
-        assert_eq!(change.remove.len(), 2);
-        table.apply(&change);
-        assert_eq!(table.worker_count(), 0);
-        assert!(table
-            .plan_register(
-                "B",
-                slot(0, 0, 0),
-                "tcp://h:3",
-                false,
-                EngineConflictPolicy::Reject,
-                None
-            )
-            .is_ok());
-    }
-
-    #[test]
-    fn counts_and_lookups() {
-        let table = registered(&[
-            ("A", slot(0, 0, 0), "tcp://h:1"),
-            ("A", slot(0, 0, 1), "tcp://h:2"),
-            ("A", slot(0, 1, 0), "tcp://h:3"),
-            ("B", slot(5, 0, 0), "tcp://h:4"),
-        ]);
-        assert_eq!(table.addresses(0, 0), vec!["tcp://h:1", "tcp://h:2"]);
-        assert!(table.addresses(0, 7).is_empty());
-        assert_eq!(table.observed_tp_size(), Some(2));
-        assert_eq!(table.count_within(1, 2, 2), 3);
-        assert_eq!(table.count_within(6, 1, 1), 2);
-        let owned_by_b = table.groups().filter(|(_, g)| g.engine_id() == Some("B"));
-        assert_eq!(owned_by_b.count(), 1);
-    }
-
-    #[test]
-    fn legacy_workers_are_claimed_by_an_engine() {
-        let mut table = WorkerTable::default();
-        table.apply(&table.plan_register_unowned(slot(0, 1, 0), "tcp://h:1"));
-        assert_eq!(table.groups().next().unwrap().1.engine_id(), None);
-        let plan = table
-            .plan_register(
-                "E",
-                slot(0, 0, 0),
-                "tcp://h:2",
-                false,
-                EngineConflictPolicy::Reject,
-                None,
-            )
-            .unwrap();
-        table.apply(&plan.change);
-        assert_eq!(table.groups().next().unwrap().1.engine_id(), Some("E"));
-        assert_eq!(table.worker_count(), 2);
     }
 }

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use pd_protocol::native::EngineMeta;
 use pd_protocol::LeaseId;
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +18,15 @@ struct StoredWorker {
     lease_id: Option<LeaseId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     lease_ttl: Option<u32>,
+    /// Absent in records written before incarnations existed: 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    incarnation: u64,
+    #[serde(flatten)]
+    meta: EngineMeta,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// A decoding failure of the record at `key`.
@@ -34,6 +44,8 @@ pub(super) fn encode_worker(worker: &WorkerRecord) -> Vec<u8> {
         addr: worker.addr.clone(),
         lease_id: worker.lease.map(|l| l.id),
         lease_ttl: worker.lease.map(|l| l.ttl),
+        incarnation: worker.incarnation,
+        meta: (*worker.meta).clone(),
     };
     // Strings and integers always serialize.
     serde_json::to_vec(&stored).expect("a worker record serializes")
@@ -56,6 +68,8 @@ pub(super) fn decode_worker(
         engine_id: stored.engine_id.map(Arc::from),
         addr: stored.addr,
         lease,
+        incarnation: stored.incarnation,
+        meta: Arc::new(stored.meta),
     })
 }
 
@@ -99,6 +113,11 @@ mod tests {
                 engine_id: Some(Arc::from("e")),
                 addr: "tcp://h:1".into(),
                 lease,
+                incarnation: 3,
+                meta: Arc::new(EngineMeta {
+                    model: Some("m".into()),
+                    ..EngineMeta::default()
+                }),
             };
             assert_eq!(
                 decode_worker(slot, b"k", &encode_worker(&worker)).unwrap(),
@@ -109,5 +128,8 @@ mod tests {
             decode_worker(slot, b"k", b"{"),
             Err(StoreError::Corrupt { .. })
         ));
+        // Records written before incarnations and metadata existed still load.
+        let old = decode_worker(slot, b"k", br#"{"engine_id":"e","addr":"tcp://h:1"}"#).unwrap();
+        assert_eq!((old.incarnation, old.meta.is_empty()), (0, true));
     }
 }

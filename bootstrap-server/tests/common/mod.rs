@@ -8,7 +8,6 @@ pub mod etcd;
 use std::future::Future;
 use std::time::Duration;
 
-use bootstrap_server::registry::RegistryConfig;
 use bootstrap_server::server::ServerHandle;
 use bootstrap_server::store::EtcdConfig;
 use bootstrap_server::{Server, ServerConfig};
@@ -80,13 +79,7 @@ pub struct TestServer {
 }
 
 pub fn config(dir: &std::path::Path) -> ServerConfig {
-    ServerConfig {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.to_path_buf(),
-        etcd: None,
-        auth_token: None,
-        registry: RegistryConfig::default(),
-    }
+    ServerConfig::local(dir)
 }
 
 pub async fn start_with(edit: impl FnOnce(&mut ServerConfig)) -> TestServer {

@@ -93,8 +93,8 @@ impl BenchServer {
                         i % 250,
                         20000 + i % 40000
                     ),
-                    replace: false,
                     lease_ttl: None,
+                    ..RegisterWorker::default()
                 };
                 let client = self.client.clone();
                 async move { client.register_worker(&worker).await }

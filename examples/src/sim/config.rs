@@ -4,6 +4,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use pd_protocol::native::EngineMeta;
 use pd_service::{parse_seconds, LogFormat};
 use pd_transfer::Transport;
 
@@ -79,3 +80,24 @@ pub struct SimArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }
+
+impl SimArgs {
+    /// What this engine registers about itself: the model it serves and its KV layout (a decode
+    /// checks a prefill's against its own before the first pull).
+    pub fn engine_meta(&self) -> EngineMeta {
+        EngineMeta {
+            model: Some(self.model.clone()),
+            kv_cache_dtype: Some(SIM_KV_DTYPE.to_owned()),
+            tp_size: Some(self.tp_size),
+            pp_size: Some(self.pp_size),
+            protocol_version: Some(SIM_KV_PROTOCOL),
+            ..EngineMeta::default()
+        }
+    }
+}
+
+/// The element type of the simulated KV (bytes of a reproducible pattern).
+pub const SIM_KV_DTYPE: &str = "sim-u8";
+
+/// The version of the simulated engines' KV layout.
+pub const SIM_KV_PROTOCOL: u32 = 1;

@@ -196,8 +196,9 @@ impl Engine {
                 pp_rank: shard.pp,
                 addr: exporter.transfer_addr(),
                 // This process owns these ranks: take them over from a previous run.
-                replace: true,
+                replace: Some(true),
                 lease_ttl: None,
+                meta: self.args.engine_meta(),
             };
             let client = self.bootstrap.clone();
             let lease_ttl = self.args.lease_ttl;

@@ -27,7 +27,7 @@ pub struct RevokeResponse {
 }
 
 /// One registered worker, as `GET /workers` and `GET /watch` show it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerInfo {
     /// The engine that owns the worker's dp rank (absent for `/register_worker` registrations).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -43,6 +43,77 @@ pub struct WorkerInfo {
     /// The lease it lives by, if it registered with one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_id: Option<LeaseId>,
+    /// The engine's incarnation: it grows whenever the engine's registration is taken over
+    /// (a restart with the same or a new engine id, or new addresses), so a cached lookup of an
+    /// older incarnation is stale. Absent from servers that do not know incarnations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<u64>,
+    /// What the engine serves and how its KV is laid out, as it registered it.
+    #[serde(flatten)]
+    pub meta: EngineMeta,
+}
+
+/// What an engine serves and how its KV is laid out: what a D worker and the proxy check before
+/// pairing it with another engine. Every field is optional; absent ones are not checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EngineMeta {
+    /// The served model's name (what `/v1/models` lists).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The KV cache's element type, e.g. `bfloat16` or `fp8_e4m3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_dtype: Option<String>,
+    /// Tokens per KV block (page).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
+    /// The engine's tensor-parallel size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_size: Option<Rank>,
+    /// The engine's pipeline-parallel size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp_size: Option<Rank>,
+    /// The version of the KV transfer protocol the engine speaks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol_version: Option<u32>,
+}
+
+impl EngineMeta {
+    /// True when no field is set.
+    pub fn is_empty(&self) -> bool {
+        *self == EngineMeta::default()
+    }
+
+    /// The first field set on both sides with different values: `(field, ours, theirs)`.
+    pub fn mismatch(&self, other: &EngineMeta) -> Option<(&'static str, String, String)> {
+        fn differ<T: PartialEq + ToString>(
+            field: &'static str,
+            ours: &Option<T>,
+            theirs: &Option<T>,
+        ) -> Option<(&'static str, String, String)> {
+            match (ours, theirs) {
+                (Some(a), Some(b)) if a != b => Some((field, a.to_string(), b.to_string())),
+                _ => None,
+            }
+        }
+        differ("model", &self.model, &other.model)
+            .or_else(|| {
+                differ(
+                    "kv_cache_dtype",
+                    &self.kv_cache_dtype,
+                    &other.kv_cache_dtype,
+                )
+            })
+            .or_else(|| differ("block_size", &self.block_size, &other.block_size))
+            .or_else(|| differ("tp_size", &self.tp_size, &other.tp_size))
+            .or_else(|| differ("pp_size", &self.pp_size, &other.pp_size))
+            .or_else(|| {
+                differ(
+                    "protocol_version",
+                    &self.protocol_version,
+                    &other.protocol_version,
+                )
+            })
+    }
 }
 
 /// Answer of `GET /workers`: every registered worker as of `revision`.
@@ -146,4 +217,35 @@ pub struct ReadyStatus {
     /// Why the topology is not ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_meta_is_flat_optional_and_compared_field_by_field() {
+        let info: WorkerInfo = serde_json::from_str(
+            r#"{"engine_id":"e","dp_rank":0,"tp_rank":1,"pp_rank":0,"addr":"tcp://h:1",
+                "incarnation":7,"model":"m","block_size":16}"#,
+        )
+        .unwrap();
+        assert_eq!(info.incarnation, Some(7));
+        assert_eq!(info.meta.model.as_deref(), Some("m"));
+        let old: WorkerInfo = serde_json::from_str(
+            r#"{"engine_id":"e","dp_rank":0,"tp_rank":1,"pp_rank":0,"addr":"tcp://h:1"}"#,
+        )
+        .unwrap();
+        assert!(old.meta.is_empty() && old.incarnation.is_none());
+        let d = EngineMeta {
+            model: Some("m".into()),
+            block_size: Some(32),
+            ..EngineMeta::default()
+        };
+        assert_eq!(
+            d.mismatch(&info.meta),
+            Some(("block_size", "32".into(), "16".into()))
+        );
+        assert_eq!(d.mismatch(&old.meta), None, "absent fields are not checked");
+    }
 }

@@ -13,13 +13,14 @@ use serde::de::{self, SeqAccess, Visitor};
 use serde::ser::SerializeTuple;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::native::EngineMeta;
 use crate::{LeaseId, Rank};
 
 /// The most request ids one `POST /query_requests` may ask about.
 pub const MAX_QUERY_IDS: usize = 4096;
 
 /// `POST /register`: one P worker announces its ranks and transfer address.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisterWorker {
     /// The engine (one vLLM instance, all its ranks) the worker belongs to.
     pub engine_id: String,
@@ -31,13 +32,19 @@ pub struct RegisterWorker {
     pub pp_rank: Rank,
     /// Where D pulls this worker's KV from, e.g. `tcp://10.0.0.5:41231`.
     pub addr: String,
-    /// Ours: take the slot (and the dp rank) over from another engine, e.g. after a restart.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub replace: bool,
+    /// Ours: `true` takes the slot over from the engine holding it (another engine, or this
+    /// one at another address: a restart), `false` never does, absent follows the server's
+    /// `--engine-conflict` policy (takeover by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace: Option<bool>,
     /// Ours: seconds the registration lives without a keepalive (a lease). Without it the
     /// registration stays until it is deregistered or replaced, as vLLM's clients expect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ttl: Option<u32>,
+    /// Ours: what the engine serves and how its KV is laid out, so that D and the proxy never
+    /// pair it with an engine it cannot work with. Every field is optional.
+    #[serde(flatten)]
+    pub meta: EngineMeta,
 }
 
 /// Answer of `POST /register`: `{"status": "ok"}`, plus the lease when one was asked for.

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{ConnectInfo, Request};
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -20,6 +20,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
+
+use crate::wire_errors::{JsonWireErrors, WireErrorBody};
 
 /// The listening socket could not be bound.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +95,18 @@ impl<E: From<std::io::Error> + Send + 'static> Background<E> {
     }
 }
 
+/// Runs one connection on its own task until it ends.
+fn spawn_connection<E: std::fmt::Display>(
+    connection: impl Future<Output = Result<(), E>> + Send + 'static,
+    peer: SocketAddr,
+) {
+    tokio::spawn(async move {
+        if let Err(err) = connection.await {
+            tracing::debug!(%peer, error = %err, "connection ended with an error");
+        }
+    });
+}
+
 /// Time limits of [`serve`].
 #[derive(Debug, Clone, Copy)]
 pub struct ServeLimits {
@@ -102,6 +116,9 @@ pub struct ServeLimits {
     /// How long in-flight requests may run on after shutdown begins before their connections
     /// are closed.
     pub shutdown_grace: Duration,
+    /// The JSON body of the errors hyper answers by itself (400 malformed request, 414, 431);
+    /// `None` leaves them bodiless.
+    pub wire_error_body: Option<WireErrorBody>,
 }
 
 impl Default for ServeLimits {
@@ -109,6 +126,7 @@ impl Default for ServeLimits {
         ServeLimits {
             header_read_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
+            wire_error_body: None,
         }
     }
 }
@@ -143,17 +161,23 @@ pub async fn serve(
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = %err, "cannot set TCP_NODELAY");
         }
-        let service = app
-            .clone()
-            .map_request(|request: Request<Incoming>| request.map(Body::new));
-        let connection =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(%peer, error = %err, "connection ended with an error");
-            }
+        let service = app.clone().map_request(move |request: Request<Incoming>| {
+            let mut request = request.map(Body::new);
+            // Handlers and layers that need the peer (write allow-lists) read it here.
+            request.extensions_mut().insert(ConnectInfo(peer));
+            request
         });
+        let service = TowerToHyperService::new(service);
+        match limits.wire_error_body {
+            Some(render) => {
+                let io = TokioIo::new(JsonWireErrors::new(stream, render));
+                spawn_connection(graceful.watch(http.serve_connection(io, service)), peer);
+            }
+            None => {
+                let io = TokioIo::new(stream);
+                spawn_connection(graceful.watch(http.serve_connection(io, service)), peer);
+            }
+        }
     }
     drop(listener);
     if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())

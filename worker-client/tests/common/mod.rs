@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bootstrap_server::registry::RegistryConfig;
 use bootstrap_server::server::ServerHandle;
 use bootstrap_server::{Server, ServerConfig};
 use worker_client::protocol::vllm::RegisterWorker;
@@ -20,10 +19,7 @@ pub const WAIT: Duration = Duration::from_secs(5);
 pub async fn start_at(addr: SocketAddr, dir: &std::path::Path) -> ServerHandle {
     let config = ServerConfig {
         addr,
-        data_dir: dir.to_path_buf(),
-        etcd: None,
-        auth_token: None,
-        registry: RegistryConfig::default(),
+        ..ServerConfig::local(dir)
     };
     Server::bind(config).await.unwrap().spawn()
 }
@@ -58,8 +54,7 @@ pub fn worker(engine: &str, dp: u32, tp: u32, port: u16) -> RegisterWorker {
         tp_rank: tp,
         pp_rank: 0,
         addr: format!("tcp://127.0.0.1:{port}"),
-        replace: false,
-        lease_ttl: None,
+        ..RegisterWorker::default()
     }
 }
 

@@ -153,6 +153,8 @@ mod tests {
                 engine_id: Some(Arc::from("e")),
                 addr: "tcp://h:1".into(),
                 lease,
+                incarnation: 0,
+                meta: Default::default(),
             }],
         }
     }

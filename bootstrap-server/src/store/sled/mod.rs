@@ -379,6 +379,8 @@ mod tests {
             engine_id: Some(Arc::from("e1")),
             addr: "tcp://127.0.0.1:9".into(),
             lease,
+            incarnation: 0,
+            meta: Default::default(),
         }
     }
 
