@@ -68,6 +68,9 @@ BOOTSTRAP_DATA_DIR=${BOOTSTRAP_DATA_DIR:-./bootstrap-data}
 # without an operator. reject: it is refused with "Engine ID mismatch" until someone runs
 # `run-pd.sh deregister OLD_ENGINE_ID`.
 ENGINE_CONFLICT=${ENGINE_CONFLICT:-replace}
+# The P nodes' network (CIDR, comma separated): they register without a token. Needed beside
+# PD_BOOTSTRAP_AUTH_TOKEN; without either, anyone who reaches the port can register.
+WRITERS=${WRITERS:-}
 PROXY_POLICY=${PROXY_POLICY:-round_robin}   # or least_loaded
 PROXY_MODE=${PROXY_MODE:-concurrent}        # or sequential
 READY_TIMEOUT=${READY_TIMEOUT:-1200}        # seconds to wait for engines to come up
@@ -132,8 +135,13 @@ take its place. Upgrade vLLM, or use vLLM's own server (SKIP_VLLM_CHECK=1 skips 
 
 # ---- subcommands -----------------------------------------------------------------------
 cmd_bootstrap() {
-  # Stock vLLM registers without a token: a token here makes every P registration a 401.
-  [[ -z ${PD_BOOTSTRAP_AUTH_TOKEN:-} ]] || die "unset PD_BOOTSTRAP_AUTH_TOKEN: vLLM's P workers cannot send it"
+  # Stock vLLM registers without a token: a token alone makes every P registration a 401, so
+  # it needs the P network in the allow-list (WRITERS) beside it.
+  if [[ -n ${PD_BOOTSTRAP_AUTH_TOKEN:-} && -z ${WRITERS:-} ]]; then
+    die "PD_BOOTSTRAP_AUTH_TOKEN without WRITERS locks vLLM's P workers out: set WRITERS to their network (CIDR)"
+  fi
+  local writers=()
+  [[ -z ${WRITERS:-} ]] || writers=(--allow-writes-from "$WRITERS")
   # --dp-size/--tp-size: /query and /ready answer 503 until all P_DP * P_TP workers registered,
   # so neither the proxy nor D sees half an engine.
   need_bins bootstrap-server
@@ -141,7 +149,7 @@ cmd_bootstrap() {
     --host 0.0.0.0 --port "$BOOTSTRAP_PORT" \
     --data-dir "$BOOTSTRAP_DATA_DIR" \
     --dp-size "$P_DP" --tp-size "$P_TP" \
-    --engine-conflict "$ENGINE_CONFLICT" \
+    --engine-conflict "$ENGINE_CONFLICT" "${writers[@]}" \
     --log-format text
 }
 
