@@ -89,6 +89,7 @@ async fn register(
         engine_id: body.engine_id,
         slot: Slot {
             dp: body.dp_rank,
+            cp: 0,
             tp: body.tp_rank,
             pp: body.pp_rank,
         },
@@ -96,6 +97,7 @@ async fn register(
         replace: body.replace,
         lease_ttl: body.lease_ttl,
         meta: body.meta,
+        extra: Default::default(),
     };
     let registered = state
         .registry
@@ -119,6 +121,7 @@ async fn register_worker(
 ) -> Result<Json<Status>, ApiError> {
     let slot = Slot {
         dp: body.dp_rank,
+        cp: 0,
         tp: body.tp_rank,
         pp: 0,
     };
@@ -296,6 +299,7 @@ mod tests {
         let taken = error(RegistryError::Worker(WorkerConflict::SlotTaken {
             slot: Slot {
                 dp: 0,
+                cp: 0,
                 tp: 0,
                 pp: 0,
             },

@@ -80,6 +80,7 @@ mod tests {
             worker: WorkerRecord {
                 slot: Slot {
                     dp: dp_rank,
+                    cp: 0,
                     tp: 0,
                     pp: 0,
                 },
@@ -88,6 +89,7 @@ mod tests {
                 lease: None,
                 incarnation: 0,
                 meta: Default::default(),
+                extra: Default::default(),
             },
         }
     }

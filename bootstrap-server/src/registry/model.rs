@@ -7,11 +7,14 @@ use std::sync::Arc;
 use pd_protocol::native::EngineMeta;
 use pd_protocol::{LeaseId, Rank, Revision};
 
-/// The (dp, tp, pp) position of one worker.
+/// The (dp, cp, tp, pp) position of one worker. The context-parallel rank is SGLang's; vLLM's
+/// workers are all at cp 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Slot {
     /// Data-parallel rank.
     pub dp: Rank,
+    /// Context-parallel rank (0 for vLLM).
+    pub cp: Rank,
     /// Tensor-parallel rank.
     pub tp: Rank,
     /// Pipeline-parallel rank.
@@ -20,11 +23,19 @@ pub struct Slot {
 
 impl std::fmt::Display for Slot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "dp_rank={}, tp_rank={}, pp_rank={}",
-            self.dp, self.tp, self.pp
-        )
+        if self.cp == 0 {
+            write!(
+                f,
+                "dp_rank={}, tp_rank={}, pp_rank={}",
+                self.dp, self.tp, self.pp
+            )
+        } else {
+            write!(
+                f,
+                "dp_rank={}, cp_rank={}, tp_rank={}, pp_rank={}",
+                self.dp, self.cp, self.tp, self.pp
+            )
+        }
     }
 }
 
@@ -43,7 +54,13 @@ pub struct WorkerRecord {
     pub incarnation: u64,
     /// What its engine serves and how its KV is laid out, as registered.
     pub meta: Arc<EngineMeta>,
+    /// Attributes a wire dialect keeps with the worker and reads back (SGLang's topology row);
+    /// the registry stores them without reading them.
+    pub extra: Arc<Extra>,
 }
+
+/// A wire dialect's own attributes of a worker, stored as JSON.
+pub type Extra = serde_json::Map<String, serde_json::Value>;
 
 /// A granted lease: its id and time to live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +113,8 @@ pub struct Registration {
     pub lease_ttl: Option<u32>,
     /// What the engine serves and how its KV is laid out.
     pub meta: EngineMeta,
+    /// A wire dialect's own attributes of the worker (see [`WorkerRecord::extra`]).
+    pub extra: Extra,
 }
 
 /// Which of an engine's workers to remove: ranks left out widen the selection.

@@ -108,6 +108,7 @@ impl WorkerTable {
             lease,
             incarnation,
             meta: Arc::new(reg.meta.clone()),
+            extra: Arc::new(reg.extra.clone()),
         };
         let joined = own_incarnation.unwrap_or(next_incarnation);
         let Some(group) = self.group(slot.dp) else {
@@ -125,11 +126,11 @@ impl WorkerTable {
                 Ok(self.take_over(owner, record(joined)))
             }
             None => Ok(self.claim(group, record(joined), takeover)?),
-            Some(_) => match group.worker(slot.tp, slot.pp) {
+            Some(_) => match group.worker(slot) {
                 None => Ok(Plan::put(record(joined), RegisterOutcome::Created)),
                 Some(old) if old.addr == reg.addr => {
                     let new = record(old.incarnation);
-                    if old.lease == lease && *old.meta == reg.meta {
+                    if old.lease == lease && *old.meta == reg.meta && *old.extra == reg.extra {
                         return Ok(Plan {
                             change: WorkerChange::default(),
                             outcome: RegisterOutcome::Replayed,
@@ -181,7 +182,7 @@ impl WorkerTable {
         takeover: bool,
     ) -> Result<Plan, WorkerConflict> {
         let slot = new.slot;
-        let held = group.worker(slot.tp, slot.pp);
+        let held = group.worker(slot);
         if let Some(old) = held.filter(|old| old.addr != new.addr && !takeover) {
             return Err(WorkerConflict::SlotTaken {
                 slot,
@@ -197,6 +198,7 @@ impl WorkerTable {
                 engine_id: new.engine_id.clone(),
                 incarnation: new.incarnation,
                 meta: new.meta.clone(),
+                extra: new.extra.clone(),
                 ..old
             })
             .collect();
@@ -216,7 +218,7 @@ impl WorkerTable {
     /// vLLM's `/register_worker` does, keeping the dp rank's engine id if it has one.
     pub fn plan_register_unowned(&self, slot: Slot, addr: &str) -> WorkerChange {
         let group = self.group(slot.dp);
-        let held = group.and_then(|g| g.worker(slot.tp, slot.pp));
+        let held = group.and_then(|g| g.worker(slot));
         if held.is_some_and(|w| w.addr == addr && w.lease.is_none()) {
             return WorkerChange::default();
         }
@@ -234,6 +236,7 @@ impl WorkerTable {
                 lease: None,
                 incarnation,
                 meta: held.map(|w| w.meta.clone()).unwrap_or_default(),
+                extra: held.map(|w| w.extra.clone()).unwrap_or_default(),
             }],
         }
     }
@@ -275,7 +278,7 @@ mod tests {
     use super::*;
 
     fn slot(dp: Rank, tp: Rank, pp: Rank) -> Slot {
-        Slot { dp, tp, pp }
+        Slot { dp, cp: 0, tp, pp }
     }
 
     fn reg(engine: &str, slot: Slot, addr: &str) -> Registration {
@@ -286,6 +289,7 @@ mod tests {
             replace: None,
             lease_ttl: None,
             meta: EngineMeta::default(),
+            extra: Default::default(),
         }
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use pd_protocol::native::EngineMeta;
 use pd_protocol::{LeaseId, Rank};
 
-use super::model::{Lease, Slot, WorkerChange, WorkerRecord};
+use super::model::{Extra, Lease, Slot, WorkerChange, WorkerRecord};
 
 /// All registered workers, grouped by dp rank.
 #[derive(Debug, Clone, Default)]
@@ -20,7 +20,8 @@ pub struct WorkerTable {
 #[derive(Debug, Clone, Default)]
 pub struct Group {
     engine_id: Option<Arc<str>>,
-    workers: BTreeMap<(Rank, Rank), Worker>,
+    /// Keyed by (cp, tp, pp).
+    workers: BTreeMap<(Rank, Rank, Rank), Worker>,
 }
 
 /// One slot's registration.
@@ -30,6 +31,7 @@ pub(super) struct Worker {
     pub(super) lease: Option<Lease>,
     pub(super) incarnation: u64,
     pub(super) meta: Arc<EngineMeta>,
+    pub(super) extra: Arc<Extra>,
 }
 
 impl Group {
@@ -38,22 +40,29 @@ impl Group {
         self.engine_id.as_deref()
     }
 
-    /// `(tp rank, pp rank, address)` of every worker, in rank order.
+    /// `(tp rank, pp rank, address)` of every worker at cp rank 0 (all of vLLM's), in rank
+    /// order.
     pub fn workers(&self) -> impl Iterator<Item = (Rank, Rank, &str)> {
         self.workers
-            .iter()
-            .map(|((tp, pp), worker)| (*tp, *pp, worker.addr.as_str()))
+            .range((0, 0, 0)..=(0, Rank::MAX, Rank::MAX))
+            .map(|((_, tp, pp), worker)| (*tp, *pp, worker.addr.as_str()))
     }
 
-    /// The worker at (tp, pp).
-    pub(super) fn worker(&self, tp: Rank, pp: Rank) -> Option<&Worker> {
-        self.workers.get(&(tp, pp))
+    /// Every worker of this group (dp rank `dp`) as a record, in (cp, tp, pp) order.
+    pub fn rows(&self, dp: Rank) -> impl Iterator<Item = WorkerRecord> + '_ {
+        self.records(dp)
+    }
+
+    /// The worker at `slot` (its dp rank is this group's).
+    pub(super) fn worker(&self, slot: Slot) -> Option<&Worker> {
+        self.workers.get(&(slot.cp, slot.tp, slot.pp))
     }
 
     /// Every slot of dp rank `dp` with a worker.
     pub(super) fn slots(&self, dp: Rank) -> impl Iterator<Item = Slot> + '_ {
-        self.workers.keys().map(move |(tp, pp)| Slot {
+        self.workers.keys().map(move |(cp, tp, pp)| Slot {
             dp,
+            cp: *cp,
             tp: *tp,
             pp: *pp,
         })
@@ -63,9 +72,10 @@ impl Group {
     fn records(&self, dp: Rank) -> impl Iterator<Item = WorkerRecord> + '_ {
         self.workers
             .iter()
-            .map(move |((tp, pp), worker)| WorkerRecord {
+            .map(move |((cp, tp, pp), worker)| WorkerRecord {
                 slot: Slot {
                     dp,
+                    cp: *cp,
                     tp: *tp,
                     pp: *pp,
                 },
@@ -74,6 +84,7 @@ impl Group {
                 lease: worker.lease,
                 incarnation: worker.incarnation,
                 meta: worker.meta.clone(),
+                extra: worker.extra.clone(),
             })
     }
 }
@@ -111,7 +122,7 @@ impl WorkerTable {
             .map(|g| {
                 g.workers
                     .keys()
-                    .map(|(tp, _)| *tp)
+                    .map(|(_, tp, _)| *tp)
                     .collect::<BTreeSet<_>>()
                     .len() as Rank
             })
@@ -123,13 +134,13 @@ impl WorkerTable {
         self.groups.contains_key(&dp)
     }
 
-    /// The addresses of every pp rank of worker (dp, tp), in pp order.
+    /// The addresses of every pp rank of worker (dp, tp) at cp rank 0, in pp order.
     pub fn addresses(&self, dp: Rank, tp: Rank) -> Vec<String> {
         self.groups
             .get(&dp)
             .map(|g| {
                 g.workers
-                    .range((tp, 0)..=(tp, Rank::MAX))
+                    .range((0, tp, 0)..=(0, tp, Rank::MAX))
                     .map(|(_, worker)| worker.addr.clone())
                     .collect()
             })
@@ -141,7 +152,7 @@ impl WorkerTable {
         self.groups
             .range(..dp)
             .flat_map(|(_, g)| g.workers.keys())
-            .filter(|(t, p)| *t < tp && *p < pp)
+            .filter(|(c, t, p)| *c == 0 && *t < tp && *p < pp)
             .count()
     }
 
@@ -176,7 +187,7 @@ impl WorkerTable {
     pub fn apply(&mut self, change: &WorkerChange) {
         for slot in &change.remove {
             if let Some(group) = self.groups.get_mut(&slot.dp) {
-                group.workers.remove(&(slot.tp, slot.pp));
+                group.workers.remove(&(slot.cp, slot.tp, slot.pp));
                 if group.workers.is_empty() {
                     self.groups.remove(&slot.dp);
                 }
@@ -188,12 +199,13 @@ impl WorkerTable {
                 group.engine_id.clone_from(&record.engine_id);
             }
             group.workers.insert(
-                (record.slot.tp, record.slot.pp),
+                (record.slot.cp, record.slot.tp, record.slot.pp),
                 Worker {
                     addr: record.addr.clone(),
                     lease: record.lease,
                     incarnation: record.incarnation,
                     meta: record.meta.clone(),
+                    extra: record.extra.clone(),
                 },
             );
         }
@@ -202,7 +214,7 @@ impl WorkerTable {
     /// The worker registered at `slot`.
     pub fn get(&self, slot: Slot) -> Option<WorkerRecord> {
         let group = self.groups.get(&slot.dp)?;
-        let worker = group.workers.get(&(slot.tp, slot.pp))?;
+        let worker = group.worker(slot)?;
         Some(WorkerRecord {
             slot,
             engine_id: group.engine_id.clone(),
@@ -210,6 +222,7 @@ impl WorkerTable {
             lease: worker.lease,
             incarnation: worker.incarnation,
             meta: worker.meta.clone(),
+            extra: worker.extra.clone(),
         })
     }
 

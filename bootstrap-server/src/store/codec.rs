@@ -8,7 +8,7 @@ use pd_protocol::LeaseId;
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use crate::registry::model::{Lease, RequestRecord, Slot, WorkerRecord};
+use crate::registry::model::{Extra, Lease, RequestRecord, Slot, WorkerRecord};
 
 #[derive(Serialize, Deserialize)]
 struct StoredWorker {
@@ -23,6 +23,9 @@ struct StoredWorker {
     incarnation: u64,
     #[serde(flatten)]
     meta: EngineMeta,
+    /// A wire dialect's own attributes (SGLang's topology row).
+    #[serde(default, skip_serializing_if = "Extra::is_empty")]
+    extra: Extra,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -46,6 +49,7 @@ pub(super) fn encode_worker(worker: &WorkerRecord) -> Vec<u8> {
         lease_ttl: worker.lease.map(|l| l.ttl),
         incarnation: worker.incarnation,
         meta: (*worker.meta).clone(),
+        extra: (*worker.extra).clone(),
     };
     // Strings and integers always serialize.
     serde_json::to_vec(&stored).expect("a worker record serializes")
@@ -70,6 +74,7 @@ pub(super) fn decode_worker(
         lease,
         incarnation: stored.incarnation,
         meta: Arc::new(stored.meta),
+        extra: Arc::new(stored.extra),
     })
 }
 
@@ -104,6 +109,7 @@ mod tests {
         assert_eq!(decode_request(b"short"), None);
         let slot = Slot {
             dp: 1,
+            cp: 0,
             tp: 2,
             pp: 3,
         };
@@ -118,6 +124,7 @@ mod tests {
                     model: Some("m".into()),
                     ..EngineMeta::default()
                 }),
+                extra: Default::default(),
             };
             assert_eq!(
                 decode_worker(slot, b"k", &encode_worker(&worker)).unwrap(),

@@ -40,11 +40,17 @@ pub(super) enum KeyKind {
 }
 
 impl Keys {
+    /// `workers/<dp>/<tp>/<pp>`, with `/<cp>` after them when cp is not 0 (the keys written
+    /// before cp ranks existed stay what they were).
     pub(super) fn worker(&self, slot: Slot) -> String {
-        format!(
+        let key = format!(
             "{}workers/{:05}/{:05}/{:05}",
             self.prefix, slot.dp, slot.tp, slot.pp
-        )
+        );
+        match slot.cp {
+            0 => key,
+            cp => format!("{key}/{cp:05}"),
+        }
     }
 
     pub(super) fn guard(&self) -> String {
@@ -71,7 +77,8 @@ impl Keys {
             .map(|r| r.split('/').filter_map(|n| n.parse().ok()).collect())
             .unwrap_or_default();
         match ranks[..] {
-            [dp, tp, pp] => Ok(KeyKind::Worker(Slot { dp, tp, pp })),
+            [dp, tp, pp] => Ok(KeyKind::Worker(Slot { dp, cp: 0, tp, pp })),
+            [dp, tp, pp, cp] if cp != 0 => Ok(KeyKind::Worker(Slot { dp, cp, tp, pp })),
             _ => Err(corrupt(key, "unknown key")),
         }
     }
@@ -185,11 +192,16 @@ mod tests {
         };
         let slot = Slot {
             dp: 3,
+            cp: 0,
             tp: 65_535,
             pp: 0,
         };
         assert!(
             matches!(keys.kind(keys.worker(slot).as_bytes()), Ok(KeyKind::Worker(s)) if s == slot)
+        );
+        let with_cp = Slot { cp: 1, ..slot };
+        assert!(
+            matches!(keys.kind(keys.worker(with_cp).as_bytes()), Ok(KeyKind::Worker(s)) if s == with_cp)
         );
         assert!(matches!(
             keys.kind(keys.guard().as_bytes()),

@@ -142,7 +142,12 @@ mod tests {
     use crate::registry::model::{Lease, WorkerRecord};
 
     fn slot(dp: u32) -> Slot {
-        Slot { dp, tp: 0, pp: 0 }
+        Slot {
+            dp,
+            cp: 0,
+            tp: 0,
+            pp: 0,
+        }
     }
 
     fn put(dp: u32, lease: Option<Lease>) -> WorkerChange {
@@ -155,6 +160,7 @@ mod tests {
                 lease,
                 incarnation: 0,
                 meta: Default::default(),
+                extra: Default::default(),
             }],
         }
     }

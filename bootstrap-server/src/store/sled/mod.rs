@@ -64,19 +64,29 @@ fn backend(err: sled::Error) -> StoreError {
     StoreError::Backend(err.to_string())
 }
 
-fn slot_key(slot: Slot) -> [u8; 12] {
-    let mut key = [0u8; 12];
-    key[0..4].copy_from_slice(&slot.dp.to_be_bytes());
-    key[4..8].copy_from_slice(&slot.tp.to_be_bytes());
-    key[8..12].copy_from_slice(&slot.pp.to_be_bytes());
+/// A worker's key: dp, tp, pp as big-endian u32s, and cp after them when it is not 0 (so the
+/// keys of databases written before cp ranks existed stay what they were).
+fn slot_key(slot: Slot) -> Vec<u8> {
+    let mut key = Vec::with_capacity(16);
+    for rank in [slot.dp, slot.tp, slot.pp] {
+        key.extend_from_slice(&rank.to_be_bytes());
+    }
+    if slot.cp != 0 {
+        key.extend_from_slice(&slot.cp.to_be_bytes());
+    }
     key
 }
 
 fn decode_slot(key: &[u8]) -> Option<Slot> {
     let word = |i: usize| Some(u32::from_be_bytes(key.get(i..i + 4)?.try_into().ok()?));
-    (key.len() == 12).then_some(())?;
+    let cp = match key.len() {
+        12 => 0,
+        16 => word(12).filter(|cp| *cp != 0)?,
+        _ => return None,
+    };
     Some(Slot {
         dp: word(0)?,
+        cp,
         tp: word(4)?,
         pp: word(8)?,
     })
@@ -158,10 +168,10 @@ impl Inner {
     fn worker_batch(change: &WorkerChange, revision: Revision) -> sled::Batch {
         let mut batch = sled::Batch::default();
         for slot in &change.remove {
-            batch.remove(&slot_key(*slot));
+            batch.remove(slot_key(*slot));
         }
         for worker in &change.put {
-            batch.insert(&slot_key(worker.slot), encode_worker(worker));
+            batch.insert(slot_key(worker.slot), encode_worker(worker));
         }
         batch.insert(REVISION_KEY, &revision.to_be_bytes());
         batch
@@ -366,21 +376,31 @@ mod tests {
     fn keys_round_trip() {
         let slot = Slot {
             dp: 3,
+            cp: 0,
             tp: 65_535,
             pp: 1,
         };
         assert_eq!(decode_slot(&slot_key(slot)), Some(slot));
+        assert_eq!(slot_key(slot).len(), 12, "cp 0 keeps the old key");
+        let with_cp = Slot { cp: 2, ..slot };
+        assert_eq!(decode_slot(&slot_key(with_cp)), Some(with_cp));
         assert_eq!(decode_slot(&[1, 2, 3]), None);
     }
 
     fn worker(dp: u32, lease: Option<Lease>) -> WorkerRecord {
         WorkerRecord {
-            slot: Slot { dp, tp: 0, pp: 0 },
+            slot: Slot {
+                dp,
+                cp: 0,
+                tp: 0,
+                pp: 0,
+            },
             engine_id: Some(Arc::from("e1")),
             addr: "tcp://127.0.0.1:9".into(),
             lease,
             incarnation: 0,
             meta: Default::default(),
+            extra: Default::default(),
         }
     }
 
