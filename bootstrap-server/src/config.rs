@@ -40,6 +40,10 @@ pub struct Args {
     /// Seconds a request id lives after registration (fractions allowed).
     #[arg(long, env = "PD_BOOTSTRAP_REQUEST_TTL", default_value = "960", value_parser = parse_seconds)]
     pub request_ttl: Duration,
+    /// Seconds a bootstrap room (SGLang's `POST /register_dp_rank`) lives after registration
+    /// (SGLang's own server keeps one 120 to 240 s).
+    #[arg(long, env = "PD_BOOTSTRAP_ROOM_TTL", default_value = "120", value_parser = parse_seconds)]
+    pub room_ttl: Duration,
     /// The most live request ids held at once; registering more answers 503.
     #[arg(long, env = "PD_BOOTSTRAP_MAX_REQUESTS", default_value_t = 2_000_000)]
     pub max_requests: usize,
@@ -133,6 +137,7 @@ impl Args {
             registry: RegistryConfig {
                 expected,
                 request_ttl: self.request_ttl,
+                room_ttl: self.room_ttl,
                 max_requests: self.max_requests,
                 engine_conflict: self.engine_conflict,
             },

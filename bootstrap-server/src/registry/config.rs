@@ -32,6 +32,8 @@ pub struct RegistryConfig {
     pub expected: Option<ExpectedTopology>,
     /// How long a request id lives after registration.
     pub request_ttl: Duration,
+    /// How long a bootstrap room (SGLang) lives after registration.
+    pub room_ttl: Duration,
     /// The most live request ids held at once.
     pub max_requests: usize,
     /// What a new engine id for an owned dp rank does.
@@ -43,6 +45,7 @@ impl Default for RegistryConfig {
         RegistryConfig {
             expected: None,
             request_ttl: Duration::from_secs(960),
+            room_ttl: Duration::from_secs(120),
             max_requests: 2_000_000,
             engine_conflict: EngineConflictPolicy::Replace,
         }

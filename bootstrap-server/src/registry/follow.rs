@@ -6,8 +6,8 @@ use std::sync::{Arc, Weak};
 
 use pd_protocol::Revision;
 
-use super::model::{Change, ChangeKind};
-use super::{Registry, RegistryConfig, RequestTable, WorkerState};
+use super::model::{Change, ChangeKind, ROOM_PREFIX};
+use super::{IdTables, Registry, RegistryConfig, WorkerState};
 use crate::registry::model::WorkerChange;
 use crate::store::{Snapshot, StoreEvent, StoreEvents};
 use crate::sync::{lock, now_ms};
@@ -17,9 +17,9 @@ impl Registry {
     pub(super) fn tables(
         snapshot: Snapshot,
         config: &RegistryConfig,
-    ) -> (WorkerState, RequestTable, Vec<Arc<str>>) {
+    ) -> (WorkerState, IdTables, Vec<Arc<str>>) {
         let workers = WorkerState::new(snapshot.workers, snapshot.revision, snapshot.guard);
-        let mut requests = RequestTable::new(config.max_requests);
+        let mut requests = IdTables::new(config.max_requests);
         let expired = requests.load(snapshot.requests, now_ms());
         (workers, requests, expired)
     }
@@ -76,10 +76,15 @@ impl Registry {
                 let mut requests = lock(&self.requests);
                 for (id, record) in put {
                     // Conflicts and a full table were answered to the replica that wrote the id.
-                    let _ = requests.insert(&id, record.dp_rank, now, record.expires_at_ms);
+                    let table = requests.of(&id);
+                    if id.starts_with(ROOM_PREFIX) {
+                        // A room is moved by a later registration (SGLang's last write wins).
+                        table.remove(&id);
+                    }
+                    let _ = table.insert(&id, record.dp_rank, now, record.expires_at_ms);
                 }
                 for id in remove {
-                    requests.remove(&id);
+                    requests.of(&id).remove(&id);
                 }
                 drop(requests);
                 // Not part of the watched history: no watcher wakes up for request ids.

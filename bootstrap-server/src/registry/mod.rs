@@ -28,7 +28,7 @@ pub use config::{ExpectedTopology, RegistryConfig};
 pub use error::RegistryError;
 pub use history::{Compacted, History, HISTORY_CAPACITY};
 pub use plan::{EngineConflictPolicy, Plan, RegisterOutcome, WorkerConflict};
-pub use request_table::{Inserted, RequestConflict, RequestTable};
+pub use request_table::{IdTables, Inserted, RequestConflict, RequestTable};
 pub use view::View;
 pub use watch::Changes;
 pub use workers::{Group, WorkerTable};
@@ -110,7 +110,7 @@ pub struct Registry {
     /// Serializes this replica's worker changes so that plan and commit happen as one step.
     write_gate: tokio::sync::Mutex<()>,
     workers: RwLock<WorkerState>,
-    requests: Mutex<RequestTable>,
+    requests: Mutex<IdTables>,
     /// The revision of the last worker change applied; writers and watchers wait on it.
     applied: tokio::sync::watch::Sender<Revision>,
     /// The store revision the tables are current at: worker changes, and with etcd also request

@@ -71,6 +71,15 @@ pub struct Lease {
     pub ttl: u32,
 }
 
+/// What a bootstrap room's id starts with in the request-id space: a control character no
+/// request id may hold, so rooms and request ids never mix.
+pub const ROOM_PREFIX: &str = "\u{1f}room/";
+
+/// The id a bootstrap room (SGLang) is kept under.
+pub fn room_id(room: u64) -> String {
+    format!("{ROOM_PREFIX}{room}")
+}
+
 /// One request id's mapping as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestRecord {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use pd_protocol::Rank;
 
-use crate::registry::model::RequestRecord;
+use crate::registry::model::{RequestRecord, ROOM_PREFIX};
 
 /// Why a request id could not be registered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -189,6 +189,70 @@ impl RequestTable {
             self.expiry.shrink_to(self.expiry.len() * 2);
         }
         pruned
+    }
+}
+
+/// Every id the registry maps to a dp rank: vLLM's request ids and SGLang's bootstrap rooms
+/// (stored as ids that start with [`ROOM_PREFIX`]). Each kind lives as long as its own ttl, so
+/// each keeps its own expiry queue; the capacity is shared.
+#[derive(Debug)]
+pub struct IdTables {
+    requests: RequestTable,
+    rooms: RequestTable,
+}
+
+impl IdTables {
+    /// Empty tables holding at most `capacity` live ids of each kind.
+    pub fn new(capacity: usize) -> Self {
+        IdTables {
+            requests: RequestTable::new(capacity),
+            rooms: RequestTable::new(capacity),
+        }
+    }
+
+    /// The table `id` belongs to.
+    pub fn of(&mut self, id: &str) -> &mut RequestTable {
+        if id.starts_with(ROOM_PREFIX) {
+            &mut self.rooms
+        } else {
+            &mut self.requests
+        }
+    }
+
+    /// The dp rank of a live, unexpired id of either kind.
+    pub fn get(&self, id: &str, now_ms: u64) -> Option<Rank> {
+        match id.starts_with(ROOM_PREFIX) {
+            true => self.rooms.get(id, now_ms),
+            false => self.requests.get(id, now_ms),
+        }
+    }
+
+    /// Fills the tables from stored records; returns the ids that had expired.
+    pub fn load(&mut self, records: Vec<(String, RequestRecord)>, now_ms: u64) -> Vec<Arc<str>> {
+        let (rooms, requests): (Vec<_>, Vec<_>) = records
+            .into_iter()
+            .partition(|(id, _)| id.starts_with(ROOM_PREFIX));
+        let mut expired = self.requests.load(requests, now_ms);
+        expired.extend(self.rooms.load(rooms, now_ms));
+        expired
+    }
+
+    /// Live ids of both kinds.
+    pub fn len(&self) -> usize {
+        self.requests.len() + self.rooms.len()
+    }
+
+    /// True when no id of either kind is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Removes up to `max` expired ids of both kinds and returns them.
+    pub fn pop_expired(&mut self, now_ms: u64, max: usize) -> Vec<Arc<str>> {
+        let mut expired = self.requests.pop_expired(now_ms, max);
+        let left = max - expired.len();
+        expired.extend(self.rooms.pop_expired(now_ms, left));
+        expired
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use pd_protocol::Rank;
 
-use super::model::{Location, RequestRecord};
+use super::model::{room_id, Location, RequestRecord};
 use super::validate::{validate_id, validate_rank};
 use super::{Inserted, Registry, RegistryError};
 use crate::sync::{lock, now_ms};
@@ -28,10 +28,13 @@ impl Registry {
             dp_rank,
             expires_at_ms: now + self.config.request_ttl.as_millis() as u64,
         };
-        let inserted = lock(&self.requests).insert(req_id, dp_rank, now, record.expires_at_ms)?;
+        let inserted =
+            lock(&self.requests)
+                .of(req_id)
+                .insert(req_id, dp_rank, now, record.expires_at_ms)?;
         if inserted == Inserted::New {
             if let Err(err) = self.store.put_request(req_id, record).await {
-                lock(&self.requests).remove_if(req_id, record);
+                lock(&self.requests).of(req_id).remove_if(req_id, record);
                 return Err(err.into());
             }
         }
@@ -84,6 +87,43 @@ impl Registry {
             .collect())
     }
 
+    /// Maps bootstrap room `room` (SGLang) to the dp rank serving it, for the room ttl; a later
+    /// registration of the same room moves it, as SGLang's server does.
+    pub async fn register_room(&self, room: u64, dp_rank: Rank) -> Result<(), RegistryError> {
+        validate_rank("dp_rank", dp_rank)?;
+        let id = room_id(room);
+        let now = now_ms();
+        let record = RequestRecord {
+            dp_rank,
+            expires_at_ms: now + self.config.room_ttl.as_millis() as u64,
+        };
+        {
+            let mut tables = lock(&self.requests);
+            let rooms = tables.of(&id);
+            if rooms.get(&id, now) == Some(dp_rank) {
+                return Ok(());
+            }
+            rooms.remove(&id);
+            rooms.insert(&id, dp_rank, now, record.expires_at_ms)?;
+        }
+        if let Err(err) = self.store.put_request(&id, record).await {
+            lock(&self.requests).of(&id).remove_if(&id, record);
+            return Err(err.into());
+        }
+        Ok(())
+    }
+
+    /// The dp rank of each bootstrap room asked about, `None` for rooms not (or no longer)
+    /// registered.
+    pub fn locate_rooms(&self, rooms: &[u64]) -> Vec<Option<Rank>> {
+        let now = now_ms();
+        let tables = lock(&self.requests);
+        rooms
+            .iter()
+            .map(|room| tables.get(&room_id(*room), now))
+            .collect()
+    }
+
     /// Forgets an id after its transfer; true when it was live.
     pub async fn release_request(&self, req_id: &str) -> Result<bool, RegistryError> {
         validate_id("req_id", req_id)?;
@@ -91,7 +131,7 @@ impl Registry {
         // The store first, also for an id this replica does not hold: a retry after a failed
         // delete (or a release sent to another replica than the registration) still reaches it.
         self.store.remove_requests(&[Arc::from(req_id)]).await?;
-        lock(&self.requests).remove(req_id);
+        lock(&self.requests).of(req_id).remove(req_id);
         Ok(live)
     }
 
