@@ -6,7 +6,7 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, TextEncoder,
 };
 
-use crate::registry::Stats;
+use crate::registry::{RegisterOutcome, Stats};
 
 /// Every metric the server exports, registered in its own Prometheus registry.
 pub struct Metrics {
@@ -16,6 +16,7 @@ pub struct Metrics {
     request_lookups: IntCounterVec,
     pruned_requests: IntCounter,
     engine_takeovers: IntCounter,
+    registrations: IntCounterVec,
     writes_unprotected: IntGauge,
     workers: IntGauge,
     engines: IntGauge,
@@ -72,6 +73,14 @@ impl Metrics {
             "Registrations that took a slot over from another engine, or from the same engine at another address (a restart); the old engine's workers left with it",
         )
         .expect("valid metric");
+        let registrations = IntCounterVec::new(
+            Opts::new(
+                "bootstrap_registrations_total",
+                "Registrations accepted, by wire dialect (vllm, sglang) and outcome (created, replayed, renewed, taken_over)",
+            ),
+            &["dialect", "outcome"],
+        )
+        .expect("valid metric");
         let writes_unprotected = IntGauge::new(
             "bootstrap_writes_unprotected",
             "1 when the server listens beyond loopback with neither --auth-token nor --allow-writes-from: anyone who reaches the port can register",
@@ -100,6 +109,7 @@ impl Metrics {
             Box::new(request_lookups.clone()),
             Box::new(pruned_requests.clone()),
             Box::new(engine_takeovers.clone()),
+            Box::new(registrations.clone()),
             Box::new(writes_unprotected.clone()),
             Box::new(workers.clone()),
             Box::new(engines.clone()),
@@ -118,6 +128,7 @@ impl Metrics {
             request_lookups,
             pruned_requests,
             engine_takeovers,
+            registrations,
             writes_unprotected,
             workers,
             engines,
@@ -148,9 +159,20 @@ impl Metrics {
         }
     }
 
-    /// Counts one engine takeover.
-    pub fn observe_takeover(&self) {
-        self.engine_takeovers.inc();
+    /// Counts one accepted registration of `dialect` (and a takeover among them).
+    pub fn observe_registration(&self, dialect: &str, outcome: &RegisterOutcome) {
+        let label = match outcome {
+            RegisterOutcome::Created => "created",
+            RegisterOutcome::Replayed => "replayed",
+            RegisterOutcome::Renewed => "renewed",
+            RegisterOutcome::TakenOver { .. } => {
+                self.engine_takeovers.inc();
+                "taken_over"
+            }
+        };
+        self.registrations
+            .with_label_values(&[dialect, label])
+            .inc();
     }
 
     /// Says whether writes are open to anyone who reaches the port.

@@ -1,7 +1,7 @@
 //! Every error the server sends: a status code and FastAPI's `{"detail": "..."}` body (what
 //! vLLM's server sends, and so what its clients parse), also for errors made below the handlers.
 
-use axum::body::Body;
+use axum::body::{Body, HttpBody};
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -79,7 +79,8 @@ impl IntoResponse for ApiError {
 }
 
 /// Gives bodiless error responses made below the handlers (405 from the router, 408 from the
-/// timeout layer) a JSON body, so every error a client sees has the same shape.
+/// timeout layer) a JSON body, so every error a client sees has a body it can parse. Errors
+/// with a body of their own (SGLang's routes answer text, as SGLang's server does) pass.
 pub async fn json_errors(request: Request, next: Next) -> Response {
     let method = request.method().clone();
     // A refcounted clone: the path is only formatted when the answer is an error.
@@ -89,7 +90,8 @@ pub async fn json_errors(request: Request, next: Next) -> Response {
     let is_error = status.is_client_error() || status.is_server_error();
     let is_json = response.headers().get(header::CONTENT_TYPE)
         == Some(&HeaderValue::from_static("application/json"));
-    if !is_error || is_json {
+    let has_body = response.body().size_hint().exact() != Some(0);
+    if !is_error || is_json || has_body {
         return response;
     }
     let path = uri.path();

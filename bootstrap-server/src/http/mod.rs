@@ -1,4 +1,4 @@
-//! The HTTP API: one module per wire dialect ([`vllm`], [`native`]) that maps its JSON to
+//! The HTTP API: one module per wire dialect ([`vllm`], [`sglang`], [`native`]) that maps its JSON to
 //! registry calls and renders answers and errors in its clients' words, and the layers every
 //! route shares (bearer token on writes, timeouts, metrics, JSON errors, body limit).
 
@@ -6,6 +6,7 @@ mod auth;
 mod error;
 mod extract;
 pub mod native;
+pub mod sglang;
 pub mod vllm;
 
 use std::sync::Arc;
@@ -44,9 +45,11 @@ pub struct AppState {
 /// Builds the full router; every write route goes through `guard` (see [`WriteGuard`]).
 pub fn router(state: AppState, guard: WriteGuard) -> Router {
     vllm::writes()
+        .merge(sglang::writes())
         .merge(native::writes())
         .route_layer(middleware::from_fn_with_state(guard, auth::guard_writes))
         .merge(vllm::reads())
+        .merge(sglang::reads())
         .merge(native::reads())
         .fallback(not_found)
         // Inner to outer: the timeouts answer 408s that the JSON and metrics layers then see.

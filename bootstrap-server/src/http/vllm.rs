@@ -24,9 +24,7 @@ use super::extract::JsonBody;
 use super::{rejected, AppState};
 use crate::registry::model::{Location, Readiness, Registration, Slot};
 use crate::registry::validate::{validate_id, FieldError};
-use crate::registry::{
-    RegisterOutcome, RegistryError, RequestConflict, WorkerConflict, WorkerTable,
-};
+use crate::registry::{RegistryError, RequestConflict, WorkerConflict, WorkerTable};
 
 /// The write routes (behind the bearer token when one is set).
 pub fn writes() -> Router<AppState> {
@@ -104,9 +102,9 @@ async fn register(
         .register(&registration)
         .await
         .map_err(error)?;
-    if matches!(registered.outcome, RegisterOutcome::TakenOver { .. }) {
-        state.metrics.observe_takeover();
-    }
+    state
+        .metrics
+        .observe_registration("vllm", &registered.outcome);
     let lease = registered.lease;
     Ok(Json(RegisterResponse {
         status: "ok".to_owned(),

@@ -3,6 +3,8 @@
 //!
 //! - [`vllm`]: vLLM's Mooncake connector wire (`POST /register`, `GET /query`, the request-keyed
 //!   routes and `kv_transfer_params`), with the optional fields that are ours.
+//! - [`sglang`]: SGLang's bootstrap wire (`PUT`/`GET /route`, the bootstrap-room routes) and
+//!   the fields its router adds to P's and D's bodies.
 //! - [`native`]: pd-bootstrap's own routes (leases, `GET /workers`, `GET /watch`,
 //!   deregistration, readiness).
 //!
@@ -12,6 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod native;
+pub mod sglang;
 pub mod vllm;
 
 /// A data-, tensor- or pipeline-parallel rank.
