@@ -299,11 +299,14 @@ impl Registry {
     }
 
     /// Plans a worker change against the current table and commits it, guarded by the revision
-    /// of the table it was planned on; returns once the change is in this replica's tables.
+    /// of the table it was planned on; returns once the change is in this replica's tables and
+    /// durable.
     ///
-    /// The whole step runs on its own task, serialized by the write gate: a caller that goes away
-    /// (client disconnect, request timeout) cannot cut it in half. When another replica changed
-    /// the table first, the plan is made again on the fresher table (a bounded number of times).
+    /// The whole step runs on its own task: a caller that goes away (client disconnect, request
+    /// timeout) cannot cut it in half. Planning and committing are serialized by the write gate;
+    /// waiting for durability is not, so writes that arrive together share one flush (group
+    /// commit) and none is acknowledged before it is on disk. When another replica changed the
+    /// table first, the plan is made again on the fresher table (a bounded number of times).
     async fn write<T, P>(self: &Arc<Self>, plan: P) -> Result<T, RegistryError>
     where
         T: Send + 'static,
@@ -311,33 +314,46 @@ impl Registry {
     {
         let registry = self.clone();
         let task = tokio::spawn(async move {
-            let _gate = registry.write_gate.lock().await;
-            for _ in 0..WRITE_ATTEMPTS {
-                let (guard, (change, outcome)) = {
-                    let state = registry.read_workers();
-                    // A new incarnation is greater than every one on record: the table's
-                    // incarnations were all planned against older guards.
-                    (state.guard, plan(&state.table, state.guard + 1)?)
-                };
-                if change.is_empty() {
-                    return Ok(outcome);
-                }
-                match registry.store.commit_workers(&change, guard).await {
-                    Ok(revision) => {
-                        registry.wait_applied(revision).await?;
-                        return Ok(outcome);
-                    }
-                    Err(StoreError::Conflict) => registry.wait_guard_moved(guard).await,
-                    Err(err) => return Err(err.into()),
-                }
-            }
-            Err(RegistryError::Store(StoreError::Conflict))
+            let (outcome, durable_at) = registry.commit_planned(plan).await?;
+            registry.store.sync(durable_at).await?;
+            Ok(outcome)
         });
         task.await.map_err(|err| {
             RegistryError::Store(StoreError::Backend(format!(
                 "registry write task failed: {err}"
             )))
         })?
+    }
+
+    /// The serialized part of [`Registry::write`]: plans and commits under the write gate; the
+    /// outcome and the revision that must be durable before it is acknowledged (for a change
+    /// that turned out empty, what the plan read, which may not be on disk yet either).
+    async fn commit_planned<T, P>(&self, plan: P) -> Result<(T, Revision), RegistryError>
+    where
+        P: Fn(&WorkerTable, u64) -> Result<(WorkerChange, T), RegistryError>,
+    {
+        let _gate = self.write_gate.lock().await;
+        for _ in 0..WRITE_ATTEMPTS {
+            let (guard, read_at, (change, outcome)) = {
+                let state = self.read_workers();
+                // A new incarnation is greater than every one on record: the table's
+                // incarnations were all planned against older guards.
+                let planned = plan(&state.table, state.guard + 1)?;
+                (state.guard, self.revision(), planned)
+            };
+            if change.is_empty() {
+                return Ok((outcome, read_at));
+            }
+            match self.store.commit_workers(&change, guard).await {
+                Ok(revision) => {
+                    self.wait_applied(revision).await?;
+                    return Ok((outcome, revision));
+                }
+                Err(StoreError::Conflict) => self.wait_guard_moved(guard).await,
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Err(RegistryError::Store(StoreError::Conflict))
     }
 
     /// Waits until this replica has applied `revision`.

@@ -97,21 +97,29 @@ pub type StoreEvents = tokio::sync::mpsc::Receiver<StoreEvent>;
 
 /// Storage of workers, leases and request ids, shared by one or more registry replicas.
 ///
-/// Worker changes are durable when their future resolves (they survive `kill -9`) and reach every
-/// replica as [`StoreEvent`]s; request-id writes may be buffered until [`Store::close`] (they are
+/// Worker changes are durable once [`Store::sync`] resolves (they survive `kill -9`) and reach
+/// every replica as [`StoreEvent`]s; request-id writes may be buffered until [`Store::close`] (they are
 /// many, short-lived and re-creatable).
 pub trait Store: Send + Sync + 'static {
     /// Reads everything stored.
     fn load(&self) -> StoreFuture<'_, Snapshot>;
     /// Starts reporting every change after revision `after`, in order. Called once.
     fn subscribe(&self, after: Revision) -> StoreEvents;
-    /// Applies a worker change atomically and durably, unless a worker change was committed
-    /// after revision `guard` ([`StoreError::Conflict`]). Returns the change's revision.
+    /// Applies a worker change atomically, unless a worker change was committed after revision
+    /// `guard` ([`StoreError::Conflict`]), and reports it. Returns the change's revision; the
+    /// change is durable once [`Store::sync`] of that revision resolves.
     fn commit_workers<'a>(
         &'a self,
         change: &'a WorkerChange,
         guard: Revision,
     ) -> StoreFuture<'a, Revision>;
+    /// Makes every worker change up to `revision` durable. Stores whose commits are durable
+    /// when they return (etcd) have nothing to do; the embedded store flushes once for every
+    /// change waiting (group commit).
+    fn sync(&self, revision: Revision) -> StoreFuture<'_, ()> {
+        let _ = revision;
+        Box::pin(async { Ok(()) })
+    }
     /// Grants a lease of about `ttl` seconds (a backend may round it up) for workers to be
     /// registered under.
     fn grant_lease(&self, ttl: u32) -> StoreFuture<'_, Lease>;

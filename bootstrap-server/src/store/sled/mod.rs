@@ -9,6 +9,7 @@
 mod leases;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -53,6 +54,12 @@ struct Inner {
     leases: Mutex<SledLeases>,
     /// Where events go once the registry has subscribed.
     events: Mutex<Option<mpsc::Sender<StoreEvent>>>,
+    /// The revision of the last worker change applied to the database.
+    applied: AtomicU64,
+    /// The revision up to which worker changes are on disk.
+    durable: AtomicU64,
+    /// Held by the one flush running; writes arriving meanwhile share the next one.
+    flushing: tokio::sync::Mutex<()>,
 }
 
 struct CommitState {
@@ -123,6 +130,9 @@ impl SledStore {
                 }),
                 leases: Mutex::new(SledLeases::default()),
                 events: Mutex::new(None),
+                applied: AtomicU64::new(revision),
+                durable: AtomicU64::new(revision),
+                flushing: tokio::sync::Mutex::new(()),
             }),
             sweeper: Mutex::new(None),
             stop_sweeper: Arc::new(tokio::sync::Notify::new()),
@@ -196,9 +206,9 @@ impl Inner {
         self.workers
             .apply_batch(Self::worker_batch(&change, revision))
             .map_err(backend)?;
-        // Applied: from here the change is in the database (flushed now, or by sled's background
-        // flush if this flush fails), so the revision moves and the change is reported either way.
-        let flushed = self.workers.flush_async().await.map_err(backend);
+        // Applied: from here the change is in the database (durable at the next flush: `sync`,
+        // or sled's own background flush), so the revision moves and the change is reported.
+        self.applied.store(revision, Ordering::Release);
         state.revision = revision;
         if guard {
             state.guard = revision;
@@ -216,8 +226,23 @@ impl Inner {
                 })
                 .await;
         }
-        flushed?;
         Ok(revision)
+    }
+
+    /// Makes every change up to `revision` durable: one flush covers every change applied
+    /// before it started, so concurrent writers share flushes (group commit).
+    async fn sync(&self, revision: Revision) -> Result<(), StoreError> {
+        if self.durable.load(Ordering::Acquire) >= revision {
+            return Ok(());
+        }
+        let _flushing = self.flushing.lock().await;
+        if self.durable.load(Ordering::Acquire) >= revision {
+            return Ok(());
+        }
+        let covered = self.applied.load(Ordering::Acquire);
+        self.workers.flush_async().await.map_err(backend)?;
+        self.durable.fetch_max(covered, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Deletes the slots of `lease` (revoked or expired).
@@ -239,12 +264,15 @@ impl Inner {
             remove: slots.clone(),
             put: Vec::new(),
         };
-        let removed = self.commit_locked(state, change, false).await;
+        let removed = match self.commit_locked(state, change, false).await {
+            Ok(revision) => self.sync(revision).await,
+            Err(err) => Err(err),
+        };
         if removed.is_err() {
             // The lease is gone; its workers must still go: the sweeper tries again.
             self.leases().retry_removal(lease, slots);
         }
-        removed.map(drop)
+        removed
     }
 
     /// Removes the workers of expired leases until `stop` is notified or the store is dropped.
@@ -304,6 +332,10 @@ impl Store for SledStore {
                 .commit_locked(&mut state, change.clone(), true)
                 .await
         })
+    }
+
+    fn sync(&self, revision: Revision) -> StoreFuture<'_, ()> {
+        Box::pin(self.inner.sync(revision))
     }
 
     fn grant_lease(&self, ttl: u32) -> StoreFuture<'_, Lease> {
