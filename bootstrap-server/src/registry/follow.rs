@@ -58,7 +58,6 @@ impl Registry {
                     worker: new.clone(),
                 }));
                 state.table.apply(&WorkerChange { remove, put });
-                state.observed_tp_size = state.table.observed_tp_size();
                 if guard {
                     state.guard = revision;
                 }

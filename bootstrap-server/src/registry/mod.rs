@@ -80,8 +80,6 @@ struct WorkerState {
     table: WorkerTable,
     /// The revision of the last committed worker change (what the next commit is guarded by).
     guard: Revision,
-    /// P's tp size as the table shows it, kept current on every change (lookups read it).
-    observed_tp_size: Option<Rank>,
     view: Option<Arc<View>>,
     history: History,
 }
@@ -90,7 +88,6 @@ impl WorkerState {
     fn new(snapshot_workers: Vec<WorkerRecord>, revision: Revision, guard: Revision) -> Self {
         let table = WorkerTable::from_records(snapshot_workers);
         WorkerState {
-            observed_tp_size: table.observed_tp_size(),
             table,
             guard,
             view: None,

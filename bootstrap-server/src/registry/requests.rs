@@ -54,11 +54,12 @@ impl Registry {
         for id in req_ids {
             validate_id("req_ids", id)?;
         }
-        let workers = self.read_workers();
+        // One snapshot for the check and the addresses (computed once per change of the table).
+        let view = self.view();
         // With a configured tp size, D's must equal it. Without one, P's is inferred from what
         // has registered so far, which may still be incomplete: only a D tp size below it is
         // certainly a mismatch (missing tp ranks answer per id).
-        let mismatch = match (&self.config.expected, workers.observed_tp_size) {
+        let mismatch = match (&self.config.expected, view.observed_tp_size()) {
             (Some(expected), _) => (expected.tp_size != tp_size).then_some(expected.tp_size),
             (None, Some(observed)) => (tp_size < observed).then_some(observed),
             (None, None) => None,
@@ -78,8 +79,8 @@ impl Registry {
             .into_iter()
             .map(|rank| match rank {
                 None => Location::Pending,
-                Some(dp) if !workers.table.has_dp_group(dp) => Location::MissingDpGroup(dp),
-                Some(dp) => match workers.table.addresses(dp, tp_rank) {
+                Some(dp) if !view.table().has_dp_group(dp) => Location::MissingDpGroup(dp),
+                Some(dp) => match view.table().addresses(dp, tp_rank) {
                     addrs if addrs.is_empty() => Location::MissingTpRank { dp, tp: tp_rank },
                     addrs => Location::Ready(addrs),
                 },

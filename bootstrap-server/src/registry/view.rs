@@ -4,6 +4,8 @@
 use std::any::{Any, TypeId};
 use std::sync::{Arc, RwLock};
 
+use pd_protocol::Rank;
+
 use super::model::Readiness;
 use super::{ExpectedTopology, WorkerTable};
 
@@ -15,6 +17,7 @@ pub struct View {
     table: WorkerTable,
     readiness: Readiness,
     engines: usize,
+    observed_tp_size: Option<Rank>,
     renderings: RwLock<Vec<(TypeId, Arc<dyn Any + Send + Sync>)>>,
 }
 
@@ -40,6 +43,7 @@ impl View {
         };
         View {
             engines: table.engine_count(),
+            observed_tp_size: table.observed_tp_size(),
             table: table.clone(),
             readiness,
             renderings: RwLock::new(Vec::new()),
@@ -54,6 +58,12 @@ impl View {
     /// How complete the topology is.
     pub fn readiness(&self) -> Readiness {
         self.readiness
+    }
+
+    /// The largest number of tp ranks registered in one dp group: P's tp size as far as the
+    /// table tells without a configured one.
+    pub fn observed_tp_size(&self) -> Option<Rank> {
+        self.observed_tp_size
     }
 
     /// Engines owning at least one dp rank.
