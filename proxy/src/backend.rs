@@ -13,8 +13,8 @@ use reqwest::Url;
 use tokio::sync::Notify;
 
 use crate::config::{Config, HealthConfig};
+use crate::endpoint::Endpoint;
 use crate::metrics::{BackendMetrics, CallOutcome, DiscoveryMetrics, Metrics};
-use crate::upstream::Endpoint;
 
 /// Whether a backend prefills or decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,27 +1,39 @@
-//! pd-proxy: the OpenAI-compatible front door of prefill/decode (P/D) disaggregated vLLM serving
-//! with the Mooncake connector.
+//! pd-proxy: the OpenAI-compatible front door of prefill/decode (P/D) disaggregated serving.
 //!
 //! Each completion request goes to a prefill server (P) and a decode server (D) at the same time;
 //! D pulls the KV cache P computes and streams the answer, which the proxy relays to the client.
 //!
-//! The pieces: [`config`] (flags into a [`Config`]), [`backend`] (what is known about each P and D:
-//! health, load, discovered dp ranks), [`discovery`] (learning each P's engine ids from its
-//! bootstrap server), [`health`] (active health checks), [`policy`] (choosing backends), [`body`]
-//! (what P and D receive), [`upstream`] (calling them), [`relay`] (streaming D's answer back),
-//! [`handler`] (the per-request flow), [`error`] (what clients see when it fails), [`metrics`] and
-//! [`server`] (routes and lifecycle).
+//! A request's path, outside in: [`server`] accepts it (`pd_service::serve`); [`routes`] hands
+//! it to the [`layers`] (its `X-Request-Id`, its tracker for the metrics, the `--api-key` check),
+//! then to [`handler`], which runs the [`flow`]: the [`routing`] policies choose a (prefill, dp
+//! rank) pair and a decode from the [`backend`] pool, [`body`] makes P's and D's bodies, the
+//! flow calls both through [`upstream`] (concurrently, or P first), retries D once elsewhere,
+//! and [`relay`] streams D's answer back while P is still watched. Failures become OpenAI-shaped
+//! errors ([`error`]).
+//!
+//! Beside the request path: [`config`] (flags into a [`Config`]), [`discovery`] (each P's dp
+//! ranks and engine ids from its bootstrap server, followed through its watch), [`health`]
+//! (active checks), [`metrics`], [`models`] (`/v1/models`), [`state`] (what handlers share),
+//! [`ids`], [`endpoint`].
 
 pub mod backend;
 pub mod body;
 pub mod config;
 pub mod discovery;
+pub mod endpoint;
 pub mod error;
+pub mod flow;
 pub mod handler;
 pub mod health;
+pub mod ids;
+pub mod layers;
 pub mod metrics;
-pub mod policy;
+pub mod models;
 pub mod relay;
+pub mod routes;
+pub mod routing;
 pub mod server;
+pub mod state;
 pub mod upstream;
 
 pub use config::Config;

@@ -51,6 +51,11 @@ impl Tracker {
         }
     }
 
+    /// When the request arrived.
+    pub fn started(&self) -> Instant {
+        self.start
+    }
+
     /// The route's metrics.
     pub fn metrics(&self) -> &RouteMetrics {
         &self.metrics

@@ -1,0 +1,105 @@
+//! What a failed call to P or D means for the client.
+
+use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::backend::{Backend, Pair};
+use crate::error::ApiError;
+use crate::metrics::Outcome;
+use crate::relay::Failure;
+use crate::upstream::UpstreamError;
+
+/// A request that ended before D's answer could be relayed: the answer and how it is counted.
+pub struct Refusal {
+    /// What the client gets.
+    pub response: Box<Response>,
+    /// How the request is counted.
+    pub outcome: Outcome,
+}
+
+impl From<Failure> for Refusal {
+    fn from((error, outcome): Failure) -> Self {
+        Refusal {
+            response: Box::new(error.into_response()),
+            outcome,
+        }
+    }
+}
+
+/// What P's failure means for the client.
+pub fn prefill_failure(pair: &Pair, err: &UpstreamError) -> Failure {
+    let who = format!("prefill {} (dp rank {})", pair.backend.url(), pair.dp_rank);
+    match err {
+        UpstreamError::Timeout(limit) => (
+            ApiError::gateway_timeout(format!("{who} did not answer within {limit:?}")),
+            Outcome::PrefillTimeout,
+        ),
+        UpstreamError::Status { status, .. } if status.is_client_error() => (
+            ApiError::new(
+                *status,
+                "invalid_request_error",
+                format!("{who} {}", err.backend_message()),
+            ),
+            Outcome::PrefillError,
+        ),
+        UpstreamError::Status { .. } => (
+            ApiError::bad_gateway(format!("{who} {}", err.backend_message())),
+            Outcome::PrefillError,
+        ),
+        UpstreamError::Connect(_) | UpstreamError::Broken(_) => (
+            ApiError::bad_gateway(format!("{who}: {err}")),
+            Outcome::PrefillError,
+        ),
+    }
+}
+
+/// What D's failure means for the client: its own error answer is relayed as is.
+pub fn decode_refusal(decode: &Backend, err: UpstreamError) -> Refusal {
+    match err {
+        UpstreamError::Status {
+            status,
+            content_type,
+            body,
+        } => {
+            let mut response = (status, body).into_response();
+            if let Some(content_type) = content_type {
+                response.headers_mut().insert(CONTENT_TYPE, content_type);
+            }
+            Refusal {
+                response: Box::new(response),
+                outcome: if status.is_client_error() {
+                    Outcome::DecodeRejected
+                } else {
+                    Outcome::DecodeError
+                },
+            }
+        }
+        UpstreamError::Timeout(limit) => Refusal::from((
+            ApiError::gateway_timeout(format!(
+                "decode {} did not answer within {limit:?}",
+                decode.url()
+            )),
+            Outcome::DecodeTimeout,
+        )),
+        other => Refusal::from((
+            ApiError::bad_gateway(format!("decode {}: {other}", decode.url())),
+            Outcome::DecodeError,
+        )),
+    }
+}
+
+/// 503: no backend to send the request to.
+pub fn unavailable(message: &str) -> Refusal {
+    Refusal::from((ApiError::unavailable(message), Outcome::Unavailable))
+}
+
+/// A refusal with `status` and an OpenAI-shaped error of `kind`.
+pub fn refused(
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    outcome: Outcome,
+) -> Refusal {
+    Refusal::from((ApiError::new(status, kind, message), outcome))
+}

@@ -1,0 +1,150 @@
+//! The per-request flow of `POST /v1/completions` and `POST /v1/chat/completions`, from the parsed
+//! body to D's answer beginning: the policies choose a (prefill, dp rank) pair and a decode,
+//! then [`concurrent`] (P and D at once, the Mooncake way) or [`sequential`] (P first, its
+//! `kv_transfer_params` handed to D, the NIXL way) calls them, and [`retry`] gives D one retry on
+//! another decode. Every future is owned by the request, so a client that goes away cancels both
+//! calls.
+
+mod concurrent;
+mod failure;
+mod retry;
+mod sequential;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::rejection::BytesRejection;
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use bytes::Bytes;
+
+pub use failure::Refusal;
+use failure::{prefill_failure, refused, unavailable};
+
+use crate::backend::Pair;
+use crate::body;
+use crate::config::Mode;
+use crate::ids::X_REQUEST_ID;
+use crate::metrics::Outcome;
+use crate::relay::PrefillCall;
+use crate::routing::RequestInfo;
+use crate::state::{AppState, Route};
+use crate::upstream::DecodeStart;
+
+/// `X-data-parallel-rank`: which dp rank of P serves the request.
+pub static X_DATA_PARALLEL_RANK: HeaderName = HeaderName::from_static("x-data-parallel-rank");
+
+/// D answered; its body can be relayed.
+pub struct Started {
+    /// D's answer so far.
+    pub decode: DecodeStart,
+    /// P's call, when it is still running.
+    pub prefill: Option<PrefillCall>,
+    /// The proxy's own time before D's call was issued.
+    pub overhead: Duration,
+}
+
+/// What both flows need to call P and D.
+struct Call<'a> {
+    state: &'a AppState,
+    route: Route,
+    pair: Arc<Pair>,
+    decode: Arc<crate::backend::Backend>,
+    /// Headers both P and D get.
+    common: HeaderMap,
+    transfer_id: String,
+    headers: &'a HeaderMap,
+    start: Instant,
+}
+
+impl Call<'_> {
+    /// P's headers: the common ones and the dp rank.
+    fn prefill_headers(&self) -> HeaderMap {
+        let mut headers = self.common.clone();
+        headers.insert(X_DATA_PARALLEL_RANK.clone(), self.pair.rank_header.clone());
+        headers
+    }
+
+    /// Starts P's call; its errors become what the client is told.
+    fn prefill(&self, body: Bytes) -> PrefillCall {
+        let call = self.pair.call();
+        let pair = self.pair.clone();
+        let state = self.state.clone();
+        let (route, headers) = (self.route, self.prefill_headers());
+        Box::pin(async move {
+            state
+                .upstream
+                .prefill(call, route.endpoint(&pair.backend), headers, body)
+                .await
+                .map_err(|err| prefill_failure(&pair, &err))
+        })
+    }
+}
+
+/// Parses the client's body, chooses P and D and starts the mode's flow; returns once D's answer
+/// has begun (or the request failed).
+pub async fn start(
+    state: &AppState,
+    route: Route,
+    headers: &HeaderMap,
+    request_id: &HeaderValue,
+    body: Result<Bytes, BytesRejection>,
+    start: Instant,
+) -> Result<Started, Refusal> {
+    let raw = body.map_err(|rejection| {
+        refused(
+            rejection.status(),
+            "invalid_request_error",
+            rejection.body_text(),
+            Outcome::BadRequest,
+        )
+    })?;
+    let body = body::parse(&raw).map_err(|err| {
+        refused(
+            axum::http::StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            err.to_string(),
+            Outcome::BadRequest,
+        )
+    })?;
+    drop(raw);
+    let pairs = state.pool.pairs();
+    let (pair, decode) = {
+        let request = RequestInfo::new(&body, headers);
+        let pair = state.pick_pair(&pairs, &request).ok_or_else(|| {
+            unavailable(if pairs.is_empty() {
+                "no prefill is ready: no (prefill, dp rank) pair has been discovered yet \
+                 (waiting for each prefill's /health and its bootstrap server's /query; see GET /ready)"
+            } else {
+                "no prefill is ready: every prefill with discovered dp ranks is failing its \
+                 health checks (see GET /ready)"
+            })
+        })?;
+        let decode = state.pick_decode(None, &request).ok_or_else(|| {
+            unavailable(
+                "no decode is ready: every decode is failing its health checks (see GET /ready)",
+            )
+        })?;
+        (pair, decode)
+    };
+    let mut common = HeaderMap::with_capacity(4);
+    common.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    common.insert(X_REQUEST_ID.clone(), request_id.clone());
+    if let Some(authorization) = headers.get(AUTHORIZATION) {
+        common.insert(AUTHORIZATION, authorization.clone());
+    }
+    let call = Call {
+        state,
+        route,
+        pair,
+        decode,
+        common,
+        transfer_id: format!("xfer-{}", state.ids.next()),
+        headers,
+        start,
+    };
+    match state.mode {
+        Mode::Concurrent => concurrent::run(call, body).await,
+        Mode::Sequential => sequential::run(call, body).await,
+    }
+}

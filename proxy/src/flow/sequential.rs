@@ -1,0 +1,67 @@
+//! P first, then D (vLLM's NIXL proxy): P's answer carries the `kv_transfer_params` D needs.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::retry::decode_with_retry;
+use super::{Call, Refusal, Started};
+use crate::body::{self, Body};
+use crate::error::ApiError;
+use crate::metrics::Outcome;
+use crate::routing::RequestInfo;
+
+/// The field of P's answer sequential mode needs.
+#[derive(Deserialize)]
+struct PrefillAnswer {
+    kv_transfer_params: Option<Value>,
+}
+
+/// Runs the sequential flow.
+pub(super) async fn run(call: Call<'_>, mut body: Body) -> Result<Started, Refusal> {
+    let mut decode_map = body.clone();
+    let prefill_body = Bytes::from(body::prefill_body(
+        &mut body,
+        body::prefill_params(&call.transfer_id, true),
+    ));
+    let before_prefill = call.start.elapsed();
+    let answer = call.prefill(prefill_body).await.map_err(Refusal::from)?;
+    let answered = Instant::now();
+    let params = serde_json::from_slice::<PrefillAnswer>(&answer)
+        .ok()
+        .and_then(|answer| answer.kv_transfer_params)
+        .filter(Value::is_object)
+        .ok_or_else(|| {
+            Refusal::from((
+                ApiError::bad_gateway(format!(
+                    "prefill {} (dp rank {}) answered without kv_transfer_params, which \
+                     sequential mode hands to D (does P run a connector that returns them, \
+                     such as NIXL?)",
+                    call.pair.backend.url(),
+                    call.pair.dp_rank
+                )),
+                Outcome::PrefillError,
+            ))
+        })?;
+    let decode_body = Bytes::from(body::decode_body(&mut decode_map, params));
+    let overhead = before_prefill + answered.elapsed();
+    let request = RequestInfo::new(&body, call.headers);
+    let (decode, prefill) = decode_with_retry(
+        call.state,
+        call.route,
+        &call.pair,
+        call.decode.clone(),
+        &call.common,
+        decode_body,
+        None,
+        &request,
+    )
+    .await?;
+    Ok(Started {
+        decode,
+        prefill,
+        overhead,
+    })
+}

@@ -1,0 +1,7 @@
+//! The layers in front of the proxied routes, outermost first: [`request_id`] (every answer
+//! carries the request's `X-Request-Id`), [`track`] (the request is counted from arrival to
+//! the end of its streamed answer), [`auth`] (the `--api-key` check).
+
+pub mod auth;
+pub mod request_id;
+pub mod track;

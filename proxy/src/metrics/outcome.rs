@@ -1,0 +1,103 @@
+//! How a client request, and each call to a backend, ended: the `outcome` labels.
+
+/// How a client request ended (the `outcome` label of `pd_proxy_requests_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// D's answer was relayed to its end with a 2xx status.
+    Ok,
+    /// The body was not a JSON object.
+    BadRequest,
+    /// The API key was missing or wrong.
+    Unauthorized,
+    /// No ready (prefill, dp rank) pair or no healthy decode.
+    Unavailable,
+    /// P failed (connect error, bad status or broken body).
+    PrefillError,
+    /// P did not answer in time.
+    PrefillTimeout,
+    /// D failed, after the one retry.
+    DecodeError,
+    /// D did not answer in time.
+    DecodeTimeout,
+    /// D refused the request (4xx), relayed as is.
+    DecodeRejected,
+    /// D's stream broke after it had begun.
+    StreamError,
+    /// The client went away before the answer was complete.
+    ClientDisconnected,
+}
+
+impl Outcome {
+    /// Every outcome, in label order.
+    pub const ALL: [Outcome; 11] = [
+        Outcome::Ok,
+        Outcome::BadRequest,
+        Outcome::Unauthorized,
+        Outcome::Unavailable,
+        Outcome::PrefillError,
+        Outcome::PrefillTimeout,
+        Outcome::DecodeError,
+        Outcome::DecodeTimeout,
+        Outcome::DecodeRejected,
+        Outcome::StreamError,
+        Outcome::ClientDisconnected,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::BadRequest => "bad_request",
+            Outcome::Unauthorized => "unauthorized",
+            Outcome::Unavailable => "unavailable",
+            Outcome::PrefillError => "prefill_error",
+            Outcome::PrefillTimeout => "prefill_timeout",
+            Outcome::DecodeError => "decode_error",
+            Outcome::DecodeTimeout => "decode_timeout",
+            Outcome::DecodeRejected => "decode_rejected",
+            Outcome::StreamError => "stream_error",
+            Outcome::ClientDisconnected => "client_disconnected",
+        }
+    }
+}
+
+/// How one call to a backend ended (the `outcome` label of `pd_proxy_backend_requests_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// A 2xx answer, read to its end.
+    Ok,
+    /// A non-2xx status.
+    HttpError,
+    /// No connection could be made.
+    ConnectError,
+    /// The time limit passed.
+    Timeout,
+    /// The connection broke or the answer was malformed.
+    Error,
+    /// The proxy dropped the call (client gone, or the other side failed).
+    Cancelled,
+}
+
+impl CallOutcome {
+    /// Every outcome, in label order.
+    pub const ALL: [CallOutcome; 6] = [
+        CallOutcome::Ok,
+        CallOutcome::HttpError,
+        CallOutcome::ConnectError,
+        CallOutcome::Timeout,
+        CallOutcome::Error,
+        CallOutcome::Cancelled,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallOutcome::Ok => "ok",
+            CallOutcome::HttpError => "http_error",
+            CallOutcome::ConnectError => "connect_error",
+            CallOutcome::Timeout => "timeout",
+            CallOutcome::Error => "error",
+            CallOutcome::Cancelled => "cancelled",
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! The routes: the proxied `/v1` ones behind their layers, and `/health`, `/ready`, `/metrics`,
+//! with JSON 404 and 405 for anything else.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use pd_protocol::Rank;
+use serde::Serialize;
+
+use crate::error::ApiError;
+use crate::layers::{auth, request_id, track};
+use crate::state::AppState;
+use crate::{handler, models};
+
+/// The largest client request body accepted (413 above it).
+pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// Builds the router: the proxied routes behind their layers (see [`crate::layers`]), the
+/// operational ones open.
+pub fn router(state: AppState) -> Router {
+    let completions = Router::new()
+        .route("/v1/completions", post(handler::completions))
+        .route("/v1/chat/completions", post(handler::chat_completions))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_api_key,
+        ))
+        .route_layer(middleware::from_fn_with_state(state.clone(), track::track))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            request_id::assign,
+        ));
+    let models = Router::new()
+        .route("/v1/models", get(models::models))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_api_key,
+        ));
+    completions
+        .merge(models)
+        .route("/health", get(health_route))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found_error",
+        format!("no route for {} {}", request.method(), request.uri().path()),
+    )
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!(
+            "method {} is not allowed on {}",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+}
+
+/// `GET /health`: the proxy itself is up.
+async fn health_route() -> Json<pd_protocol::Status> {
+    Json(pd_protocol::Status::ok())
+}
+
+/// One prefill in `GET /ready`.
+#[derive(Debug, Serialize)]
+pub struct PrefillReadiness {
+    /// Its URL.
+    pub url: String,
+    /// Its bootstrap server.
+    pub bootstrap_addr: String,
+    /// Whether it passes its health checks.
+    pub healthy: bool,
+    /// Discovered dp rank -> engine id.
+    pub dp_ranks: BTreeMap<Rank, String>,
+}
+
+/// One decode in `GET /ready`.
+#[derive(Debug, Serialize)]
+pub struct DecodeReadiness {
+    /// Its URL.
+    pub url: String,
+    /// Whether it passes its health checks.
+    pub healthy: bool,
+}
+
+/// The answer of `GET /ready` (200 when ready, 503 otherwise).
+#[derive(Debug, Serialize)]
+pub struct Readiness {
+    /// `ready` or `not_ready`.
+    pub status: &'static str,
+    /// (prefill, dp rank) pairs requests can go to.
+    pub ready_pairs: usize,
+    /// Decodes requests can go to.
+    pub healthy_decodes: usize,
+    /// Every prefill.
+    pub prefills: Vec<PrefillReadiness>,
+    /// Every decode.
+    pub decodes: Vec<DecodeReadiness>,
+    /// Why it is not ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// `GET /ready`: whether a request would find a (prefill, dp rank) pair and a decode.
+async fn ready(State(state): State<AppState>) -> Response {
+    let pool = &state.pool;
+    let prefills: Vec<PrefillReadiness> = pool
+        .prefills
+        .iter()
+        .map(|prefill| PrefillReadiness {
+            url: prefill.backend.url().to_owned(),
+            bootstrap_addr: prefill.bootstrap_addr.to_string(),
+            healthy: prefill.backend.is_healthy(),
+            dp_ranks: prefill
+                .ranks()
+                .into_iter()
+                .map(|(rank, engine)| (rank, engine.to_string()))
+                .collect(),
+        })
+        .collect();
+    let ready_pairs = prefills
+        .iter()
+        .filter(|p| p.healthy)
+        .map(|p| p.dp_ranks.len())
+        .sum();
+    let decodes: Vec<DecodeReadiness> = pool
+        .decodes
+        .iter()
+        .map(|decode| DecodeReadiness {
+            url: decode.url().to_owned(),
+            healthy: decode.is_healthy(),
+        })
+        .collect();
+    let healthy_decodes = decodes.iter().filter(|d| d.healthy).count();
+    let detail = if ready_pairs == 0 {
+        Some("no (prefill, dp rank) pair is ready: discovery has not succeeded yet or every prefill is unhealthy".to_owned())
+    } else if healthy_decodes == 0 {
+        Some("every decode is failing its health checks".to_owned())
+    } else {
+        None
+    };
+    let status = if detail.is_none() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = Readiness {
+        status: if detail.is_none() {
+            "ready"
+        } else {
+            "not_ready"
+        },
+        ready_pairs,
+        healthy_decodes,
+        prefills,
+        decodes,
+        detail,
+    };
+    (status, Json(body)).into_response()
+}
+
+/// `GET /metrics`: Prometheus text format.
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}

@@ -1,0 +1,134 @@
+//! [`RequestInfo`]: what a policy may know of the request it places. Every field is read on
+//! demand from the already parsed body, so policies that need none of it cost nothing.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use axum::http::HeaderMap;
+use serde_json::Value;
+
+use crate::body::Body;
+
+/// How many characters of the prompt the prefix key covers.
+pub const PREFIX_CHARS: usize = 256;
+
+/// The request being placed: its body (top-level fields as raw JSON) and headers.
+#[derive(Clone, Copy)]
+pub struct RequestInfo<'a> {
+    body: Option<&'a Body>,
+    headers: Option<&'a HeaderMap>,
+}
+
+impl<'a> RequestInfo<'a> {
+    /// The request with this body and these headers.
+    pub fn new(body: &'a Body, headers: &'a HeaderMap) -> Self {
+        RequestInfo {
+            body: Some(body),
+            headers: Some(headers),
+        }
+    }
+
+    /// A request nothing is known of.
+    pub fn empty() -> Self {
+        RequestInfo {
+            body: None,
+            headers: None,
+        }
+    }
+
+    fn field(&self, name: &str) -> Option<Value> {
+        serde_json::from_str(self.body?.get(name)?.get()).ok()
+    }
+
+    /// The `model` asked for.
+    pub fn model(&self) -> Option<String> {
+        match self.field("model")? {
+            Value::String(model) => Some(model),
+            _ => None,
+        }
+    }
+
+    /// The `user` field (OpenAI's end-user id), a natural session key.
+    pub fn user(&self) -> Option<String> {
+        match self.field("user")? {
+            Value::String(user) => Some(user),
+            _ => None,
+        }
+    }
+
+    /// A request header, as text.
+    pub fn header(&self, name: &str) -> Option<&'a str> {
+        self.headers?.get(name)?.to_str().ok()
+    }
+
+    /// The prompt's text: `prompt` (a string, or the strings of a list), or the text of every
+    /// `messages` entry's `content`, in order.
+    pub fn prompt_text(&self) -> String {
+        fn text_of(value: &Value, out: &mut String) {
+            match value {
+                Value::String(text) => out.push_str(text),
+                Value::Array(items) => items.iter().for_each(|item| text_of(item, out)),
+                Value::Object(object) => {
+                    for key in ["content", "text"] {
+                        if let Some(inner) = object.get(key) {
+                            text_of(inner, out);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut text = String::new();
+        if let Some(prompt) = self.field("prompt") {
+            text_of(&prompt, &mut text);
+        } else if let Some(messages) = self.field("messages") {
+            text_of(&messages, &mut text);
+        }
+        text
+    }
+
+    /// The prompt's length in characters.
+    pub fn prompt_chars(&self) -> usize {
+        self.prompt_text().chars().count()
+    }
+
+    /// A hash of the prompt's first [`PREFIX_CHARS`] characters: requests that share it likely
+    /// share cached KV.
+    pub fn prefix_key(&self) -> u64 {
+        let text = self.prompt_text();
+        let end = text
+            .char_indices()
+            .nth(PREFIX_CHARS)
+            .map_or(text.len(), |(i, _)| i);
+        let mut hasher = DefaultHasher::new();
+        text[..end].hash(&mut hasher);
+        hasher.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_read_from_the_body() {
+        let body = crate::body::parse(
+            br#"{"model":"m","user":"u7","messages":[{"role":"system","content":"You are"},
+                {"role":"user","content":[{"type":"text","text":" kind"}]}]}"#,
+        )
+        .unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-session-id", "s1".parse().unwrap());
+        let info = RequestInfo::new(&body, &headers);
+        assert_eq!(info.model().as_deref(), Some("m"));
+        assert_eq!(info.user().as_deref(), Some("u7"));
+        assert_eq!(info.header("x-session-id"), Some("s1"));
+        assert_eq!(info.prompt_text(), "You are kind");
+        assert_eq!(info.prompt_chars(), 12);
+        let same = crate::body::parse(br#"{"prompt":"You are kind"}"#).unwrap();
+        assert_eq!(
+            RequestInfo::new(&same, &headers).prefix_key(),
+            info.prefix_key()
+        );
+        assert_eq!(RequestInfo::empty().model(), None);
+    }
+}

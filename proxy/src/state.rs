@@ -1,0 +1,127 @@
+//! What every handler and layer shares: the backends, the clients, the metrics, the policies.
+
+use std::sync::Arc;
+
+use pd_service::BearerToken;
+
+use crate::backend::{Backend, Pair, Pool};
+use crate::config::{Config, Mode};
+use crate::endpoint::Endpoint;
+use crate::ids::Ids;
+use crate::metrics::{Metrics, RouteMetrics};
+use crate::routing::{policy_for, Policy, RequestInfo, Slice};
+use crate::upstream::Upstream;
+
+/// The state every handler receives.
+pub type AppState = Arc<Shared>;
+
+/// The two proxied routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /v1/chat/completions`.
+    ChatCompletions,
+}
+
+impl Route {
+    /// The route served at `path`, if it is a proxied one.
+    pub fn at(path: &str) -> Option<Route> {
+        match path {
+            "/v1/completions" => Some(Route::Completions),
+            "/v1/chat/completions" => Some(Route::ChatCompletions),
+            _ => None,
+        }
+    }
+
+    /// The same route on `backend`.
+    pub fn endpoint(self, backend: &Backend) -> &Endpoint {
+        match self {
+            Route::Completions => &backend.completions_url,
+            Route::ChatCompletions => &backend.chat_completions_url,
+        }
+    }
+}
+
+/// Everything the handlers share.
+pub struct Shared {
+    /// The backends.
+    pub pool: Arc<Pool>,
+    /// Calls to backends.
+    pub upstream: Upstream,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// How P and D are called.
+    pub mode: Mode,
+    /// The key clients must present, if any.
+    pub api_key: Option<BearerToken>,
+    /// Request and transfer ids.
+    pub ids: Ids,
+    pair_policy: Box<dyn Policy>,
+    decode_policy: Box<dyn Policy>,
+    completions: Arc<RouteMetrics>,
+    chat_completions: Arc<RouteMetrics>,
+}
+
+impl Shared {
+    /// The shared state for `config`.
+    pub fn new(
+        config: &Config,
+        pool: Arc<Pool>,
+        upstream: Upstream,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Shared {
+            pool,
+            upstream,
+            pair_policy: policy_for(config.policy),
+            decode_policy: policy_for(config.policy),
+            completions: Arc::new(metrics.route("/v1/completions")),
+            chat_completions: Arc::new(metrics.route("/v1/chat/completions")),
+            metrics,
+            mode: config.mode,
+            api_key: config.api_key.as_deref().and_then(BearerToken::new),
+            ids: Ids::default(),
+        }
+    }
+
+    /// The metrics of `route`.
+    pub fn route_metrics(&self, route: Route) -> &Arc<RouteMetrics> {
+        match route {
+            Route::Completions => &self.completions,
+            Route::ChatCompletions => &self.chat_completions,
+        }
+    }
+
+    /// A healthy (prefill, dp rank) pair for `request`.
+    pub fn pick_pair(&self, pairs: &[Arc<Pair>], request: &RequestInfo<'_>) -> Option<Arc<Pair>> {
+        let candidates = Slice {
+            items: pairs,
+            usable: |pair: &Arc<Pair>| pair.backend.is_healthy(),
+            load: |pair: &Arc<Pair>| pair.outstanding(),
+        };
+        let index = self.pair_policy.pick(&candidates, request)?;
+        Some(pairs[index].clone())
+    }
+
+    /// A healthy decode for `request`; for a retry (`instead_of` set) another one when there is
+    /// one, else the same again.
+    pub fn pick_decode(
+        &self,
+        instead_of: Option<&Arc<Backend>>,
+        request: &RequestInfo<'_>,
+    ) -> Option<Arc<Backend>> {
+        let decodes = &self.pool.decodes;
+        let other =
+            |decode: &Arc<Backend>| instead_of.is_none_or(|failed| !Arc::ptr_eq(decode, failed));
+        let candidates = Slice {
+            items: decodes,
+            usable: |decode: &Arc<Backend>| decode.is_healthy() && other(decode),
+            load: |decode: &Arc<Backend>| decode.outstanding(),
+        };
+        match self.decode_policy.pick(&candidates, request) {
+            Some(index) => Some(decodes[index].clone()),
+            None => instead_of.cloned(),
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The body of a backend's answer, read as a stream under the call's time limit.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::stream::{BoxStream, Stream};
+use futures_util::StreamExt;
+use hyper::body::{Body as _, Incoming};
+use pd_service::error_chain;
+use reqwest::header::HeaderValue;
+use reqwest::StatusCode;
+use tokio::time::Sleep;
+
+use super::error::{UpstreamError, MAX_ERROR_BODY};
+
+/// The body of a backend's answer, read under the call's time limit.
+pub struct Answer {
+    pub(super) source: Source,
+    pub(super) deadline: Pin<Box<Sleep>>,
+    pub(super) timeout: Duration,
+}
+
+/// Where the body's bytes come from: hyper for plain HTTP, reqwest for HTTPS.
+pub(super) enum Source {
+    Plain(Incoming),
+    Tls(BoxStream<'static, reqwest::Result<Bytes>>),
+}
+
+impl Stream for Answer {
+    type Item = Result<Bytes, UpstreamError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let timeout = this.timeout;
+        let polled = match &mut this.source {
+            Source::Plain(body) => loop {
+                match Pin::new(&mut *body).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                        Ok(data) => break Poll::Ready(Some(Ok(data))),
+                        // Trailers carry nothing to relay.
+                        Err(_) => continue,
+                    },
+                    Poll::Ready(Some(Err(err))) => {
+                        break Poll::Ready(Some(Err(UpstreamError::Broken(error_chain(&err)))))
+                    }
+                    Poll::Ready(None) => break Poll::Ready(None),
+                    Poll::Pending => break Poll::Pending,
+                }
+            },
+            Source::Tls(stream) => stream.poll_next_unpin(cx).map(|item| {
+                item.map(|chunk| chunk.map_err(|err| UpstreamError::from_reqwest(&err, timeout)))
+            }),
+        };
+        if polled.is_pending() && this.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(UpstreamError::Timeout(timeout))));
+        }
+        polled
+    }
+}
+
+impl Answer {
+    /// Reads the rest of the body into one buffer (no copy when it is one chunk).
+    pub(super) async fn whole(&mut self, limit: usize) -> Result<Bytes, UpstreamError> {
+        let Some(first) = self.next().await.transpose()? else {
+            return Ok(Bytes::new());
+        };
+        let mut whole: Option<BytesMut> = None;
+        while let Some(chunk) = self.next().await.transpose()? {
+            let buffer = whole.get_or_insert_with(|| BytesMut::from(&first[..]));
+            buffer.extend_from_slice(&chunk[..chunk.len().min(limit.saturating_sub(buffer.len()))]);
+            if buffer.len() >= limit {
+                break;
+            }
+        }
+        Ok(match whole {
+            Some(buffer) => buffer.freeze(),
+            None => first,
+        })
+    }
+
+    /// A non-2xx answer, read whole (up to 64 KiB), as the error it is.
+    pub(super) async fn into_error(
+        mut self,
+        status: StatusCode,
+        content_type: Option<HeaderValue>,
+    ) -> UpstreamError {
+        let body = self.whole(MAX_ERROR_BODY).await.unwrap_or_default();
+        UpstreamError::Status {
+            status,
+            content_type,
+            body: body.slice(..body.len().min(MAX_ERROR_BODY)),
+        }
+    }
+}
+
+/// The head of a backend's answer, with its body still to read.
+pub(super) struct Head {
+    pub(super) status: StatusCode,
+    pub(super) content_type: Option<HeaderValue>,
+    pub(super) content_length: Option<u64>,
+    pub(super) body: Answer,
+}

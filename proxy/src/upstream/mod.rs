@@ -1,0 +1,235 @@
+//! Calling P and D: one shared HTTP client, each call counted on its backend until it ends.
+
+mod answer;
+mod error;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http_body_util::Full;
+use hyper::body::Body as _;
+use hyper::{Method, Request};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use pd_service::error_chain;
+use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use reqwest::StatusCode;
+
+pub use self::answer::Answer;
+use self::answer::{Head, Source};
+pub use self::error::UpstreamError;
+use crate::backend::Call;
+use crate::config::Config;
+use crate::endpoint::Endpoint;
+use crate::metrics::CallOutcome;
+
+/// How long an unused kept-alive connection to a backend stays open.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A decode's answer whose status and first bytes arrived.
+pub struct DecodeStart {
+    /// D's status (2xx).
+    pub status: StatusCode,
+    /// D's content type.
+    pub content_type: Option<HeaderValue>,
+    /// The first chunk of the body (`None` for an empty body).
+    pub first: Option<Bytes>,
+    /// Whether `first` is the whole body (its length is what D announced).
+    pub complete: bool,
+    /// When the first chunk (or the end) arrived.
+    pub first_at: Instant,
+    /// The rest of the body.
+    pub rest: Answer,
+    /// The call, finished when the body ends.
+    pub call: Call,
+}
+
+/// The HTTP/1 client plain-HTTP calls to P and D use.
+type PlainClient = Client<HttpConnector, Full<Bytes>>;
+
+/// The shared clients and the time limits.
+#[derive(Clone)]
+pub struct Upstream {
+    /// The pooled HTTP client of health checks, discovery, `/v1/models` and HTTPS backends.
+    pub client: reqwest::Client,
+    plain: PlainClient,
+    /// Time limit of a call to P.
+    pub prefill_timeout: Duration,
+    /// Time limit of a call to D, streaming included.
+    pub request_timeout: Duration,
+}
+
+impl Upstream {
+    /// Builds the clients: pooled keep-alive connections (idle ones closed after 60 s),
+    /// TCP_NODELAY, the connect timeout, no system proxy.
+    pub fn new(config: &Config) -> reqwest::Result<Self> {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(config.connect_timeout)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .tcp_nodelay(true)
+            .build()?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        let plain = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        Ok(Upstream {
+            client,
+            plain,
+            prefill_timeout: config.prefill_timeout,
+            request_timeout: config.request_timeout,
+        })
+    }
+
+    /// POSTs `body` to `endpoint` and waits for the head of the answer; the body is then read
+    /// under the same time limit.
+    async fn post(
+        &self,
+        endpoint: &Endpoint,
+        headers: HeaderMap,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<Head, UpstreamError> {
+        let mut deadline = Box::pin(tokio::time::sleep(timeout));
+        let sending = async {
+            match &endpoint.plain {
+                Some(uri) => {
+                    let mut request = Request::new(Full::new(body));
+                    *request.method_mut() = Method::POST;
+                    *request.uri_mut() = uri.clone();
+                    *request.headers_mut() = headers;
+                    let response = self.plain.request(request).await.map_err(|err| {
+                        if err.is_connect() {
+                            UpstreamError::Connect(error_chain(&err))
+                        } else {
+                            UpstreamError::Broken(error_chain(&err))
+                        }
+                    })?;
+                    let status = response.status();
+                    let content_type = response.headers().get(CONTENT_TYPE).cloned();
+                    let body = response.into_body();
+                    let content_length = body.size_hint().exact();
+                    Ok((status, content_type, content_length, Source::Plain(body)))
+                }
+                None => {
+                    let response = self
+                        .client
+                        .post(endpoint.url.clone())
+                        .headers(headers)
+                        .body(body)
+                        .send()
+                        .await
+                        .map_err(|err| UpstreamError::from_reqwest(&err, timeout))?;
+                    let status = response.status();
+                    let content_type = response.headers().get(CONTENT_TYPE).cloned();
+                    let content_length = response.content_length();
+                    Ok((
+                        status,
+                        content_type,
+                        content_length,
+                        Source::Tls(response.bytes_stream().boxed()),
+                    ))
+                }
+            }
+        };
+        let (status, content_type, content_length, source) = tokio::select! {
+            biased;
+            sent = sending => sent?,
+            () = &mut deadline => return Err(UpstreamError::Timeout(timeout)),
+        };
+        Ok(Head {
+            status,
+            content_type,
+            content_length,
+            body: Answer {
+                source,
+                deadline,
+                timeout,
+            },
+        })
+    }
+
+    /// Sends P its body and reads the whole answer, which must be 2xx.
+    pub async fn prefill(
+        &self,
+        call: Call,
+        endpoint: &Endpoint,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<Bytes, UpstreamError> {
+        let result = async {
+            let mut head = self
+                .post(endpoint, headers, body, self.prefill_timeout)
+                .await?;
+            if head.status.is_success() {
+                head.body.whole(usize::MAX).await
+            } else {
+                Err(head.body.into_error(head.status, head.content_type).await)
+            }
+        }
+        .await;
+        call.finish(match &result {
+            Ok(_) => CallOutcome::Ok,
+            Err(err) => err.outcome(),
+        });
+        result
+    }
+
+    /// Sends D its body and waits for the status and the first chunk of a 2xx answer (a non-2xx
+    /// answer is read whole, up to 64 KiB, into the error).
+    pub async fn decode(
+        &self,
+        call: Call,
+        endpoint: &Endpoint,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<DecodeStart, UpstreamError> {
+        let fail = |call: Call, err: UpstreamError| {
+            call.finish(err.outcome());
+            Err(err)
+        };
+        let Head {
+            status,
+            content_type,
+            content_length,
+            body: mut rest,
+        } = match self
+            .post(endpoint, headers, body, self.request_timeout)
+            .await
+        {
+            Ok(head) => head,
+            Err(err) => return fail(call, err),
+        };
+        if !status.is_success() {
+            let err = rest.into_error(status, content_type).await;
+            return fail(call, err);
+        }
+        let first = loop {
+            match rest.next().await {
+                Some(Ok(chunk)) if chunk.is_empty() => continue,
+                Some(Ok(chunk)) => break Some(chunk),
+                Some(Err(err)) => return fail(call, err),
+                None => break None,
+            }
+        };
+        let complete = match (&first, content_length) {
+            (None, _) => true,
+            (Some(chunk), Some(length)) => chunk.len() as u64 == length,
+            (Some(_), None) => false,
+        };
+        Ok(DecodeStart {
+            status,
+            content_type,
+            first,
+            complete,
+            first_at: Instant::now(),
+            rest,
+            call,
+        })
+    }
+}
