@@ -3,10 +3,8 @@
 
 use bytes::Bytes;
 
-use super::retry::decode_with_retry;
 use super::{Call, Refusal, Started};
 use crate::body::{self, Body};
-use crate::routing::RequestInfo;
 
 /// Runs the concurrent flow.
 pub(super) async fn run(call: Call<'_>, mut body: Body) -> Result<Started, Refusal> {
@@ -20,21 +18,6 @@ pub(super) async fn run(call: Call<'_>, mut body: Body) -> Result<Started, Refus
     ));
     let prefill = call.prefill(prefill_body);
     let overhead = call.start.elapsed();
-    let request = RequestInfo::new(&body, call.headers);
-    let (decode, prefill) = decode_with_retry(
-        call.state,
-        call.route,
-        &call.pair,
-        call.decode.clone(),
-        &call.common,
-        decode_body,
-        Some(prefill),
-        &request,
-    )
-    .await?;
-    Ok(Started {
-        decode,
-        prefill,
-        overhead,
-    })
+    call.decode(&body, decode_body, Some(prefill), overhead)
+        .await
 }

@@ -22,7 +22,7 @@ pub use failure::Refusal;
 use failure::{prefill_failure, refused, unavailable};
 
 use crate::backend::Pair;
-use crate::body;
+use crate::body::{self, Body};
 use crate::config::Mode;
 use crate::ids::X_REQUEST_ID;
 use crate::metrics::Outcome;
@@ -77,6 +77,36 @@ impl Call<'_> {
                 .prefill(call, route.endpoint(&pair.backend), headers, body)
                 .await
                 .map_err(|err| prefill_failure(&pair, &err))
+        })
+    }
+}
+
+impl Call<'_> {
+    /// Calls D with `decode_body` (racing `prefill` when given) and returns once its answer has
+    /// begun; `body` is the client's, for the decode policy should D be retried.
+    async fn decode(
+        &self,
+        body: &Body,
+        decode_body: Bytes,
+        prefill: Option<PrefillCall>,
+        overhead: Duration,
+    ) -> Result<Started, Refusal> {
+        let request = RequestInfo::new(body, self.headers);
+        let (decode, prefill) = retry::decode_with_retry(
+            self.state,
+            self.route,
+            &self.pair,
+            self.decode.clone(),
+            &self.common,
+            decode_body,
+            prefill,
+            &request,
+        )
+        .await?;
+        Ok(Started {
+            decode,
+            prefill,
+            overhead,
         })
     }
 }

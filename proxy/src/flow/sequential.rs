@@ -6,12 +6,10 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::retry::decode_with_retry;
 use super::{Call, Refusal, Started};
 use crate::body::{self, Body};
 use crate::error::ApiError;
 use crate::metrics::Outcome;
-use crate::routing::RequestInfo;
 
 /// The field of P's answer sequential mode needs.
 #[derive(Deserialize)]
@@ -47,21 +45,5 @@ pub(super) async fn run(call: Call<'_>, mut body: Body) -> Result<Started, Refus
         })?;
     let decode_body = Bytes::from(body::decode_body(&mut decode_map, params));
     let overhead = before_prefill + answered.elapsed();
-    let request = RequestInfo::new(&body, call.headers);
-    let (decode, prefill) = decode_with_retry(
-        call.state,
-        call.route,
-        &call.pair,
-        call.decode.clone(),
-        &call.common,
-        decode_body,
-        None,
-        &request,
-    )
-    .await?;
-    Ok(Started {
-        decode,
-        prefill,
-        overhead,
-    })
+    call.decode(&body, decode_body, None, overhead).await
 }
