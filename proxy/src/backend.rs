@@ -4,9 +4,11 @@
 //! Everything a request reads is an atomic or a snapshot behind a lock held for a pointer copy;
 //! no lock is ever held across an await.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
+use pd_protocol::native::WorkerInfo;
 use pd_protocol::Rank;
 use reqwest::header::HeaderValue;
 use reqwest::Url;
@@ -48,6 +50,8 @@ pub struct Backend {
     /// `{url}/health`.
     pub health_url: Url,
     healthy: AtomicBool,
+    /// The models the backend lists at `/v1/models` (empty until known).
+    models: RwLock<Arc<[String]>>,
     failures: AtomicU32,
     successes: AtomicU32,
     outstanding: AtomicUsize,
@@ -70,6 +74,7 @@ impl Backend {
             models_url: join("/v1/models"),
             health_url: join("/health"),
             healthy: AtomicBool::new(true),
+            models: RwLock::new(Arc::from(Vec::new())),
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             outstanding: AtomicUsize::new(0),
@@ -90,6 +95,27 @@ impl Backend {
     /// Whether the backend passes its health checks (true until enough checks failed).
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// The models the backend serves, as its `/v1/models` listed them (empty: not known yet).
+    pub fn models(&self) -> Arc<[String]> {
+        self.models
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records the models the backend serves.
+    pub fn set_models(&self, models: Vec<String>) {
+        *self.models.write().unwrap_or_else(PoisonError::into_inner) = Arc::from(models);
+    }
+
+    /// Whether the backend may serve `model`: it lists it, or nothing is known (of the
+    /// backend's models, or of the model).
+    pub fn serves(&self, model: Option<&str>) -> bool {
+        let Some(model) = model else { return true };
+        let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
+        models.is_empty() || models.iter().any(|m| m == model)
     }
 
     /// Calls through this proxy not yet finished.
@@ -193,7 +219,21 @@ pub struct Pair {
     pub rank_header: HeaderValue,
     /// The engine id of that dp rank (`remote_engine_id`).
     pub engine_id: Arc<str>,
+    /// The model the engine registered (`None` when its registration or its server does not
+    /// say): only decodes that serve it are paired with it.
+    pub model: Option<Arc<str>>,
     outstanding: AtomicUsize,
+}
+
+/// One discovered dp rank of a prefill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiscoveredRank<'a> {
+    /// The dp rank.
+    pub rank: Rank,
+    /// Its engine id.
+    pub engine_id: &'a str,
+    /// The model its engine registered, if it did.
+    pub model: Option<&'a str>,
 }
 
 impl Pair {
@@ -222,9 +262,29 @@ pub struct Prefill {
     /// Discovery metrics.
     pub discovery_metrics: DiscoveryMetrics,
     pairs: Mutex<Vec<Arc<Pair>>>,
+    /// engine id -> the model it registered, from the bootstrap server's watch.
+    models: Mutex<HashMap<String, Arc<str>>>,
 }
 
 impl Prefill {
+    /// The models the engines registered, by engine id.
+    pub fn models(&self) -> HashMap<String, Arc<str>> {
+        lock(&self.models).clone()
+    }
+
+    /// Learns the models of `workers` (all of them when `whole`: a full list).
+    pub fn learn_models(&self, workers: &[WorkerInfo], whole: bool) {
+        let mut models = lock(&self.models);
+        if whole {
+            models.clear();
+        }
+        for worker in workers {
+            if let (Some(engine), Some(model)) = (&worker.engine_id, &worker.meta.model) {
+                models.insert(engine.clone(), Arc::from(model.as_str()));
+            }
+        }
+    }
+
     /// The dp ranks and engine ids currently known, by rank.
     pub fn ranks(&self) -> Vec<(Rank, Arc<str>)> {
         lock(&self.pairs)
@@ -260,6 +320,7 @@ impl Pool {
                     refresh: Notify::new(),
                     discovery_metrics: metrics.discovery(&target.url),
                     pairs: Mutex::new(Vec::new()),
+                    models: Mutex::default(),
                 })
             })
             .collect();
@@ -283,35 +344,39 @@ impl Pool {
             .clone()
     }
 
-    /// Replaces what is known about prefill `index` with `ranks` (dp rank -> engine id, sorted by
-    /// rank). Pairs whose rank and engine id did not change are kept, with their load counters.
-    /// Returns whether anything changed.
-    pub fn set_ranks(&self, index: usize, ranks: &[(Rank, &str)]) -> bool {
+    /// Replaces what is known about prefill `index` with `ranks` (sorted by rank). Pairs whose
+    /// rank, engine id and model did not change are kept, with their load counters. Returns
+    /// whether anything changed.
+    pub fn set_ranks(&self, index: usize, ranks: &[DiscoveredRank<'_>]) -> bool {
         let prefill = &self.prefills[index];
+        let same = |pair: &Pair, rank: &DiscoveredRank<'_>| {
+            pair.dp_rank == rank.rank
+                && &*pair.engine_id == rank.engine_id
+                && pair.model.as_deref() == rank.model
+        };
         {
             let mut pairs = lock(&prefill.pairs);
             let unchanged = pairs.len() == ranks.len()
-                && pairs.iter().zip(ranks).all(|(pair, (rank, engine))| {
-                    pair.dp_rank == *rank && &*pair.engine_id == *engine
-                });
+                && pairs.iter().zip(ranks).all(|(pair, rank)| same(pair, rank));
             if unchanged {
                 return false;
             }
             let updated = ranks
                 .iter()
-                .map(|&(rank, engine)| {
+                .map(|rank| {
                     pairs
                         .iter()
-                        .find(|pair| pair.dp_rank == rank && &*pair.engine_id == engine)
+                        .find(|pair| same(pair, rank))
                         .cloned()
                         .unwrap_or_else(|| {
                             Arc::new(Pair {
                                 prefill_index: index,
                                 backend: prefill.backend.clone(),
                                 bootstrap_addr: prefill.bootstrap_addr.clone(),
-                                dp_rank: rank,
-                                rank_header: HeaderValue::from(rank),
-                                engine_id: Arc::from(engine),
+                                dp_rank: rank.rank,
+                                rank_header: HeaderValue::from(rank.rank),
+                                engine_id: Arc::from(rank.engine_id),
+                                model: rank.model.map(Arc::from),
                                 outstanding: AtomicUsize::new(0),
                             })
                         })

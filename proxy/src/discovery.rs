@@ -9,11 +9,10 @@ use std::sync::Arc;
 
 use backon::{ExponentialBuilder, Retryable};
 use futures_util::StreamExt;
-use pd_protocol::Rank;
 use pd_service::error_chain;
 use worker_client::{BootstrapClient, RetryPolicy, WatchUpdate};
 
-use crate::backend::{Pool, Prefill};
+use crate::backend::{DiscoveredRank, Pool, Prefill};
 use crate::config::DiscoveryConfig;
 
 /// Why one discovery attempt failed (it is retried).
@@ -75,9 +74,19 @@ pub async fn discover_once(
             addr: addr.to_owned(),
             reason: err.to_string(),
         })?;
-    let ranks: Vec<(Rank, &str)> = topology
+    // The models engines registered, as the bootstrap server's watch reported them (a server
+    // without /watch tells none).
+    let models = prefill.models();
+    let ranks: Vec<DiscoveredRank<'_>> = topology
         .iter()
-        .filter_map(|(rank, group)| group.engine_id.as_deref().map(|engine| (*rank, engine)))
+        .filter_map(|(rank, group)| {
+            let engine_id = group.engine_id.as_deref()?;
+            Some(DiscoveredRank {
+                rank: *rank,
+                engine_id,
+                model: models.get(engine_id).map(|model| &**model),
+            })
+        })
         .collect();
     if ranks.len() < topology.len() {
         tracing::warn!(
@@ -132,8 +141,9 @@ pub async fn follow_changes(prefill: &Prefill, bootstrap: &BootstrapClient) {
     while let Some(update) = updates.next().await {
         let changes = match update {
             // The first list is what discovery fetches anyway.
-            Ok(WatchUpdate::Snapshot(_)) if !listed => {
+            Ok(WatchUpdate::Snapshot(list)) if !listed => {
                 listed = true;
+                prefill.learn_models(&list.workers, true);
                 metrics.watching.set(1);
                 tracing::info!(
                     bootstrap = &*prefill.bootstrap_addr,
@@ -141,8 +151,15 @@ pub async fn follow_changes(prefill: &Prefill, bootstrap: &BootstrapClient) {
                 );
                 continue;
             }
-            Ok(WatchUpdate::Snapshot(list)) => list.workers.len(),
-            Ok(WatchUpdate::Events(batch)) => batch.events.len(),
+            Ok(WatchUpdate::Snapshot(list)) => {
+                prefill.learn_models(&list.workers, true);
+                list.workers.len()
+            }
+            Ok(WatchUpdate::Events(batch)) => {
+                let workers: Vec<_> = batch.events.into_iter().map(|e| e.worker).collect();
+                prefill.learn_models(&workers, false);
+                workers.len()
+            }
             Err(err) if err.status() == Some(404) => {
                 tracing::info!(
                     bootstrap = &*prefill.bootstrap_addr,

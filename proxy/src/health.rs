@@ -17,8 +17,27 @@ pub async fn check(client: &reqwest::Client, url: &Url, timeout: Duration) -> bo
     }
 }
 
+/// The model ids `url` (a `/v1/models`) lists, or `None` when it does not answer them.
+pub async fn models(client: &reqwest::Client, url: &Url, timeout: Duration) -> Option<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct Model {
+        id: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Models {
+        data: Vec<Model>,
+    }
+    let response = client.get(url.clone()).timeout(timeout).send().await.ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    let models: Models = response.json().await.ok()?;
+    Some(models.data.into_iter().map(|m| m.id).collect())
+}
+
 /// Checks `backend` forever. When a prefill comes back healthy its discovery is woken, since a
-/// restarted P registers under a new engine id.
+/// restarted P registers under a new engine id. A healthy decode's `/v1/models` is read at each
+/// check, so that it is only paired with prefills of a model it serves.
 pub async fn check_forever(
     backend: Arc<Backend>,
     prefill: Option<Arc<Prefill>>,
@@ -30,6 +49,11 @@ pub async fn check_forever(
     loop {
         ticker.tick().await;
         let passed = check(&client, &backend.health_url, config.timeout).await;
+        if passed && prefill.is_none() {
+            if let Some(served) = models(&client, &backend.models_url, config.timeout).await {
+                backend.set_models(served);
+            }
+        }
         match backend.record_check(passed, &config) {
             Some(true) => {
                 tracing::info!(

@@ -14,7 +14,7 @@ use crate::state::AppState;
 
 /// `GET /v1/models`: the answer of a healthy decode.
 pub async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let Some(decode) = state.pick_decode(None, &RequestInfo::empty()) else {
+    let Some(decode) = state.pick_decode(None, None, &RequestInfo::empty()) else {
         return ApiError::unavailable(
             "no decode is ready: every decode is failing its health checks",
         )

@@ -88,6 +88,9 @@ pub struct PrefillReadiness {
     pub healthy: bool,
     /// Discovered dp rank -> engine id.
     pub dp_ranks: BTreeMap<Rank, String>,
+    /// The models its engines registered (empty when they registered none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
 }
 
 /// One decode in `GET /ready`.
@@ -97,6 +100,9 @@ pub struct DecodeReadiness {
     pub url: String,
     /// Whether it passes its health checks.
     pub healthy: bool,
+    /// The models its `/v1/models` lists (empty until read).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
 }
 
 /// The answer of `GET /ready` (200 when ready, 503 otherwise).
@@ -120,38 +126,61 @@ pub struct Readiness {
 /// `GET /ready`: whether a request would find a (prefill, dp rank) pair and a decode.
 async fn ready(State(state): State<AppState>) -> Response {
     let pool = &state.pool;
+    let pairs = pool.pairs();
     let prefills: Vec<PrefillReadiness> = pool
         .prefills
         .iter()
-        .map(|prefill| PrefillReadiness {
-            url: prefill.backend.url().to_owned(),
-            bootstrap_addr: prefill.bootstrap_addr.to_string(),
-            healthy: prefill.backend.is_healthy(),
-            dp_ranks: prefill
-                .ranks()
-                .into_iter()
-                .map(|(rank, engine)| (rank, engine.to_string()))
-                .collect(),
+        .enumerate()
+        .map(|(index, prefill)| {
+            let mut models: Vec<String> = pairs
+                .iter()
+                .filter(|pair| pair.prefill_index == index)
+                .filter_map(|pair| pair.model.as_deref().map(str::to_owned))
+                .collect();
+            models.dedup();
+            PrefillReadiness {
+                url: prefill.backend.url().to_owned(),
+                bootstrap_addr: prefill.bootstrap_addr.to_string(),
+                healthy: prefill.backend.is_healthy(),
+                dp_ranks: prefill
+                    .ranks()
+                    .into_iter()
+                    .map(|(rank, engine)| (rank, engine.to_string()))
+                    .collect(),
+                models,
+            }
         })
         .collect();
-    let ready_pairs = prefills
+    let healthy_decodes = pool.decodes.iter().filter(|d| d.is_healthy()).count();
+    // A pair is ready when its prefill is healthy and a healthy decode serves its model.
+    let ready_pairs = pairs
         .iter()
-        .filter(|p| p.healthy)
-        .map(|p| p.dp_ranks.len())
-        .sum();
+        .filter(|pair| pair.backend.is_healthy())
+        .filter(|pair| {
+            pool.decodes
+                .iter()
+                .any(|d| d.is_healthy() && d.serves(pair.model.as_deref()))
+        })
+        .count();
     let decodes: Vec<DecodeReadiness> = pool
         .decodes
         .iter()
         .map(|decode| DecodeReadiness {
             url: decode.url().to_owned(),
             healthy: decode.is_healthy(),
+            models: decode.models().to_vec(),
         })
         .collect();
-    let healthy_decodes = decodes.iter().filter(|d| d.healthy).count();
-    let detail = if ready_pairs == 0 {
+    let healthy_pairs = pairs
+        .iter()
+        .filter(|pair| pair.backend.is_healthy())
+        .count();
+    let detail = if healthy_pairs == 0 {
         Some("no (prefill, dp rank) pair is ready: discovery has not succeeded yet or every prefill is unhealthy".to_owned())
     } else if healthy_decodes == 0 {
         Some("every decode is failing its health checks".to_owned())
+    } else if ready_pairs == 0 {
+        Some("no healthy decode serves the model of any ready prefill: P and D of different models are never paired".to_owned())
     } else {
         None
     };

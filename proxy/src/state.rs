@@ -104,11 +104,12 @@ impl Shared {
         Some(pairs[index].clone())
     }
 
-    /// A healthy decode for `request`; for a retry (`instead_of` set) another one when there is
-    /// one, else the same again.
+    /// A healthy decode serving `model` (when known) for `request`; for a retry (`instead_of`
+    /// set) another one when there is one, else the same again.
     pub fn pick_decode(
         &self,
         instead_of: Option<&Arc<Backend>>,
+        model: Option<&str>,
         request: &RequestInfo<'_>,
     ) -> Option<Arc<Backend>> {
         let decodes = &self.pool.decodes;
@@ -116,7 +117,9 @@ impl Shared {
             |decode: &Arc<Backend>| instead_of.is_none_or(|failed| !Arc::ptr_eq(decode, failed));
         let candidates = Slice {
             items: decodes,
-            usable: |decode: &Arc<Backend>| decode.is_healthy() && other(decode),
+            usable: |decode: &Arc<Backend>| {
+                decode.is_healthy() && decode.serves(model) && other(decode)
+            },
             load: |decode: &Arc<Backend>| decode.outstanding(),
         };
         match self.decode_policy.pick(&candidates, request) {

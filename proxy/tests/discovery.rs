@@ -351,3 +351,84 @@ async fn a_bootstrap_server_without_watch_is_polled_quietly() {
         0.0
     );
 }
+
+/// Registers `engine` on dp rank 0 of the bootstrap server at `url`, serving `model`.
+async fn register_model(url: &str, engine: &str, model: &str) {
+    BootstrapClient::new(url)
+        .unwrap()
+        .register_worker(&RegisterWorker {
+            engine_id: engine.into(),
+            addr: "tcp://127.0.0.1:42000".into(),
+            meta: pd_protocol::native::EngineMeta {
+                model: Some(model.into()),
+                ..Default::default()
+            },
+            ..RegisterWorker::default()
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_prefill_and_a_decode_of_different_models_are_never_paired() {
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = real_bootstrap(dir.path()).await;
+    let url = bootstrap.url();
+    // The mock decode's /v1/models lists "mock-model".
+    register_model(&url, "engine-x", "other-model").await;
+    let prefill = Mock::prefill().await;
+    let decode = Mock::decode().await;
+    let mut config = config(vec![target(&prefill, &url)], vec![decode.url()]);
+    config.health.interval = Duration::from_millis(100);
+    let proxy = start_proxy(config).await;
+    let deadline = Instant::now() + WAIT;
+    let readiness = loop {
+        let answer: serde_json::Value = client()
+            .get(format!("{}/ready", proxy.url()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if answer["prefills"][0]["models"] == json!(["other-model"])
+            && answer["decodes"][0]["models"] == json!(["mock-model"])
+        {
+            break answer;
+        }
+        assert!(Instant::now() < deadline, "models never learnt: {answer}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(readiness["status"], "not_ready");
+    assert!(
+        readiness["detail"].as_str().unwrap().contains("model"),
+        "{readiness}"
+    );
+    let answer = client()
+        .post(format!("{}/v1/completions", proxy.url()))
+        .json(&json!({"model": "other-model", "prompt": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 503);
+    let body: serde_json::Value = answer.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("other-model"),
+        "{body}"
+    );
+    assert!(decode.seen().is_empty(), "D never got the request");
+    let text = metrics(&proxy).await;
+    assert!(
+        text.contains(r#"outcome="model_mismatch",route="/v1/completions"} 1"#),
+        "{text}"
+    );
+
+    // The prefill restarts serving the decode's model: it is paired again.
+    register_model(&url, "engine-y", "mock-model").await;
+    wait_for_engine(&proxy, &decode, "engine-y").await;
+    proxy.shutdown().await.unwrap();
+    bootstrap.shutdown().await.unwrap();
+}

@@ -150,10 +150,25 @@ pub async fn start(
                  health checks (see GET /ready)"
             })
         })?;
-        let decode = state.pick_decode(None, &request).ok_or_else(|| {
-            unavailable(
-                "no decode is ready: every decode is failing its health checks (see GET /ready)",
-            )
+        let model = pair.model.as_deref();
+        let decode = state.pick_decode(None, model, &request).ok_or_else(|| {
+            let healthy = state.pool.decodes.iter().any(|d| d.is_healthy());
+            match model {
+                Some(model) if healthy => refused(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "service_unavailable",
+                    format!(
+                        "no healthy decode serves model {model:?}, which prefill {} (dp rank {}) \
+                         serves: P and D of different models are never paired (see GET /ready)",
+                        pair.backend.url(),
+                        pair.dp_rank
+                    ),
+                    Outcome::ModelMismatch,
+                ),
+                _ => unavailable(
+                    "no decode is ready: every decode is failing its health checks (see GET /ready)",
+                ),
+            }
         })?;
         (pair, decode)
     };

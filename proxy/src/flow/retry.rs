@@ -68,7 +68,7 @@ pub async fn decode_with_retry(
             state.pool.prefills[pair.prefill_index].refresh.notify_one();
         }
         if !retried && err.retryable() {
-            if let Some(next) = state.pick_decode(Some(&decode), request) {
+            if let Some(next) = state.pick_decode(Some(&decode), pair.model.as_deref(), request) {
                 tracing::debug!(decode = decode.url(), error = %err, "decode failed before its first byte; retrying");
                 state.route_metrics(route).retry();
                 decode = next;

@@ -11,6 +11,8 @@ pub enum Outcome {
     Unauthorized,
     /// No ready (prefill, dp rank) pair or no healthy decode.
     Unavailable,
+    /// No healthy decode serves the model of the chosen prefill.
+    ModelMismatch,
     /// P failed (connect error, bad status or broken body).
     PrefillError,
     /// P did not answer in time.
@@ -29,11 +31,12 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 11] = [
+    pub const ALL: [Outcome; 12] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::Unauthorized,
         Outcome::Unavailable,
+        Outcome::ModelMismatch,
         Outcome::PrefillError,
         Outcome::PrefillTimeout,
         Outcome::DecodeError,
@@ -50,6 +53,7 @@ impl Outcome {
             Outcome::BadRequest => "bad_request",
             Outcome::Unauthorized => "unauthorized",
             Outcome::Unavailable => "unavailable",
+            Outcome::ModelMismatch => "model_mismatch",
             Outcome::PrefillError => "prefill_error",
             Outcome::PrefillTimeout => "prefill_timeout",
             Outcome::DecodeError => "decode_error",
