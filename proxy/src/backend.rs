@@ -145,14 +145,14 @@ impl Backend {
         None
     }
 
-    /// Takes the backend out at once because real traffic could not connect to it (a refused
-    /// connection is a dead process, not a blip). Active health checks bring it back after
-    /// `--health-success-threshold` passes.
-    pub fn eject(&self) {
+    /// Takes the backend out at once because real traffic says it is dead (`why`: a refused
+    /// connection, or a prefill that did not answer within its timeout), not a blip. Active
+    /// health checks bring it back after `--health-success-threshold` passes.
+    pub fn eject(&self, why: &str) {
         self.successes.store(0, Ordering::Relaxed);
         if self.healthy.swap(false, Ordering::Relaxed) {
             self.metrics.healthy.set(0);
-            tracing::warn!(backend = %self.url, role = self.role.as_str(), "connection refused: backend taken out until it passes health checks");
+            tracing::warn!(backend = %self.url, role = self.role.as_str(), "{why}: backend taken out until it passes health checks");
         }
     }
 
@@ -182,11 +182,16 @@ pub struct Call {
 }
 
 impl Call {
+    /// The backend called.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
     /// Counts the call as ended with `outcome`.
     pub fn finish(mut self, outcome: CallOutcome) {
         self.finished = true;
         if outcome == CallOutcome::ConnectError {
-            self.backend.eject();
+            self.backend.eject("connection refused");
         }
         self.backend.metrics.call(outcome);
     }

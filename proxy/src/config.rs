@@ -71,9 +71,29 @@ pub struct Args {
     /// Seconds a whole request to D may take, streaming included.
     #[arg(long, env = "PD_PROXY_REQUEST_TIMEOUT", default_value = "600", value_parser = parse_seconds)]
     pub request_timeout: Duration,
-    /// Seconds P may take to answer (default: the request timeout).
-    #[arg(long, env = "PD_PROXY_PREFILL_TIMEOUT", value_parser = parse_seconds)]
-    pub prefill_timeout: Option<Duration>,
+    /// Seconds P may take to answer. P only computes the prompt (max_tokens 1), so a P that
+    /// takes longer is frozen: the request fails with a 504 naming it, D is cancelled, and P is
+    /// taken out until it passes its health checks again. At most the request timeout.
+    #[arg(long, env = "PD_PROXY_PREFILL_TIMEOUT", default_value = "30", value_parser = parse_seconds)]
+    pub prefill_timeout: Duration,
+    /// Seconds a client may take to send a request's headers (also while idle between
+    /// keep-alive requests) before its connection is closed.
+    #[arg(long, env = "PD_PROXY_HEADER_READ_TIMEOUT", default_value = "10", value_parser = parse_seconds)]
+    pub header_read_timeout: Duration,
+    /// Seconds a client may take to send a request's whole body; a slower or stalled body gets
+    /// a 408.
+    #[arg(long, env = "PD_PROXY_BODY_READ_TIMEOUT", default_value = "30", value_parser = parse_seconds)]
+    pub body_read_timeout: Duration,
+    /// The largest request body accepted, in bytes (413 above it).
+    #[arg(long, env = "PD_PROXY_MAX_BODY_BYTES", default_value_t = 32 << 20, value_parser = clap::value_parser!(usize))]
+    pub max_body_bytes: usize,
+    /// Bytes of request bodies held at once while they arrive, across all requests; a body that
+    /// cannot get room before its read timeout gets a 408. Bounds the memory slow clients cost.
+    #[arg(long, env = "PD_PROXY_BODY_MEMORY_BYTES", default_value_t = 48 << 20, value_parser = clap::value_parser!(usize))]
+    pub body_memory_bytes: usize,
+    /// The most client connections open at once; more wait to be accepted.
+    #[arg(long, env = "PD_PROXY_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(usize))]
+    pub max_connections: usize,
     /// Seconds to wait for a TCP connection to any backend.
     #[arg(long, env = "PD_PROXY_CONNECT_TIMEOUT", default_value = "5", value_parser = parse_seconds)]
     pub connect_timeout: Duration,
@@ -107,6 +127,22 @@ pub struct PrefillTarget {
     pub url: String,
     /// Its bootstrap server, e.g. `http://10.0.0.5:8998` (what D receives as `remote_bootstrap_addr`).
     pub bootstrap_addr: String,
+}
+
+/// What one client may cost the proxy: time to send a request, bytes held while it arrives,
+/// connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Time to send a request's headers.
+    pub header_read_timeout: Duration,
+    /// Time to send a request's whole body.
+    pub body_read_timeout: Duration,
+    /// The largest body accepted.
+    pub max_body_bytes: usize,
+    /// Bytes of bodies held at once, across requests.
+    pub body_memory_bytes: usize,
+    /// Client connections open at once.
+    pub max_connections: usize,
 }
 
 /// Active health checks.
@@ -156,6 +192,8 @@ pub struct Config {
     pub prefill_timeout: Duration,
     /// Time limit of a TCP connect to any backend.
     pub connect_timeout: Duration,
+    /// What a client may cost.
+    pub clients: ClientLimits,
     /// Health checks.
     pub health: HealthConfig,
     /// Discovery.
@@ -176,8 +214,15 @@ impl Config {
             policy: Policy::RoundRobin,
             mode: Mode::Concurrent,
             request_timeout: Duration::from_secs(600),
-            prefill_timeout: Duration::from_secs(600),
+            prefill_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
+            clients: ClientLimits {
+                header_read_timeout: Duration::from_secs(10),
+                body_read_timeout: Duration::from_secs(30),
+                max_body_bytes: 32 << 20,
+                body_memory_bytes: 48 << 20,
+                max_connections: 4096,
+            },
             health: HealthConfig {
                 interval: Duration::from_secs(5),
                 timeout: Duration::from_secs(2),
@@ -350,7 +395,14 @@ impl Args {
         config.policy = self.policy;
         config.mode = self.mode;
         config.request_timeout = self.request_timeout;
-        config.prefill_timeout = self.prefill_timeout.unwrap_or(self.request_timeout);
+        config.prefill_timeout = self.prefill_timeout.min(self.request_timeout);
+        config.clients = ClientLimits {
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            max_body_bytes: self.max_body_bytes,
+            body_memory_bytes: self.body_memory_bytes.max(self.max_body_bytes),
+            max_connections: self.max_connections.max(1),
+        };
         config.connect_timeout = self.connect_timeout;
         config.health = HealthConfig {
             interval: self.health_check_interval,
@@ -409,7 +461,7 @@ mod tests {
             ]
         );
         assert_eq!(config.decodes, vec!["http://10.0.0.7:8200".to_owned()]);
-        assert_eq!(config.prefill_timeout, config.request_timeout);
+        assert_eq!(config.prefill_timeout, Duration::from_secs(30));
     }
 
     #[test]

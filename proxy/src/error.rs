@@ -86,6 +86,19 @@ impl ApiError {
     }
 }
 
+/// The body of the errors hyper answers before any route sees the request (400 malformed,
+/// 414, 431), in OpenAI's shape (wired in through `pd_service::ServeLimits::wire_error_body`).
+pub fn wire_error_body(code: u16, reason: &str) -> Vec<u8> {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
+    let message = match code {
+        400 => "the request is not valid HTTP/1.1 (a malformed request line or header)".to_owned(),
+        414 => "the request URI is too long".to_owned(),
+        431 => "the request has too many headers or they are too large".to_owned(),
+        _ => format!("{code} {reason}"),
+    };
+    ApiError::new(status, "invalid_request_error", message).to_json()
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, self.to_json()).into_response();

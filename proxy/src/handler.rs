@@ -3,13 +3,11 @@
 //! watched). The layers in front have given the request its id and its tracker and checked its
 //! key.
 
-use axum::body::Body as ResponseBody;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{Extension, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use bytes::Bytes;
 use std::time::Instant;
 
 use crate::flow::{self, Started};
@@ -25,7 +23,7 @@ pub async fn completions(
     Extension(id): Extension<RequestId>,
     Extension(slot): Extension<TrackerSlot>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     serve(&state, Route::Completions, id, slot, &headers, body).await
 }
@@ -36,7 +34,7 @@ pub async fn chat_completions(
     Extension(id): Extension<RequestId>,
     Extension(slot): Extension<TrackerSlot>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     serve(&state, Route::ChatCompletions, id, slot, &headers, body).await
 }
@@ -47,7 +45,7 @@ async fn serve(
     RequestId(request_id): RequestId,
     slot: TrackerSlot,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     let mut tracker = slot
         .take()
@@ -84,9 +82,9 @@ fn respond(started: Started, mut tracker: Tracker, start: Instant) -> Response {
             detach(prefill);
         }
         tracker.finish(Outcome::Ok);
-        ResponseBody::from(decode.first.unwrap_or_default())
+        Body::from(decode.first.unwrap_or_default())
     } else {
-        ResponseBody::from_stream(Relay::new(decode, prefill, sse, tracker))
+        Body::from_stream(Relay::new(decode, prefill, sse, tracker))
     };
     let mut response = Response::new(body);
     *response.status_mut() = status;

@@ -26,6 +26,7 @@ pub mod flow;
 pub mod handler;
 pub mod health;
 pub mod ids;
+pub mod intake;
 pub mod layers;
 pub mod metrics;
 pub mod models;

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
@@ -16,9 +16,6 @@ use crate::error::ApiError;
 use crate::layers::{auth, request_id, track};
 use crate::state::AppState;
 use crate::{handler, models};
-
-/// The largest client request body accepted (413 above it).
-pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// Builds the router: the proxied routes behind their layers (see [`crate::layers`]), the
 /// operational ones open.
@@ -48,7 +45,6 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
 

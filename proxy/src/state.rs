@@ -8,6 +8,7 @@ use crate::backend::{Backend, Pair, Pool};
 use crate::config::{Config, Mode};
 use crate::endpoint::Endpoint;
 use crate::ids::Ids;
+use crate::intake::Intake;
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::routing::{policy_for, Policy, RequestInfo, Slice};
 use crate::upstream::Upstream;
@@ -57,6 +58,8 @@ pub struct Shared {
     pub api_key: Option<BearerToken>,
     /// Request and transfer ids.
     pub ids: Ids,
+    /// Reads client bodies under the limits.
+    pub intake: Intake,
     pair_policy: Box<dyn Policy>,
     decode_policy: Box<dyn Policy>,
     completions: Arc<RouteMetrics>,
@@ -82,6 +85,7 @@ impl Shared {
             mode: config.mode,
             api_key: config.api_key.as_deref().and_then(BearerToken::new),
             ids: Ids::default(),
+            intake: Intake::new(&config.clients),
         }
     }
 

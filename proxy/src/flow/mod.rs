@@ -13,9 +13,8 @@ mod sequential;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::rejection::BytesRejection;
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use bytes::Bytes;
 
 pub use failure::Refusal;
@@ -25,6 +24,7 @@ use crate::backend::Pair;
 use crate::body::{self, Body};
 use crate::config::Mode;
 use crate::ids::X_REQUEST_ID;
+use crate::intake::IntakeError;
 use crate::metrics::Outcome;
 use crate::relay::PrefillCall;
 use crate::routing::RequestInfo;
@@ -118,20 +118,32 @@ pub async fn start(
     route: Route,
     headers: &HeaderMap,
     request_id: &HeaderValue,
-    body: Result<Bytes, BytesRejection>,
+    body: axum::body::Body,
     start: Instant,
 ) -> Result<Started, Refusal> {
-    let raw = body.map_err(|rejection| {
-        refused(
-            rejection.status(),
+    let raw = state.intake.read(body).await.map_err(|err| match err {
+        IntakeError::TooLarge { .. } => refused(
+            StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
-            rejection.body_text(),
+            err.to_string(),
             Outcome::BadRequest,
-        )
+        ),
+        IntakeError::Timeout(_) => refused(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            err.to_string(),
+            Outcome::ClientTimeout,
+        ),
+        IntakeError::Broken(_) => refused(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            err.to_string(),
+            Outcome::BadRequest,
+        ),
     })?;
-    let body = body::parse(&raw).map_err(|err| {
+    let body = body::parse(&raw.bytes).map_err(|err| {
         refused(
-            axum::http::StatusCode::BAD_REQUEST,
+            StatusCode::BAD_REQUEST,
             "invalid_request_error",
             err.to_string(),
             Outcome::BadRequest,
@@ -155,7 +167,7 @@ pub async fn start(
             let healthy = state.pool.decodes.iter().any(|d| d.is_healthy());
             match model {
                 Some(model) if healthy => refused(
-                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    StatusCode::SERVICE_UNAVAILABLE,
                     "service_unavailable",
                     format!(
                         "no healthy decode serves model {model:?}, which prefill {} (dp rank {}) \

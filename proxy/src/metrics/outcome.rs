@@ -5,8 +5,10 @@
 pub enum Outcome {
     /// D's answer was relayed to its end with a 2xx status.
     Ok,
-    /// The body was not a JSON object.
+    /// The body was not a JSON object, or too large.
     BadRequest,
+    /// The client did not send its body in time.
+    ClientTimeout,
     /// The API key was missing or wrong.
     Unauthorized,
     /// No ready (prefill, dp rank) pair or no healthy decode.
@@ -31,9 +33,10 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 12] = [
+    pub const ALL: [Outcome; 13] = [
         Outcome::Ok,
         Outcome::BadRequest,
+        Outcome::ClientTimeout,
         Outcome::Unauthorized,
         Outcome::Unavailable,
         Outcome::ModelMismatch,
@@ -51,6 +54,7 @@ impl Outcome {
         match self {
             Outcome::Ok => "ok",
             Outcome::BadRequest => "bad_request",
+            Outcome::ClientTimeout => "client_timeout",
             Outcome::Unauthorized => "unauthorized",
             Outcome::Unavailable => "unavailable",
             Outcome::ModelMismatch => "model_mismatch",

@@ -173,6 +173,11 @@ impl Upstream {
             }
         }
         .await;
+        if let Err(UpstreamError::Timeout(limit)) = &result {
+            // P only computes the prompt: one that takes this long is frozen, not busy.
+            call.backend()
+                .eject(&format!("prefill did not answer within {limit:?}"));
+        }
         call.finish(match &result {
             Ok(_) => CallOutcome::Ok,
             Err(err) => err.outcome(),

@@ -95,12 +95,17 @@ impl<E: From<std::io::Error> + Send + 'static> Background<E> {
     }
 }
 
-/// Runs one connection on its own task until it ends.
+/// The most bytes hyper buffers per connection (a request's headers must fit in it).
+const MAX_CONNECTION_BUFFER: usize = 128 * 1024;
+
+/// Runs one connection on its own task until it ends (then its slot, if any, is free).
 fn spawn_connection<E: std::fmt::Display>(
     connection: impl Future<Output = Result<(), E>> + Send + 'static,
     peer: SocketAddr,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
     tokio::spawn(async move {
+        let _slot = slot;
         if let Err(err) = connection.await {
             tracing::debug!(%peer, error = %err, "connection ended with an error");
         }
@@ -119,6 +124,9 @@ pub struct ServeLimits {
     /// The JSON body of the errors hyper answers by itself (400 malformed request, 414, 431);
     /// `None` leaves them bodiless.
     pub wire_error_body: Option<WireErrorBody>,
+    /// The most connections open at once; the next ones wait in the listen backlog until one
+    /// closes. `None`: no cap.
+    pub max_connections: Option<usize>,
 }
 
 impl Default for ServeLimits {
@@ -127,6 +135,7 @@ impl Default for ServeLimits {
             header_read_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
             wire_error_body: None,
+            max_connections: None,
         }
     }
 }
@@ -142,10 +151,24 @@ pub async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
+        // What a connection may buffer before the handler reads it (headers must fit): bounds
+        // the memory of many slow clients.
+        .max_buf_size(MAX_CONNECTION_BUFFER)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
+    let slots = limits
+        .max_connections
+        .map(|n| std::sync::Arc::new(tokio::sync::Semaphore::new(n.max(1))));
     loop {
+        // A free connection slot before the next accept, when connections are capped.
+        let slot = match &slots {
+            Some(slots) => tokio::select! {
+                slot = slots.clone().acquire_owned() => slot.ok(),
+                () = &mut shutdown => break,
+            },
+            None => None,
+        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -171,11 +194,19 @@ pub async fn serve(
         match limits.wire_error_body {
             Some(render) => {
                 let io = TokioIo::new(JsonWireErrors::new(stream, render));
-                spawn_connection(graceful.watch(http.serve_connection(io, service)), peer);
+                spawn_connection(
+                    graceful.watch(http.serve_connection(io, service)),
+                    peer,
+                    slot,
+                );
             }
             None => {
                 let io = TokioIo::new(stream);
-                spawn_connection(graceful.watch(http.serve_connection(io, service)), peer);
+                spawn_connection(
+                    graceful.watch(http.serve_connection(io, service)),
+                    peer,
+                    slot,
+                );
             }
         }
     }
