@@ -152,7 +152,7 @@ async fn a_hundred_stalled_bodies_cost_bounded_memory() {
             &port.to_string(),
             "--prefill",
             &prefill.url(),
-            &bootstrap.url().rsplit(':').next().unwrap().to_string(),
+            bootstrap.url().rsplit(':').next().unwrap(),
         ])
         .args(["--decode", &decode.url(), "--body-read-timeout", "30"])
         .stdout(std::process::Stdio::null())
