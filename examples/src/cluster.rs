@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
 use pd_transfer::Transport;
 use tokio::process::{Child, Command};
 
@@ -49,6 +50,14 @@ pub enum ClusterError {
         /// Its log file.
         log: String,
     },
+    /// A port the cluster needs is taken.
+    #[error("port {port} on 127.0.0.1 is already in use: stop what holds it, or choose another with {flag}")]
+    PortBusy {
+        /// The port.
+        port: u16,
+        /// The flag that chooses it.
+        flag: &'static str,
+    },
     /// The run folder could not be prepared.
     #[error("cannot prepare {path}: {source}")]
     RunDir {
@@ -81,6 +90,8 @@ pub struct ClusterSpec {
     pub decodes: usize,
     /// The proxy's port (0: any free port).
     pub proxy_port: u16,
+    /// The other processes take consecutive ports from this one (none: free ephemeral ports).
+    pub base_port: Option<u16>,
     /// sim-engine's prefill time per prompt token, in µs.
     pub prefill_us_per_token: u64,
     /// sim-engine's decode time per token, in ms.
@@ -103,6 +114,7 @@ impl ClusterSpec {
             prefills: vec![PrefillShape { dp: 2, tp: 2 }, PrefillShape { dp: 1, tp: 2 }],
             decodes: 2,
             proxy_port: 0,
+            base_port: None,
             prefill_us_per_token: 500,
             decode_ms_per_token: 10,
             proxy_args: Vec::new(),
@@ -162,6 +174,33 @@ pub struct Cluster {
     pub proxy: Process,
 }
 
+/// Fails when `port` cannot be bound on 127.0.0.1 (`flag` chooses another).
+fn ensure_free(port: u16, flag: &'static str) -> Result<(), ClusterError> {
+    TcpListener::bind(("127.0.0.1", port))
+        .map(drop)
+        .map_err(|_| ClusterError::PortBusy { port, flag })
+}
+
+/// The ports of the processes: consecutive ones from `--base-port`, each checked free, or free
+/// ephemeral ones.
+struct Ports {
+    next: Option<u16>,
+}
+
+impl Ports {
+    fn take(&mut self) -> Result<u16, ClusterError> {
+        let Some(port) = self.next else {
+            return Ok(free_port());
+        };
+        ensure_free(port, "--base-port")?;
+        self.next = Some(port.checked_add(1).ok_or(ClusterError::PortBusy {
+            port,
+            flag: "--base-port",
+        })?);
+        Ok(port)
+    }
+}
+
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -208,7 +247,21 @@ pub fn spawn_with_env(
         path: log.clone(),
         source,
     })?;
-    let child = Command::new(program)
+    let mut command = Command::new(program);
+    // SAFETY: the hook runs in the child between fork and exec and only calls async-signal-safe
+    // functions (prctl, getppid, _exit).
+    unsafe {
+        command.pre_exec(|| {
+            // The child dies with the launcher, also when it is killed with SIGKILL.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() == 1 {
+                // The launcher died before the line above: do not outlive it.
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let child = command
         .args(args)
         .env(
             "RUST_LOG",
@@ -278,12 +331,19 @@ impl Cluster {
         let sim_bin = binary(spec, "sim-engine")?;
         let proxy_bin = binary(spec, "pd-proxy")?;
         let ready_timeout = Duration::from_secs(60);
+        // Every port is checked before anything starts, so a busy one fails at once.
+        if spec.proxy_port != 0 {
+            ensure_free(spec.proxy_port, "--port")?;
+        }
+        let mut ports = Ports {
+            next: spec.base_port,
+        };
         let s = |v: &dyn ToString| v.to_string();
 
         let mut bootstraps = Vec::new();
         let mut prefills = Vec::new();
         for (i, shape) in spec.prefills.iter().enumerate() {
-            let port = free_port();
+            let port = ports.take()?;
             let data_dir = spec.run_dir.join(format!("bootstrap-{i}-data"));
             let args = vec![
                 s(&"--host"),
@@ -332,7 +392,7 @@ impl Cluster {
             ]
         };
         for (i, shape) in spec.prefills.iter().enumerate() {
-            let port = free_port();
+            let port = ports.take()?;
             let mut args = sim_args("prefill", port);
             args.extend([
                 s(&"--engine-id"),
@@ -358,7 +418,7 @@ impl Cluster {
         }
         let mut decodes = Vec::new();
         for i in 0..spec.decodes {
-            let port = free_port();
+            let port = ports.take()?;
             let mut args = sim_args("decode", port);
             args.extend([s(&"--engine-id"), format!("decode-{i}")]);
             decodes.push(spawn_with_env(
@@ -378,7 +438,7 @@ impl Cluster {
         }
 
         let proxy_port = if spec.proxy_port == 0 {
-            free_port()
+            ports.take()?
         } else {
             spec.proxy_port
         };
@@ -420,10 +480,14 @@ impl Cluster {
             .chain(self.bootstraps.iter_mut())
     }
 
-    /// Stops every process gracefully (SIGTERM, then SIGKILL after 5 s).
+    /// Stops every process gracefully, in order: the proxy, the decodes, the prefills (whose
+    /// lease revocations still reach a running bootstrap server), then the bootstrap servers;
+    /// each group at once, each process with SIGTERM and SIGKILL after a second.
     pub async fn shutdown(mut self) {
-        for process in self.processes() {
-            process.stop(Duration::from_secs(5)).await;
+        let grace = Duration::from_secs(1);
+        self.proxy.stop(grace).await;
+        for group in [&mut self.decodes, &mut self.prefills, &mut self.bootstraps] {
+            join_all(group.iter_mut().map(|process| process.stop(grace))).await;
         }
     }
 }

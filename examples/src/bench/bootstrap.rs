@@ -301,9 +301,9 @@ pub struct ScaleReport {
     pub rss_mib: f64,
     /// Peak RSS while loading it.
     pub peak_rss_mib: f64,
-    /// `POST /query_requests` (1 id) at this size, concurrency 16.
+    /// `POST /query_requests` (1 id) at this size, at the highest concurrency asked.
     pub lookup: Row,
-    /// `GET /query` at this size, concurrency 16.
+    /// `GET /query` at this size, at the highest concurrency asked.
     pub topology: Row,
     /// Time from process start to a served `/health`, after a graceful restart.
     pub restart: Duration,
@@ -318,7 +318,7 @@ pub async fn scale(settings: &Settings, live_ids: u64) -> Result<ScaleReport, St
     server.register_workers(workers).await?;
     server.register_request_ids(live_ids).await?;
     let usage = server.usage().ok_or("cannot read the server's usage")?;
-    let config = settings.config(16);
+    let config = settings.config(settings.concurrency.iter().copied().max().unwrap_or(16));
     let before = server.usage();
     let report = loadgen::run(
         server.addr,

@@ -312,8 +312,9 @@ async fn measure(settings: &Settings, run: Run<'_>, rows: &mut Vec<Row>) {
 pub async fn throughput(settings: &Settings, proxies: &[ProxyCommand]) -> Result<Vec<Row>, String> {
     let mocks = Mocks::start().await;
     let mut rows = Vec::new();
+    // The first-chunk latency needs no high concurrency: at most 16 in flight.
     let first_chunk = Settings {
-        concurrency: vec![1, 16],
+        concurrency: settings.concurrency.iter().map(|c| (*c).min(16)).collect(),
         ..settings.clone()
     };
     let workloads = [
@@ -384,7 +385,12 @@ pub struct TtftRow {
 
 /// Streamed requests with a ~1000-token prompt through a cluster of sim engines whose prefill
 /// takes 200 µs per token, with the proxy in concurrent and in sequential mode.
-pub async fn ttft(bin_dir: &Path, run_dir: &Path, requests: usize) -> Result<Vec<TtftRow>, String> {
+pub async fn ttft(
+    bin_dir: &Path,
+    run_dir: &Path,
+    requests: usize,
+    levels: &[usize],
+) -> Result<Vec<TtftRow>, String> {
     let prompt: String = (0..1000).map(|i| format!("w{i} ")).collect();
     let body = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 4, "stream": true});
     let mut rows = Vec::new();
@@ -399,7 +405,8 @@ pub async fn ttft(bin_dir: &Path, run_dir: &Path, requests: usize) -> Result<Vec
         let cluster = Cluster::start(&spec).await.map_err(|e| e.to_string())?;
         let url = format!("{}/v1/completions", cluster.proxy.url);
         let http = reqwest::Client::new();
-        for concurrency in [1usize, 4] {
+        for &concurrency in levels {
+            let concurrency = concurrency.max(1);
             let mut ttfts = Vec::new();
             for _ in 0..requests.div_ceil(concurrency) {
                 let round =

@@ -16,7 +16,8 @@ struct Args {
     /// Measured seconds per run.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
-    /// Concurrency levels.
+    /// Concurrency levels (in-flight requests): bootstrap, proxy and ttft run at each level,
+    /// scale's lookups at the highest; transfer pulls one transfer at a time.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
     concurrency: Vec<usize>,
     /// The folder holding the release binaries (default: this program's folder).
@@ -121,7 +122,14 @@ async fn ttft_section(settings: &Settings, requests: usize) -> Result<String, St
     let mut out = String::from(
         "| proxy mode | conc. | requests | TTFT p50 ms | TTFT p99 ms |\n|---|---|---|---|---|\n",
     );
-    for row in proxy::ttft(&settings.bin_dir, &settings.work_dir, requests).await? {
+    for row in proxy::ttft(
+        &settings.bin_dir,
+        &settings.work_dir,
+        requests,
+        &settings.concurrency,
+    )
+    .await?
+    {
         let line = format!(
             "| {} | {} | {} | {:.1} | {:.1} |\n",
             row.mode, row.concurrency, row.requests, row.p50_ms, row.p99_ms

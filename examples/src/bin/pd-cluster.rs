@@ -10,21 +10,33 @@ use pd_service::{init_logging, shutdown_signal, LogFormat};
 use pd_transfer::Transport;
 use serde_json::json;
 
-/// Start two bootstrap servers, two prefill engines (dp=2,tp=2 and dp=1,tp=2), two decode
-/// engines and the proxy; send a few requests; run until Ctrl-C.
+/// Start a local P/D cluster on 127.0.0.1 from the release binaries beside this one: two
+/// bootstrap servers, two simulated prefill engines (dp=2,tp=2 and dp=1,tp=2) registering under
+/// leases, two simulated decode engines and pd-proxy; send four requests through the proxy
+/// (completions and chat, whole and streamed; the decodes pull and verify the KV); then run until
+/// Ctrl-C (or exit with --once). Exits non-zero when a port is taken, a process fails to start,
+/// or a request fails. The processes die with this one; logs stay in the run folder.
 #[derive(Debug, Parser)]
 #[command(name = "pd-cluster", version, about)]
 struct Args {
     /// Exit after the demo requests instead of running until Ctrl-C.
     #[arg(long)]
     once: bool,
-    /// The proxy's port.
+    /// The proxy's port (checked free before anything starts).
     #[arg(long, default_value_t = 8000)]
     port: u16,
+    /// Give the other processes consecutive ports from this one, each checked free before
+    /// anything starts (default: free ephemeral ports).
+    #[arg(long)]
+    base_port: Option<u16>,
+    /// Remove the run folder (logs, databases) on exit; by default it is kept and its path
+    /// printed.
+    #[arg(long)]
+    clean: bool,
     /// The folder holding the binaries (default: this program's folder).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
-    /// Where logs and databases go (default: a fresh temporary folder).
+    /// Where logs and databases go (default: a new folder under the system's temporary folder).
     #[arg(long)]
     run_dir: Option<PathBuf>,
     /// Simulated prefill time per prompt token, in µs.
@@ -103,17 +115,19 @@ async fn main() -> std::process::ExitCode {
             .and_then(|exe| exe.parent().map(PathBuf::from))
             .unwrap_or_else(|| PathBuf::from("."))
     });
-    let temp = tempfile::Builder::new().prefix("pd-cluster-").tempdir();
-    let run_dir = match (&args.run_dir, &temp) {
-        (Some(dir), _) => dir.clone(),
-        (None, Ok(temp)) => temp.path().to_path_buf(),
-        (None, Err(err)) => {
-            eprintln!("error: cannot create a temporary folder: {err}");
-            return std::process::ExitCode::FAILURE;
-        }
+    let run_dir = match &args.run_dir {
+        Some(dir) => dir.clone(),
+        None => match tempfile::Builder::new().prefix("pd-cluster-").tempdir() {
+            Ok(temp) => temp.keep(),
+            Err(err) => {
+                eprintln!("error: cannot create a temporary folder: {err}");
+                return std::process::ExitCode::FAILURE;
+            }
+        },
     };
     let mut spec = ClusterSpec::demo(bin_dir, run_dir.clone());
     spec.proxy_port = args.port;
+    spec.base_port = args.base_port;
     spec.prefill_us_per_token = args.prefill_us_per_token;
     spec.decode_ms_per_token = args.decode_ms_per_token;
     spec.transfer = args.transfer;
@@ -135,6 +149,7 @@ async fn main() -> std::process::ExitCode {
         Ok(cluster) => cluster,
         Err(err) => {
             eprintln!("error: {err}");
+            finish_run_dir(&run_dir, args.clean);
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -160,10 +175,24 @@ async fn main() -> std::process::ExitCode {
         shutdown_signal().await;
     }
     println!("Stopping the cluster...");
+    let stopping = std::time::Instant::now();
     cluster.shutdown().await;
+    println!("Stopped in {:?}.", stopping.elapsed());
+    finish_run_dir(&run_dir, args.clean);
     if outcome.is_ok() {
         std::process::ExitCode::SUCCESS
     } else {
         std::process::ExitCode::FAILURE
+    }
+}
+
+/// Keeps the run folder and says where it is, or removes it with `--clean`.
+fn finish_run_dir(run_dir: &std::path::Path, clean: bool) {
+    if clean {
+        if let Err(err) = std::fs::remove_dir_all(run_dir) {
+            eprintln!("warning: cannot remove {}: {err}", run_dir.display());
+        }
+    } else {
+        println!("Logs and databases kept in {}", run_dir.display());
     }
 }

@@ -62,7 +62,12 @@ pub struct SimArgs {
     /// Seconds P holds published KV for D to pull before dropping it.
     #[arg(long, default_value = "60", value_parser = parse_seconds)]
     pub kv_hold: Duration,
-    /// Seconds D waits for P's KV before failing the request.
+    /// The largest request body accepted, in bytes (413 above it; vLLM's API server has a
+    /// limit of its own).
+    #[arg(long, env = "SIM_MAX_BODY_BYTES", default_value_t = 2 << 20)]
+    pub max_body_bytes: usize,
+    /// Seconds D waits for P's KV before failing the request (the lookup and every pull
+    /// together, also when P accepts and never answers).
     #[arg(long, default_value = "30", value_parser = parse_seconds)]
     pub kv_wait: Duration,
     /// The KV transport prefill workers serve (`ucx` needs a build with `--features ucx`).

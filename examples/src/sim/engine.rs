@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -164,6 +164,7 @@ impl SimEngine {
             .route("/v1/models", get(models))
             .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
             .route("/stats", get(stats))
+            .layer(DefaultBodyLimit::max(engine.args.max_body_bytes))
             .with_state(engine.clone());
         let served = serve(self.listener, app, shutdown, ServeLimits::default()).await;
         if engine.args.role == Role::Prefill {
@@ -286,7 +287,20 @@ impl Engine {
                 self.prefill_for_remote(api, headers, prompt, kv).await
             }
             (Role::Decode, Some(kv)) if kv.do_remote_prefill => {
-                if let Err(failure) = self.pull_kv(&prompt, &kv).await {
+                // The whole of it (lookup and pulls) within --kv-wait, also when P is frozen.
+                let wait = self.args.kv_wait;
+                let pulled = tokio::time::timeout(wait, self.pull_kv(&prompt, &kv))
+                    .await
+                    .unwrap_or_else(|_| {
+                        self.stats
+                            .kv_transfers_failed
+                            .fetch_add(1, Ordering::Relaxed);
+                        Err(Failure::kv(
+                            StatusCode::GATEWAY_TIMEOUT,
+                            format!("the KV did not arrive within --kv-wait {wait:?}"),
+                        ))
+                    });
+                if let Err(failure) = pulled {
                     return failure.into_response();
                 }
                 self.generate(api, prompt, Value::Null).await

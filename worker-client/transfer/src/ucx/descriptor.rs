@@ -113,7 +113,7 @@ pub fn to_hex(bytes: &[u8]) -> String {
 
 /// The bytes of lowercase or uppercase hex `text`.
 pub fn from_hex(text: &str) -> Result<Vec<u8>, String> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return Err("odd-length hex".into());
     }
     (0..text.len())
