@@ -209,3 +209,35 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+#[tokio::test]
+async fn the_api_key_scheme_is_case_insensitive_and_errors_have_a_stable_shape() {
+    let cluster = Cluster::start(1, &[(0, "engine-0")], |config| {
+        config.api_key = Some("s3cret".into())
+    })
+    .await;
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let answer = cluster
+            .client
+            .post(cluster.url("/v1/completions"))
+            .header("authorization", format!("{scheme} s3cret"))
+            .json(&json!({"prompt": "hi"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200, "{scheme}");
+    }
+    let refused = cluster
+        .client
+        .post(cluster.url("/v1/completions"))
+        .header("authorization", "Bearer wrong")
+        .json(&json!({"prompt": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    let error: Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["type"], "authentication_error");
+    assert_eq!(error["error"]["code"], 401);
+    assert!(error["error"]["message"].is_string());
+}
