@@ -45,6 +45,8 @@ pub struct Backend {
     pub completions_url: Endpoint,
     /// `{url}/v1/chat/completions`.
     pub chat_completions_url: Endpoint,
+    /// `{url}/generate` (SGLang).
+    pub generate_url: Endpoint,
     /// `{url}/v1/models`.
     pub models_url: Url,
     /// `{url}/health`.
@@ -71,6 +73,7 @@ impl Backend {
             role,
             completions_url: Endpoint::new(join("/v1/completions")),
             chat_completions_url: Endpoint::new(join("/v1/chat/completions")),
+            generate_url: Endpoint::new(join("/generate")),
             models_url: join("/v1/models"),
             health_url: join("/health"),
             healthy: AtomicBool::new(true),
@@ -227,6 +230,8 @@ pub struct Pair {
     /// The model the engine registered (`None` when its registration or its server does not
     /// say): only decodes that serve it are paired with it.
     pub model: Option<Arc<str>>,
+    /// How many dp ranks the prefill has (SGLang's bootstrap rooms encode the rank modulo it).
+    pub dp_size: Rank,
     outstanding: AtomicUsize,
 }
 
@@ -239,6 +244,8 @@ pub struct DiscoveredRank<'a> {
     pub engine_id: &'a str,
     /// The model its engine registered, if it did.
     pub model: Option<&'a str>,
+    /// How many dp ranks the prefill has.
+    pub dp_size: Rank,
 }
 
 impl Pair {
@@ -358,6 +365,7 @@ impl Pool {
             pair.dp_rank == rank.rank
                 && &*pair.engine_id == rank.engine_id
                 && pair.model.as_deref() == rank.model
+                && pair.dp_size == rank.dp_size
         };
         {
             let mut pairs = lock(&prefill.pairs);
@@ -382,6 +390,7 @@ impl Pool {
                                 rank_header: HeaderValue::from(rank.rank),
                                 engine_id: Arc::from(rank.engine_id),
                                 model: rank.model.map(Arc::from),
+                                dp_size: rank.dp_size,
                                 outstanding: AtomicUsize::new(0),
                             })
                         })

@@ -39,6 +39,10 @@ pub enum Mode {
     Concurrent,
     /// Await P's answer and hand the `kv_transfer_params` it returns to D (NIXL connector).
     Sequential,
+    /// SGLang's P/D: the same body to P and D at the same time, with `bootstrap_host`,
+    /// `bootstrap_port` and `bootstrap_room` added; prefills are discovered through their
+    /// bootstrap server's `GET /route`.
+    Sglang,
 }
 
 /// The pd-proxy: an OpenAI-compatible front door that sends each request to a prefill and a
@@ -169,6 +173,8 @@ pub struct DiscoveryConfig {
     pub backoff_max: Duration,
     /// How long one `/health` or `/query` call may take.
     pub timeout: Duration,
+    /// Discover SGLang prefills (`GET /route`) instead of vLLM's (`GET /query`).
+    pub sglang: bool,
 }
 
 /// Everything the proxy needs, validated.
@@ -234,6 +240,7 @@ impl Config {
                 backoff_min: Duration::from_millis(100),
                 backoff_max: Duration::from_secs(5),
                 timeout: Duration::from_secs(5),
+                sglang: false,
             },
             api_key: None,
         }
@@ -411,6 +418,7 @@ impl Args {
             success_threshold: self.health_success_threshold,
         };
         config.discovery.interval = self.discovery_interval;
+        config.discovery.sglang = self.mode == Mode::Sglang;
         config.discovery.backoff_max = self.discovery_interval.min(Duration::from_secs(5));
         config.discovery.timeout = self.health_check_timeout.max(Duration::from_secs(5));
         // An empty key would be "no key"; treat it so rather than demanding `Bearer `.

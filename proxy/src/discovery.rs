@@ -67,16 +67,28 @@ pub async fn discover_once(
         return Err(not_healthy(format!("/health answered {}", health.status())));
     }
     let addr = &*prefill.bootstrap_addr;
-    let topology = bootstrap
-        .topology(None)
-        .await
-        .map_err(|err| DiscoveryError::Query {
-            addr: addr.to_owned(),
-            reason: err.to_string(),
-        })?;
+    let query_failed = |err: worker_client::ClientError| DiscoveryError::Query {
+        addr: addr.to_owned(),
+        reason: err.to_string(),
+    };
+    if config.sglang {
+        // SGLang's wire: the deployment's dp size; its dp ranks have no engine ids.
+        let topology = bootstrap.sglang_topology().await.map_err(query_failed)?;
+        let ranks: Vec<DiscoveredRank<'_>> = (0..topology.dp_size)
+            .map(|rank| DiscoveredRank {
+                rank,
+                engine_id: "",
+                model: None,
+                dp_size: topology.dp_size,
+            })
+            .collect();
+        return Ok(pool.set_ranks(index, &ranks));
+    }
+    let topology = bootstrap.topology(None).await.map_err(query_failed)?;
     // The models engines registered, as the bootstrap server's watch reported them (a server
     // without /watch tells none).
     let models = prefill.models();
+    let dp_size = topology.len() as u32;
     let ranks: Vec<DiscoveredRank<'_>> = topology
         .iter()
         .filter_map(|(rank, group)| {
@@ -85,6 +97,7 @@ pub async fn discover_once(
                 rank: *rank,
                 engine_id,
                 model: models.get(engine_id).map(|model| &**model),
+                dp_size,
             })
         })
         .collect();

@@ -1,4 +1,4 @@
-//! The handlers of `POST /v1/completions` and `POST /v1/chat/completions`: start the request's
+//! The handlers of `POST /v1/completions`, `POST /v1/chat/completions` and `POST /generate`: start the request's
 //! flow, then answer with D's status and relay its body (whole, or streamed while P is still
 //! watched). The layers in front have given the request its id and its tracker and checked its
 //! key.
@@ -37,6 +37,17 @@ pub async fn chat_completions(
     body: Body,
 ) -> Response {
     serve(&state, Route::ChatCompletions, id, slot, &headers, body).await
+}
+
+/// `POST /generate` (SGLang's native API).
+pub async fn generate(
+    State(state): State<AppState>,
+    Extension(id): Extension<RequestId>,
+    Extension(slot): Extension<TrackerSlot>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    serve(&state, Route::Generate, id, slot, &headers, body).await
 }
 
 async fn serve(

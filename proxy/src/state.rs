@@ -16,13 +16,15 @@ use crate::upstream::Upstream;
 /// The state every handler receives.
 pub type AppState = Arc<Shared>;
 
-/// The two proxied routes.
+/// The proxied routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     /// `POST /v1/completions`.
     Completions,
     /// `POST /v1/chat/completions`.
     ChatCompletions,
+    /// `POST /generate` (SGLang's native API).
+    Generate,
 }
 
 impl Route {
@@ -31,6 +33,7 @@ impl Route {
         match path {
             "/v1/completions" => Some(Route::Completions),
             "/v1/chat/completions" => Some(Route::ChatCompletions),
+            "/generate" => Some(Route::Generate),
             _ => None,
         }
     }
@@ -40,6 +43,7 @@ impl Route {
         match self {
             Route::Completions => &backend.completions_url,
             Route::ChatCompletions => &backend.chat_completions_url,
+            Route::Generate => &backend.generate_url,
         }
     }
 }
@@ -64,6 +68,7 @@ pub struct Shared {
     decode_policy: Box<dyn Policy>,
     completions: Arc<RouteMetrics>,
     chat_completions: Arc<RouteMetrics>,
+    generate: Arc<RouteMetrics>,
 }
 
 impl Shared {
@@ -81,6 +86,7 @@ impl Shared {
             decode_policy: policy_for(config.policy),
             completions: Arc::new(metrics.route("/v1/completions")),
             chat_completions: Arc::new(metrics.route("/v1/chat/completions")),
+            generate: Arc::new(metrics.route("/generate")),
             metrics,
             mode: config.mode,
             api_key: config.api_key.as_deref().and_then(BearerToken::new),
@@ -94,6 +100,7 @@ impl Shared {
         match route {
             Route::Completions => &self.completions,
             Route::ChatCompletions => &self.chat_completions,
+            Route::Generate => &self.generate,
         }
     }
 

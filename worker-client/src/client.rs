@@ -13,6 +13,7 @@ use pd_protocol::native::{
     Deregister, DeregisterResponse, LeaseStatus, ReadyStatus, ReleaseResponse, RevokeResponse,
     WatchBatch, WorkerList,
 };
+use pd_protocol::sglang::RouteTopology;
 use pd_protocol::vllm::{
     QueryRequests, QueryRequestsResponse, RegisterRequest, RegisterResponse, RegisterWorker,
     RequestLocation, Topology, MAX_QUERY_IDS,
@@ -455,6 +456,15 @@ impl BootstrapClient {
             None => "/query".to_owned(),
         };
         self.call_ok::<(), _>(Method::GET, &path, None).await
+    }
+
+    /// An SGLang prefill deployment's topology (`GET /route` with every rank `-1`); one attempt.
+    /// A 503 (not every rank registered yet) is [`ClientError::Unavailable`].
+    #[tracing::instrument(skip(self), fields(url = %self.base))]
+    pub async fn sglang_topology(&self) -> Result<RouteTopology, ClientError> {
+        let path =
+            "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1";
+        self.call_ok::<(), _>(Method::GET, path, None).await
     }
 
     /// The topology, retried (connection failures, 503 "not ready") until the call deadline.

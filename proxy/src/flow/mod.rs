@@ -9,6 +9,7 @@ mod concurrent;
 mod failure;
 mod retry;
 mod sequential;
+mod sglang;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -203,5 +204,6 @@ pub async fn start(
     match state.mode {
         Mode::Concurrent => concurrent::run(call, body).await,
         Mode::Sequential => sequential::run(call, body).await,
+        Mode::Sglang => sglang::run(call, body).await,
     }
 }

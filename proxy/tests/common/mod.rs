@@ -249,6 +249,7 @@ impl Mock {
             .route("/v1/models", get(mock_models))
             .route("/v1/completions", any(mock_completion))
             .route("/v1/chat/completions", any(mock_completion))
+            .route("/generate", any(mock_completion))
             .with_state(state.clone());
         Mock {
             served: Served::start(router).await,

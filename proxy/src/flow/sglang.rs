@@ -1,0 +1,95 @@
+//! SGLang's P/D (what its router does): the client's body to P and to D at the same time, with
+//! `bootstrap_host` and `bootstrap_port` (P's bootstrap server) and one random `bootstrap_room`
+//! added, which D uses to find P's KV. The room also carries the chosen prefill dp rank: it is
+//! drawn so that `room % dp_size` is that rank, which is how a prefill that follows the
+//! bootstrap room (SGLang's default) picks its dp rank.
+
+use bytes::Bytes;
+use pd_protocol::sglang::BootstrapFields;
+use pd_protocol::Rank;
+use serde_json::value::to_raw_value;
+
+use super::{Call, Refusal, Started};
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::metrics::Outcome;
+
+/// The largest bootstrap room: SGLang's rooms are 0 to 2^63 - 1.
+const MAX_ROOM: u64 = (1 << 63) - 1;
+
+/// A room from `random` whose remainder modulo `dp_size` is `rank`.
+fn room(random: u64, rank: Rank, dp_size: Rank) -> u64 {
+    let dp_size = u64::from(dp_size.max(1));
+    (random % (MAX_ROOM / dp_size)) * dp_size + u64::from(rank) % dp_size
+}
+
+/// P's bootstrap server as SGLang's host and port (`http://host:port`, IPv6 hosts unbracketed).
+fn bootstrap_of(addr: &str) -> Option<(String, u16)> {
+    let rest = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+    let (host, port) = rest.trim_end_matches('/').rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
+/// Runs the SGLang flow.
+pub(super) async fn run(call: Call<'_>, mut body: Body) -> Result<Started, Refusal> {
+    let Some((host, port)) = bootstrap_of(&call.pair.bootstrap_addr) else {
+        return Err(Refusal::from((
+            ApiError::bad_gateway(format!(
+                "prefill {} has no usable bootstrap address ({})",
+                call.pair.backend.url(),
+                call.pair.bootstrap_addr
+            )),
+            Outcome::PrefillError,
+        )));
+    };
+    let random = call.state.ids.next().as_u64_pair().0;
+    let fields = BootstrapFields {
+        bootstrap_host: host,
+        bootstrap_port: port,
+        bootstrap_room: room(random, call.pair.dp_rank, call.pair.dp_size),
+    };
+    for (key, value) in [
+        ("bootstrap_host", to_raw_value(&fields.bootstrap_host)),
+        ("bootstrap_port", to_raw_value(&fields.bootstrap_port)),
+        ("bootstrap_room", to_raw_value(&fields.bootstrap_room)),
+    ] {
+        body.insert(
+            key.to_owned(),
+            value.expect("strings and integers serialize"),
+        );
+    }
+    let decode_body = Bytes::from(serde_json::to_vec(&body).expect("a JSON map serializes"));
+    // P only computes the prompt: it answers whole.
+    body.insert(
+        "stream".to_owned(),
+        to_raw_value(&false).expect("a bool serializes"),
+    );
+    let prefill_body = Bytes::from(serde_json::to_vec(&body).expect("a JSON map serializes"));
+    let prefill = call.prefill(prefill_body);
+    let overhead = call.start.elapsed();
+    call.decode(&body, decode_body, Some(prefill), overhead)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rooms_carry_the_dp_rank_and_stay_in_sglang_range() {
+        for (random, rank, size) in [(u64::MAX, 3, 4), (0, 0, 1), (12345, 1, 2), (u64::MAX, 0, 1)] {
+            let room = room(random, rank, size);
+            assert!(room <= MAX_ROOM);
+            assert_eq!(room % u64::from(size), u64::from(rank));
+        }
+        assert_eq!(
+            bootstrap_of("http://10.0.0.5:8998"),
+            Some(("10.0.0.5".into(), 8998))
+        );
+        assert_eq!(
+            bootstrap_of("http://[fd00::1]:8998"),
+            Some(("fd00::1".into(), 8998))
+        );
+    }
+}
