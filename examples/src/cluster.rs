@@ -2,14 +2,14 @@
 //! prefill engine (as on real rank-0 hosts), simulated prefill and decode engines, and the proxy.
 //! Used by the `pd-cluster` launcher and by the end-to-end tests.
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use pd_transfer::Transport;
-use tokio::process::{Child, Command};
+
+use crate::process::{ensure_free, Ports};
+pub use crate::process::{free_port, spawn, spawn_with_env, wait_for, Process};
 
 /// Why the cluster could not start.
 #[derive(Debug, thiserror::Error)]
@@ -124,43 +124,6 @@ impl ClusterSpec {
     }
 }
 
-/// One started process.
-pub struct Process {
-    /// A short name (`bootstrap-0`, `prefill-1`, `proxy`...).
-    pub name: String,
-    /// Its base URL.
-    pub url: String,
-    /// Its log file.
-    pub log: PathBuf,
-    child: Child,
-}
-
-impl Process {
-    /// Sends SIGTERM, waits up to `grace`, then SIGKILL.
-    pub async fn stop(&mut self, grace: Duration) {
-        if let Some(pid) = self.child.id() {
-            // SAFETY: kill(2) with a pid we spawned and a valid signal has no memory effects.
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-            if tokio::time::timeout(grace, self.child.wait()).await.is_ok() {
-                return;
-            }
-        }
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
-    }
-
-    /// The operating system's process id (None once it has been reaped).
-    pub fn pid(&self) -> Option<u32> {
-        self.child.id()
-    }
-
-    /// SIGKILL at once (a crash).
-    pub async fn kill(&mut self) {
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
-    }
-}
-
 /// A running cluster. Dropping it kills every process; [`Cluster::shutdown`] stops them
 /// gracefully.
 pub struct Cluster {
@@ -174,41 +137,6 @@ pub struct Cluster {
     pub proxy: Process,
 }
 
-/// Fails when `port` cannot be bound on 127.0.0.1 (`flag` chooses another).
-fn ensure_free(port: u16, flag: &'static str) -> Result<(), ClusterError> {
-    TcpListener::bind(("127.0.0.1", port))
-        .map(drop)
-        .map_err(|_| ClusterError::PortBusy { port, flag })
-}
-
-/// The ports of the processes: consecutive ones from `--base-port`, each checked free, or free
-/// ephemeral ones.
-struct Ports {
-    next: Option<u16>,
-}
-
-impl Ports {
-    fn take(&mut self) -> Result<u16, ClusterError> {
-        let Some(port) = self.next else {
-            return Ok(free_port());
-        };
-        ensure_free(port, "--base-port")?;
-        self.next = Some(port.checked_add(1).ok_or(ClusterError::PortBusy {
-            port,
-            flag: "--base-port",
-        })?);
-        Ok(port)
-    }
-}
-
-/// A port that was free a moment ago.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("the loopback interface can bind an ephemeral port")
-}
-
 fn binary(spec: &ClusterSpec, name: &str) -> Result<PathBuf, ClusterError> {
     let path = spec.bin_dir.join(name);
     if path.is_file() {
@@ -216,108 +144,6 @@ fn binary(spec: &ClusterSpec, name: &str) -> Result<PathBuf, ClusterError> {
     } else {
         Err(ClusterError::MissingBinary { path })
     }
-}
-
-/// Starts `program` with `args`, logging to `<run_dir>/<name>.log`; `url` is its base URL.
-pub fn spawn(
-    run_dir: &Path,
-    name: &str,
-    program: &Path,
-    args: &[String],
-    url: String,
-) -> Result<Process, ClusterError> {
-    spawn_with_env(run_dir, name, program, args, &[], url)
-}
-
-/// [`spawn`] with extra environment variables.
-pub fn spawn_with_env(
-    run_dir: &Path,
-    name: &str,
-    program: &Path,
-    args: &[String],
-    env: &[(&str, &str)],
-    url: String,
-) -> Result<Process, ClusterError> {
-    let log = run_dir.join(format!("{name}.log"));
-    let file = std::fs::File::create(&log).map_err(|source| ClusterError::RunDir {
-        path: log.clone(),
-        source,
-    })?;
-    let stderr = file.try_clone().map_err(|source| ClusterError::RunDir {
-        path: log.clone(),
-        source,
-    })?;
-    let mut command = Command::new(program);
-    // SAFETY: the hook runs in the child between fork and exec and only calls async-signal-safe
-    // functions (prctl, getppid, _exit).
-    unsafe {
-        command.pre_exec(|| {
-            // The child dies with the launcher, also when it is killed with SIGKILL.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::getppid() == 1 {
-                // The launcher died before the line above: do not outlive it.
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
-    let child = command
-        .args(args)
-        .env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(file)
-        .stderr(stderr)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| ClusterError::Spawn {
-            name: name.to_owned(),
-            source,
-        })?;
-    Ok(Process {
-        name: name.to_owned(),
-        url,
-        log,
-        child,
-    })
-}
-
-/// Polls `path` of the process until it answers 200, the process exits, or `timeout` passes.
-pub async fn wait_for(
-    process: &mut Process,
-    path: &str,
-    timeout: Duration,
-) -> Result<(), ClusterError> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()
-        .expect("a plain HTTP client builds");
-    let url = format!("{}{path}", process.url);
-    let started = Instant::now();
-    while started.elapsed() < timeout {
-        if let Ok(Some(status)) = process.child.try_wait() {
-            return Err(ClusterError::Exited {
-                name: process.name.clone(),
-                status,
-                log: process.log.display().to_string(),
-            });
-        }
-        if let Ok(response) = http.get(&url).send().await {
-            if response.status().is_success() {
-                return Ok(());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(ClusterError::NotReady {
-        name: process.name.clone(),
-        url,
-        timeout,
-        log: process.log.display().to_string(),
-    })
 }
 
 impl Cluster {

@@ -4,4 +4,5 @@
 pub mod bench;
 pub mod cluster;
 pub mod openai_client;
+pub mod process;
 pub mod sim;

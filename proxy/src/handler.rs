@@ -6,7 +6,7 @@
 use axum::body::Body;
 use axum::extract::{Extension, State};
 use axum::http::header::CONTENT_TYPE;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Uri};
 use axum::response::Response;
 use std::time::Instant;
 
@@ -17,37 +17,18 @@ use crate::metrics::{CallOutcome, Outcome};
 use crate::relay::{detach, Relay, Tracker};
 use crate::state::{AppState, Route};
 
-/// `POST /v1/completions`.
-pub async fn completions(
+/// `POST /v1/completions`, `POST /v1/chat/completions` and `POST /generate`: the route is the
+/// request's path.
+pub async fn proxied(
     State(state): State<AppState>,
     Extension(id): Extension<RequestId>,
     Extension(slot): Extension<TrackerSlot>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    serve(&state, Route::Completions, id, slot, &headers, body).await
-}
-
-/// `POST /v1/chat/completions`.
-pub async fn chat_completions(
-    State(state): State<AppState>,
-    Extension(id): Extension<RequestId>,
-    Extension(slot): Extension<TrackerSlot>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    serve(&state, Route::ChatCompletions, id, slot, &headers, body).await
-}
-
-/// `POST /generate` (SGLang's native API).
-pub async fn generate(
-    State(state): State<AppState>,
-    Extension(id): Extension<RequestId>,
-    Extension(slot): Extension<TrackerSlot>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    serve(&state, Route::Generate, id, slot, &headers, body).await
+    let route = Route::at(uri.path()).unwrap_or(Route::Completions);
+    serve(&state, route, id, slot, &headers, body).await
 }
 
 async fn serve(

@@ -21,9 +21,9 @@ use crate::{handler, models};
 /// operational ones open.
 pub fn router(state: AppState) -> Router {
     let completions = Router::new()
-        .route("/v1/completions", post(handler::completions))
-        .route("/v1/chat/completions", post(handler::chat_completions))
-        .route("/generate", post(handler::generate))
+        .route("/v1/completions", post(handler::proxied))
+        .route("/v1/chat/completions", post(handler::proxied))
+        .route("/generate", post(handler::proxied))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_api_key,
