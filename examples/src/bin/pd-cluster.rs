@@ -168,11 +168,13 @@ async fn main() -> std::process::ExitCode {
     if let Err(err) = &outcome {
         eprintln!("error: {err}");
     } else if !args.once {
+        // Listen before saying so: a SIGTERM right after the message must stop us gracefully.
+        let stop = shutdown_signal();
         println!(
             "\nThe cluster is running. Try:\n  curl {}/v1/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"sim-model\", \"prompt\": \"hello\", \"max_tokens\": 8, \"stream\": true}}'\nPress Ctrl-C to stop.",
             cluster.proxy.url
         );
-        shutdown_signal().await;
+        stop.await;
     }
     println!("Stopping the cluster...");
     let stopping = std::time::Instant::now();
