@@ -13,7 +13,6 @@ use pd_protocol::native::{
     Deregister, DeregisterResponse, LeaseStatus, ReadyStatus, ReleaseResponse, RevokeResponse,
     WatchBatch, WorkerList,
 };
-use pd_protocol::sglang::RouteTopology;
 use pd_protocol::vllm::{
     QueryRequests, QueryRequestsResponse, RegisterRequest, RegisterResponse, RegisterWorker,
     RequestLocation, Topology, MAX_QUERY_IDS,
@@ -205,6 +204,11 @@ impl BootstrapClient {
         self.settings.call_deadline
     }
 
+    /// The deadline of registrations, retries included.
+    pub(crate) fn register_deadline(&self) -> Duration {
+        self.settings.register_deadline
+    }
+
     /// The time allowed for one attempt of one call.
     pub(crate) fn request_timeout(&self) -> Duration {
         self.settings.request_timeout
@@ -215,15 +219,15 @@ impl BootstrapClient {
         self.settings.retry
     }
 
-    /// One attempt of one call, allowed `timeout` (connection included). A 503 answer whose body
-    /// parses as `T` is returned like a success.
-    async fn call<B: Serialize + ?Sized, T: DeserializeOwned>(
+    /// One attempt of one call, allowed `timeout` (connection included): the status and the
+    /// whole body, or the transport failure.
+    pub(crate) async fn send<B: Serialize + ?Sized>(
         &self,
         method: Method,
         path: &str,
         body: Option<&B>,
         timeout: Duration,
-    ) -> Result<(StatusCode, T), ClientError> {
+    ) -> Result<(StatusCode, bytes::Bytes), ClientError> {
         let url = format!("{}{path}", self.base);
         let mut request = self.http.request(method, &url).timeout(timeout);
         if let Some(token) = &self.settings.token {
@@ -253,16 +257,37 @@ impl BootstrapClient {
         let response = request.send().await.map_err(transport)?;
         let status = response.status();
         let bytes = response.bytes().await.map_err(transport)?;
+        Ok((status, bytes))
+    }
+
+    /// One attempt of one call, allowed `timeout` (connection included). A 503 answer whose body
+    /// parses as `T` is returned like a success.
+    async fn call<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        timeout: Duration,
+    ) -> Result<(StatusCode, T), ClientError> {
+        let (status, bytes) = self.send(method, path, body, timeout).await?;
         if status.is_success() || status == StatusCode::SERVICE_UNAVAILABLE {
             if let Ok(value) = serde_json::from_slice::<T>(&bytes) {
                 return Ok((status, value));
             }
         }
-        let detail = serde_json::from_slice::<ErrorBody>(&bytes)
+        Err(self.answer_error(path, status, &bytes))
+    }
+
+    /// The error an answer that is not the expected one stands for: a 2xx whose body did not
+    /// parse, a retryable 5xx/408/429, or a rejection, each with the server's message (its JSON
+    /// `detail`, else the first 500 characters of the body).
+    pub(crate) fn answer_error(&self, path: &str, status: StatusCode, body: &[u8]) -> ClientError {
+        let url = format!("{}{path}", self.base);
+        let detail = serde_json::from_slice::<ErrorBody>(body)
             .map(|e| e.detail)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).chars().take(500).collect());
+            .unwrap_or_else(|_| String::from_utf8_lossy(body).chars().take(500).collect());
         let code = status.as_u16();
-        Err(if status.is_success() {
+        if status.is_success() {
             ClientError::InvalidResponse {
                 url,
                 reason: format!("unexpected body: {detail}"),
@@ -282,7 +307,7 @@ impl BootstrapClient {
                 status: code,
                 detail,
             }
-        })
+        }
     }
 
     /// One attempt of a call whose success is a 2xx (a 503 body is an error even if it parses),
@@ -456,15 +481,6 @@ impl BootstrapClient {
             None => "/query".to_owned(),
         };
         self.call_ok::<(), _>(Method::GET, &path, None).await
-    }
-
-    /// An SGLang prefill deployment's topology (`GET /route` with every rank `-1`); one attempt.
-    /// A 503 (not every rank registered yet) is [`ClientError::Unavailable`].
-    #[tracing::instrument(skip(self), fields(url = %self.base))]
-    pub async fn sglang_topology(&self) -> Result<RouteTopology, ClientError> {
-        let path =
-            "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1";
-        self.call_ok::<(), _>(Method::GET, path, None).await
     }
 
     /// The topology, retried (connection failures, 503 "not ready") until the call deadline.

@@ -7,6 +7,8 @@
 //! - [`LeaseKeeper`] ([`BootstrapClient::register_leased`]): a registration kept alive by a
 //!   background task, gone from the registry when the worker is.
 //! - [`BootstrapClient::watch`]: the registry's worker changes as a stream of [`WatchUpdate`]s.
+//! - SGLang's dialect ([`BootstrapClient::register_route`], [`BootstrapClient::sglang_rank`],
+//!   the bootstrap-room calls): what SGLang prefill ranks and decodes send.
 //! - [`EngineDirectory`]: D side; where a remote engine's workers are, cached per bootstrap
 //!   address with shared (single-flight) lookups.
 //! - [`protocol`]: the JSON of every route, one module per dialect.
@@ -20,6 +22,7 @@ mod directory;
 mod error;
 mod lease;
 mod retry;
+mod sglang;
 mod watch;
 
 pub use pd_protocol as protocol;
@@ -29,4 +32,5 @@ pub use directory::{EngineDirectory, EngineInfo};
 pub use error::ClientError;
 pub use lease::{LeaseKeeper, LeaseState};
 pub use retry::RetryPolicy;
+pub use sglang::PrefillRank;
 pub use watch::WatchUpdate;
