@@ -10,6 +10,7 @@ use pd_transfer::Transport;
 
 use crate::process::{ensure_free, Ports};
 pub use crate::process::{free_port, spawn, spawn_with_env, wait_for, Process};
+use crate::sim::Dialect;
 
 /// Why the cluster could not start.
 #[derive(Debug, thiserror::Error)]
@@ -101,8 +102,10 @@ pub struct ClusterSpec {
     /// The KV transport of the prefill engines.
     pub transfer: Transport,
     /// The prefill engines register under leases of this many seconds (none: until
-    /// deregistered).
+    /// deregistered). vLLM only: SGLang's wire has no leases.
     pub lease_ttl: Option<u32>,
+    /// Whose engines the sims play (and the proxy's mode): vLLM's or SGLang's.
+    pub dialect: Dialect,
 }
 
 impl ClusterSpec {
@@ -120,6 +123,7 @@ impl ClusterSpec {
             proxy_args: Vec::new(),
             transfer: Transport::Tcp,
             lease_ttl: Some(10),
+            dialect: Dialect::Vllm,
         }
     }
 }
@@ -171,18 +175,18 @@ impl Cluster {
         for (i, shape) in spec.prefills.iter().enumerate() {
             let port = ports.take()?;
             let data_dir = spec.run_dir.join(format!("bootstrap-{i}-data"));
-            let args = vec![
+            let mut args = vec![
                 s(&"--host"),
                 s(&"127.0.0.1"),
                 s(&"--port"),
                 s(&port),
                 s(&"--data-dir"),
                 data_dir.display().to_string(),
-                s(&"--dp-size"),
-                s(&shape.dp),
-                s(&"--tp-size"),
-                s(&shape.tp),
             ];
+            if spec.dialect == Dialect::Vllm {
+                // vLLM's expected topology, for `/ready` (SGLang's rows carry their sizes).
+                args.extend([s(&"--dp-size"), s(&shape.dp), s(&"--tp-size"), s(&shape.tp)]);
+            }
             let url = format!("http://127.0.0.1:{port}");
             bootstraps.push(spawn(
                 &spec.run_dir,
@@ -207,6 +211,8 @@ impl Cluster {
             vec![
                 s(&"--role"),
                 s(&role),
+                s(&"--dialect"),
+                s(&spec.dialect),
                 s(&"--transfer"),
                 s(&spec.transfer),
                 s(&"--port"),
@@ -220,9 +226,10 @@ impl Cluster {
         for (i, shape) in spec.prefills.iter().enumerate() {
             let port = ports.take()?;
             let mut args = sim_args("prefill", port);
+            if spec.dialect == Dialect::Vllm {
+                args.extend([s(&"--engine-id"), format!("prefill-{i}")]);
+            }
             args.extend([
-                s(&"--engine-id"),
-                format!("prefill-{i}"),
                 s(&"--dp-size"),
                 s(&shape.dp),
                 s(&"--tp-size"),
@@ -230,7 +237,7 @@ impl Cluster {
                 s(&"--bootstrap"),
                 bootstraps[i].url.clone(),
             ]);
-            if let Some(ttl) = spec.lease_ttl {
+            if let Some(ttl) = spec.lease_ttl.filter(|_| spec.dialect == Dialect::Vllm) {
                 args.extend([s(&"--lease-ttl"), s(&ttl)]);
             }
             prefills.push(spawn_with_env(
@@ -259,8 +266,15 @@ impl Cluster {
         for process in prefills.iter_mut().chain(decodes.iter_mut()) {
             wait_for(process, "/health", ready_timeout).await?;
         }
+        // Ready: vLLM's expected topology registered, or every rank of SGLang's.
+        let ready = match spec.dialect {
+            Dialect::Vllm => "/ready",
+            Dialect::Sglang => {
+                "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
+            }
+        };
         for process in &mut bootstraps {
-            wait_for(process, "/ready", ready_timeout).await?;
+            wait_for(process, ready, ready_timeout).await?;
         }
 
         let proxy_port = if spec.proxy_port == 0 {
@@ -280,6 +294,9 @@ impl Cluster {
         }
         for decode in &decodes {
             args.extend([s(&"--decode"), decode.url.clone()]);
+        }
+        if spec.dialect == Dialect::Sglang {
+            args.extend([s(&"--mode"), s(&"sglang")]);
         }
         args.extend(spec.proxy_args.iter().cloned());
         let mut proxy = spawn(

@@ -1,5 +1,5 @@
-//! A small OpenAI client for the demo and the end-to-end tests: one completion, whole or
-//! streamed, with its time to first token.
+//! A small OpenAI (and SGLang `/generate`) client for the demo and the end-to-end tests: one
+//! completion, whole or streamed, with its time to first token.
 
 use std::time::{Duration, Instant};
 
@@ -23,8 +23,12 @@ pub struct Answer {
     pub stream_error: Option<String>,
 }
 
-/// The text of one chunk or answer of either API.
+/// The text of one chunk or answer of OpenAI's APIs, or SGLang's `text` (whole, or in a
+/// streamed event the text so far).
 fn choice_text(value: &Value) -> &str {
+    if let Some(text) = value.get("text").and_then(Value::as_str) {
+        return text;
+    }
     let choice = &value["choices"][0];
     choice["text"]
         .as_str()
@@ -33,8 +37,8 @@ fn choice_text(value: &Value) -> &str {
         .unwrap_or("")
 }
 
-/// POSTs `body` to `url` (a `/v1/completions` or `/v1/chat/completions` URL) and reads the whole
-/// answer, SSE or JSON, within `timeout`.
+/// POSTs `body` to `url` (a `/v1/completions`, `/v1/chat/completions` or `/generate` URL) and
+/// reads the whole answer, SSE or JSON, within `timeout`.
 pub async fn send(
     http: &reqwest::Client,
     url: &str,
@@ -104,7 +108,12 @@ pub async fn send(
                 if !piece.is_empty() && answer.text.is_empty() {
                     answer.ttft = started.elapsed();
                 }
-                answer.text.push_str(piece);
+                if value.get("text").is_some() {
+                    // SGLang streams the whole text so far.
+                    answer.text = piece.to_owned();
+                } else {
+                    answer.text.push_str(piece);
+                }
             }
         }
         answer.total = started.elapsed();

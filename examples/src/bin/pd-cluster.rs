@@ -6,14 +6,16 @@ use std::time::Duration;
 use clap::Parser;
 use pd_examples::cluster::{Cluster, ClusterSpec};
 use pd_examples::openai_client::send;
+use pd_examples::sim::Dialect;
 use pd_service::{init_logging, shutdown_signal, LogFormat};
 use pd_transfer::Transport;
 use serde_json::json;
 
 /// Start a local P/D cluster on 127.0.0.1 from the release binaries beside this one: two
 /// bootstrap servers, two simulated prefill engines (dp=2,tp=2 and dp=1,tp=2) registering under
-/// leases, two simulated decode engines and pd-proxy; send four requests through the proxy
-/// (completions and chat, whole and streamed; the decodes pull and verify the KV); then run until
+/// leases (vLLM) or over `PUT /route` (SGLang), two simulated decode engines and pd-proxy; send
+/// requests through the proxy (completions and chat, whole and streamed, and with SGLang
+/// `/generate`; the decodes pull and verify the KV); then run until
 /// Ctrl-C (or exit with --once). Exits non-zero when a port is taken, a process fails to start,
 /// or a request fails. The processes die with this one; logs stay in the run folder.
 #[derive(Debug, Parser)]
@@ -53,12 +55,17 @@ struct Args {
     /// registry this long after its last keepalive); 0 registers without leases.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=86_400))]
     lease_ttl: u32,
+    /// Whose engines to run: vllm (Mooncake connector wire, the proxy's concurrent mode) or
+    /// sglang (prefill ranks on `PUT /route`, the proxy's SGLang mode, `/generate` served too;
+    /// no leases: SGLang's wire has none).
+    #[arg(long, value_enum, default_value_t = Dialect::Vllm)]
+    engine: Dialect,
 }
 
-async fn demo(proxy: &str) -> Result<(), String> {
+async fn demo(proxy: &str, dialect: Dialect) -> Result<(), String> {
     let http = reqwest::Client::new();
     let prompt = "Explain in one sentence why prefill and decode run on separate GPUs in disaggregated serving";
-    let requests = [
+    let mut requests = vec![
         (
             "completions, whole",
             "/v1/completions",
@@ -80,6 +87,20 @@ async fn demo(proxy: &str) -> Result<(), String> {
             json!({"model": "sim-model", "messages": [{"role": "user", "content": prompt}], "max_tokens": 8, "stream": true, "stream_options": {"include_usage": true}}),
         ),
     ];
+    if dialect == Dialect::Sglang {
+        requests.extend([
+            (
+                "generate, whole",
+                "/generate",
+                json!({"text": prompt, "sampling_params": {"max_new_tokens": 8}}),
+            ),
+            (
+                "generate, streamed",
+                "/generate",
+                json!({"text": prompt, "sampling_params": {"max_new_tokens": 8}, "stream": true}),
+            ),
+        ]);
+    }
     println!(
         "\nSending {} requests through the proxy at {proxy}:",
         requests.len()
@@ -132,6 +153,7 @@ async fn main() -> std::process::ExitCode {
     spec.decode_ms_per_token = args.decode_ms_per_token;
     spec.transfer = args.transfer;
     spec.lease_ttl = (args.lease_ttl > 0).then_some(args.lease_ttl);
+    spec.dialect = args.engine;
     if !args.transfer.is_built() {
         eprintln!(
             "error: --transfer {} needs pd-cluster and sim-engine built with `--features ucx` \
@@ -141,7 +163,8 @@ async fn main() -> std::process::ExitCode {
         return std::process::ExitCode::FAILURE;
     }
     println!(
-        "Starting the local P/D cluster, KV over {} (logs in {})",
+        "Starting the local P/D cluster ({} engines), KV over {} (logs in {})",
+        args.engine,
         args.transfer,
         run_dir.display()
     );
@@ -164,7 +187,7 @@ async fn main() -> std::process::ExitCode {
         println!("  {}: {}", decode.name, decode.url);
     }
     println!("  proxy: {}", cluster.proxy.url);
-    let outcome = demo(&cluster.proxy.url).await;
+    let outcome = demo(&cluster.proxy.url, args.engine).await;
     if let Err(err) = &outcome {
         eprintln!("error: {err}");
     } else if !args.once {

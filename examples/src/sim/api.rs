@@ -1,15 +1,18 @@
-//! The OpenAI request fields the simulator reads and the response shapes it writes (completions
-//! and chat completions, whole or as Server-Sent Events chunks).
+//! The request fields the simulator reads and the response shapes it writes: OpenAI's
+//! completions and chat completions, and SGLang's native `/generate`; whole or as Server-Sent
+//! Events chunks.
 
 use serde_json::{json, Value};
 
-/// Which OpenAI route a request came in on.
+/// Which route a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
     /// `POST /v1/completions`.
     Completions,
     /// `POST /v1/chat/completions`.
     Chat,
+    /// SGLang's `POST /generate` (`text`, `sampling_params.max_new_tokens`).
+    Generate,
 }
 
 /// What the simulator needs from a request body.
@@ -47,6 +50,8 @@ pub fn parse_prompt(api: Api, body: &Value) -> Result<Prompt, String> {
     let text = match api {
         Api::Completions => text_of(body.get("prompt").ok_or("missing field `prompt`")?)
             .ok_or("`prompt` must be a string or a list of strings")?,
+        Api::Generate => text_of(body.get("text").ok_or("missing field `text`")?)
+            .ok_or("`text` must be a string or a list of strings")?,
         Api::Chat => {
             let messages = body
                 .get("messages")
@@ -60,7 +65,7 @@ pub fn parse_prompt(api: Api, body: &Value) -> Result<Prompt, String> {
         }
     };
     let limit = |field: &str| -> Result<Option<u32>, String> {
-        match body.get(field) {
+        match body.pointer(&format!("/{}", field.replace('.', "/"))) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v
                 .as_u64()
@@ -69,9 +74,11 @@ pub fn parse_prompt(api: Api, body: &Value) -> Result<Prompt, String> {
                 .ok_or_else(|| format!("`{field}` must be an integer from 1 to 1000000")),
         }
     };
-    let max_tokens = limit("max_completion_tokens")?
-        .or(limit("max_tokens")?)
-        .unwrap_or(DEFAULT_MAX_TOKENS);
+    let max_tokens = match api {
+        Api::Generate => limit("sampling_params.max_new_tokens")?,
+        Api::Completions | Api::Chat => limit("max_completion_tokens")?.or(limit("max_tokens")?),
+    }
+    .unwrap_or(DEFAULT_MAX_TOKENS);
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(v) => v.as_bool().ok_or("`stream` must be a boolean")?,
@@ -112,6 +119,7 @@ impl ResponseMeta {
         let prefix = match api {
             Api::Completions => "cmpl",
             Api::Chat => "chatcmpl",
+            Api::Generate => "gen",
         };
         ResponseMeta {
             id: format!("{prefix}-{}", uuid::Uuid::new_v4().simple()),
@@ -134,12 +142,15 @@ impl ResponseMeta {
 
     /// A whole (non-streamed) response.
     pub fn full(&self, text: &str, prompt_tokens: u32, completion_tokens: u32, kv: Value) -> Value {
+        if self.api == Api::Generate {
+            return self.generated(text, prompt_tokens, completion_tokens, true);
+        }
         let (object, choice) = match self.api {
             Api::Completions => (
                 "text_completion",
                 json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}),
             ),
-            Api::Chat => (
+            Api::Chat | Api::Generate => (
                 "chat.completion",
                 json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "length"}),
             ),
@@ -152,7 +163,27 @@ impl ResponseMeta {
         })
     }
 
-    /// One SSE chunk carrying `piece` (or, with `finish`, the closing chunk).
+    /// SGLang's `/generate` answer, whole or one streamed event: the text so far (SGLang streams
+    /// the whole text each time) and the finish reason once `finished`.
+    pub fn generated(
+        &self,
+        text: &str,
+        prompt_tokens: u32,
+        completion_tokens: u32,
+        finished: bool,
+    ) -> Value {
+        let finish_reason = if finished {
+            json!({"type": "length", "length": completion_tokens})
+        } else {
+            Value::Null
+        };
+        json!({"text": text, "meta_info": {
+            "id": self.id, "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens, "finish_reason": finish_reason,
+        }})
+    }
+
+    /// One OpenAI SSE chunk carrying `piece` (or, with `finish`, the closing chunk).
     pub fn chunk(&self, piece: Option<&str>, first: bool, finish: bool) -> Value {
         let finish_reason = if finish { json!("length") } else { Value::Null };
         let (object, choice) = match self.api {
@@ -160,7 +191,7 @@ impl ResponseMeta {
                 "text_completion",
                 json!({"index": 0, "text": piece.unwrap_or(""), "logprobs": null, "finish_reason": finish_reason}),
             ),
-            Api::Chat => {
+            Api::Chat | Api::Generate => {
                 let mut delta = serde_json::Map::new();
                 if first {
                     delta.insert("role".into(), json!("assistant"));
@@ -181,7 +212,7 @@ impl ResponseMeta {
     pub fn usage_chunk(&self, prompt_tokens: u32, completion_tokens: u32) -> Value {
         let object = match self.api {
             Api::Completions => "text_completion",
-            Api::Chat => "chat.completion.chunk",
+            Api::Chat | Api::Generate => "chat.completion.chunk",
         };
         json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
                "choices": [], "usage": Self::usage(prompt_tokens, completion_tokens)})
@@ -229,6 +260,15 @@ mod tests {
         assert!(parse_prompt(Api::Chat, &json!({"messages": "x"}))
             .unwrap_err()
             .contains("messages"));
+        let generate = json!({"text": "a b", "sampling_params": {"max_new_tokens": 3}});
+        let prompt = parse_prompt(Api::Generate, &generate).unwrap();
+        assert_eq!((prompt.text.as_str(), prompt.max_tokens), ("a b", 3));
+        assert!(parse_prompt(
+            Api::Generate,
+            &json!({"text": "x", "sampling_params": {"max_new_tokens": -1}})
+        )
+        .unwrap_err()
+        .contains("sampling_params.max_new_tokens"));
     }
 
     #[test]

@@ -17,16 +17,39 @@ pub enum Role {
     Decode,
 }
 
-/// A stand-in for a vLLM engine with the Mooncake connector: real registration, real lookups,
-/// real KV transfers, simulated model.
+/// Whose engine the simulator plays: which bootstrap wire it speaks and how P and D find each
+/// other's KV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Dialect {
+    /// vLLM with the Mooncake connector: P registers over `POST /register`; D finds P by the
+    /// engine id in `kv_transfer_params` (`GET /query`) and pulls by transfer id.
+    Vllm,
+    /// SGLang: every P rank registers over `PUT /route`; D finds P by the `bootstrap_host`,
+    /// `bootstrap_port` and `bootstrap_room` in its body (`GET /route`) and pulls by room.
+    Sglang,
+}
+
+impl std::fmt::Display for Dialect {
+    /// The flag's value: `vllm` or `sglang`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let value = self.to_possible_value().expect("no variant is skipped");
+        f.write_str(value.get_name())
+    }
+}
+
+/// A stand-in for a vLLM or SGLang engine in P/D mode: real registration, real lookups, real KV
+/// transfers, simulated model.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "sim-engine", version, about)]
 pub struct SimArgs {
     /// Prefill or decode.
     #[arg(long, env = "SIM_ROLE", value_enum)]
     pub role: Role,
-    /// The engine id (default: a fresh UUID, as vLLM does). With dp > 1 each dp rank registers
-    /// as `<id>_dp<rank>`.
+    /// The engine played: vLLM (Mooncake connector) or SGLang.
+    #[arg(long, env = "SIM_DIALECT", value_enum, default_value_t = Dialect::Vllm)]
+    pub dialect: Dialect,
+    /// vLLM: the engine id (default: a fresh UUID, as vLLM does). With dp > 1 each dp rank
+    /// registers as `<id>_dp<rank>`.
     #[arg(long, env = "SIM_ENGINE_ID")]
     pub engine_id: Option<String>,
     /// Data-parallel size.
@@ -44,7 +67,8 @@ pub struct SimArgs {
     /// Port of the OpenAI API (0 picks a free one).
     #[arg(long, env = "SIM_PORT", default_value_t = 8100)]
     pub port: u16,
-    /// The bootstrap server prefill workers register with (prefill role).
+    /// The bootstrap server prefill workers register with (prefill role). SGLang's prefill
+    /// registers with the bootstrap port of its own host; point this there.
     #[arg(long, env = "SIM_BOOTSTRAP", default_value = "http://127.0.0.1:8998")]
     pub bootstrap: String,
     /// The model name served.
@@ -73,7 +97,7 @@ pub struct SimArgs {
     /// The KV transport prefill workers serve (`ucx` needs a build with `--features ucx`).
     #[arg(long, env = "SIM_TRANSFER", value_enum, default_value_t = Transport::Tcp)]
     pub transfer: Transport,
-    /// Prefill: register the workers under leases of this many seconds, kept alive in the
+    /// vLLM prefill: register the workers under leases of this many seconds, kept alive in the
     /// background, so that a killed engine leaves the registry by itself; without it the
     /// registrations stay until deregistered (as vLLM's do).
     #[arg(long, env = "SIM_LEASE_TTL", value_parser = clap::value_parser!(u32).range(1..=86_400))]

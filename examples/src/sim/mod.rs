@@ -1,11 +1,13 @@
-//! `sim-engine`: a stand-in for a vLLM engine with the Mooncake connector. Everything around the
-//! model is real (registration, lookups, KV transfers over the transfer listeners, OpenAI API);
-//! the model is a timer and a deterministic byte stream.
+//! `sim-engine`: a stand-in for a vLLM engine with the Mooncake connector or an SGLang engine in
+//! P/D mode. Everything around the model is real (registration, lookups, KV transfers over the
+//! transfer listeners, the OpenAI API and SGLang's `/generate`); the model is a timer and a
+//! deterministic byte stream.
 
+pub mod api;
 pub mod config;
 pub mod engine;
+pub mod failure;
 pub mod kv;
-pub mod openai;
 
-pub use config::{Role, SimArgs};
+pub use config::{Dialect, Role, SimArgs};
 pub use engine::{SimEngine, SimError};

@@ -1,5 +1,10 @@
-//! The simulated engine: start-up (transfer listeners and registration), the OpenAI routes, the
-//! prefill and decode roles, and shutdown (deregistration).
+//! The simulated engine: start-up (transfer listeners and registration), the HTTP routes, serving
+//! a request alone or as P or D, generation, and shutdown. How P registers and how D finds P's
+//! KV is the dialect's: [`vllm`] or [`sglang`]; pulling and verifying the KV is [`pull`]'s.
+
+mod pull;
+mod sglang;
+mod vllm;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -15,19 +20,15 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures_util::future::join_all;
-use pd_protocol::native::Deregister;
-use pd_protocol::vllm::{KvTransferParams, RegisterWorker};
 use pd_service::{serve, ServeLimits};
 use pd_transfer::{ExportConfig, KvExporter, KvPuller, TransferError};
 use serde_json::{json, Value};
 use worker_client::{BootstrapClient, ClientError, EngineDirectory, LeaseKeeper};
 
-use super::config::{Role, SimArgs};
+use super::api::{count_tokens, parse_prompt, sse_event, Api, Prompt, ResponseMeta, SSE_DONE};
+use super::config::{Dialect, Role, SimArgs};
+use super::failure::Failure;
 use super::kv::{kv_bytes, shard_len, token, Shard};
-use super::openai::{
-    count_tokens, error_body, parse_prompt, sse_event, Api, Prompt, ResponseMeta, SSE_DONE,
-};
 
 /// How long a decode engine keeps retrying a remote bootstrap server's `GET /query`.
 const LOOKUP_DEADLINE: Duration = Duration::from_secs(5);
@@ -49,6 +50,9 @@ pub enum SimError {
     /// Registration with the bootstrap server failed.
     #[error("registration failed: {0}")]
     Register(#[from] ClientError),
+    /// Flags that do not go together.
+    #[error("{0}")]
+    Flags(&'static str),
 }
 
 /// Counters served at `GET /stats`.
@@ -63,15 +67,17 @@ struct Stats {
 
 struct Engine {
     args: SimArgs,
-    /// The engine id of each dp rank.
+    /// vLLM: the engine id of each dp rank.
     engine_ids: Vec<String>,
     /// P role: the transfer listener of each simulated worker.
     exporters: BTreeMap<Shard, KvExporter>,
-    /// D role: where remote engines' workers are.
+    /// vLLM D role: where remote engines' workers are.
     directory: EngineDirectory,
+    /// SGLang D role: the layouts of the prefill deployments seen.
+    sglang_layouts: sglang::PrefillLayouts,
     puller: KvPuller,
     bootstrap: BootstrapClient,
-    /// P role with `--lease-ttl`: the keepers of the workers' leases.
+    /// vLLM P role with `--lease-ttl`: the keepers of the workers' leases.
     leases: std::sync::Mutex<Vec<LeaseKeeper>>,
     stats: Stats,
 }
@@ -82,18 +88,15 @@ pub struct SimEngine {
     engine: Arc<Engine>,
 }
 
-fn engine_ids(base: &str, dp_size: u32) -> Vec<String> {
-    if dp_size == 1 {
-        vec![base.to_owned()]
-    } else {
-        (0..dp_size).map(|dp| format!("{base}_dp{dp}")).collect()
-    }
-}
-
 impl SimEngine {
     /// Binds the API, and for the prefill role binds a transfer listener per (dp, tp, pp)
     /// worker and registers each with the bootstrap server.
     pub async fn start(args: SimArgs) -> Result<Self, SimError> {
+        if args.dialect == Dialect::Sglang && args.lease_ttl.is_some() {
+            return Err(SimError::Flags(
+                "--lease-ttl is vLLM's: SGLang's wire has no leases",
+            ));
+        }
         if !args.transfer.is_built() {
             return Err(SimError::Transfer(TransferError::TransportDisabled {
                 transport: args.transfer,
@@ -115,7 +118,7 @@ impl SimEngine {
             .register_deadline(Duration::from_secs(120))
             .build()?;
         let mut engine = Engine {
-            engine_ids: engine_ids(&base_id, args.dp_size),
+            engine_ids: vllm::engine_ids(&base_id, args.dp_size),
             exporters: BTreeMap::new(),
             // Lookups sit on the request path: a P whose bootstrap keeps failing must fail the
             // request in seconds, not after the default 30 s of retries.
@@ -124,14 +127,16 @@ impl SimEngine {
                     .call_deadline(LOOKUP_DEADLINE)
                     .build()?,
             ),
+            sglang_layouts: sglang::PrefillLayouts::default(),
             puller: KvPuller::default(),
             bootstrap,
             leases: std::sync::Mutex::new(Vec::new()),
             stats: Stats::default(),
             args,
         };
-        if engine.args.role == Role::Prefill {
-            engine.register_workers().await?;
+        if engine.is_prefill() {
+            engine.start_exporters().await?;
+            engine.register().await?;
         }
         Ok(SimEngine {
             listener,
@@ -146,7 +151,8 @@ impl SimEngine {
             .expect("a bound listener has an address")
     }
 
-    /// Serves until `shutdown` resolves; a prefill engine then deregisters its workers.
+    /// Serves until `shutdown` resolves; a vLLM prefill engine then deregisters its workers
+    /// (SGLang's wire has no deregistration: a restarted rank re-registers).
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -155,27 +161,34 @@ impl SimEngine {
         tracing::info!(
             addr = %self.local_addr(),
             role = ?engine.args.role,
+            dialect = ?engine.args.dialect,
             engine_ids = ?engine.engine_ids,
             "sim engine listening"
         );
         let app = Router::new()
             .route("/v1/completions", post(completions))
             .route("/v1/chat/completions", post(chat_completions))
+            .route("/generate", post(generate))
             .route("/v1/models", get(models))
             .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
             .route("/stats", get(stats))
             .layer(DefaultBodyLimit::max(engine.args.max_body_bytes))
             .with_state(engine.clone());
         let served = serve(self.listener, app, shutdown, ServeLimits::default()).await;
-        if engine.args.role == Role::Prefill {
-            engine.deregister_workers().await;
+        if engine.is_prefill() && engine.args.dialect == Dialect::Vllm {
+            engine.deregister_vllm_workers().await;
         }
         served
     }
 }
 
 impl Engine {
-    async fn register_workers(&mut self) -> Result<(), SimError> {
+    fn is_prefill(&self) -> bool {
+        self.args.role == Role::Prefill
+    }
+
+    /// Binds a transfer listener for every (dp, tp, pp) worker this prefill simulates.
+    async fn start_exporters(&mut self) -> Result<(), SimError> {
         let transfer_bind = SocketAddr::new(self.args.host, 0);
         let config = ExportConfig {
             pool_bytes: (self.args.kv_pool_mib as usize) << 20,
@@ -189,72 +202,21 @@ impl Engine {
                 }
             }
         }
-        let registrations = self.exporters.iter().map(|(shard, exporter)| {
-            let worker = RegisterWorker {
-                engine_id: self.engine_ids[shard.dp as usize].clone(),
-                dp_rank: shard.dp,
-                tp_rank: shard.tp,
-                pp_rank: shard.pp,
-                addr: exporter.transfer_addr(),
-                // This process owns these ranks: take them over from a previous run.
-                replace: Some(true),
-                lease_ttl: None,
-                meta: self.args.engine_meta(),
-            };
-            let client = self.bootstrap.clone();
-            let lease_ttl = self.args.lease_ttl;
-            async move {
-                match lease_ttl {
-                    Some(ttl) => client.register_leased(&worker, ttl).await.map(Some),
-                    None => client.register_worker(&worker).await.map(|_| None),
-                }
-            }
-        });
-        for result in join_all(registrations).await {
-            if let Some(keeper) = result? {
-                self.leases_mut().push(keeper);
-            }
+        Ok(())
+    }
+
+    /// Registers every worker in the dialect's way.
+    async fn register(&mut self) -> Result<(), SimError> {
+        match self.args.dialect {
+            Dialect::Vllm => self.register_vllm_workers().await?,
+            Dialect::Sglang => self.register_sglang_ranks().await?,
         }
-        tracing::info!(workers = self.exporters.len(), bootstrap = %self.args.bootstrap, "all workers registered");
+        tracing::info!(workers = self.exporters.len(), bootstrap = %self.args.bootstrap, dialect = ?self.args.dialect, "all workers registered");
         Ok(())
     }
 
     fn leases_mut(&self) -> std::sync::MutexGuard<'_, Vec<LeaseKeeper>> {
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// At shutdown: revokes the leases, or deregisters every engine id without them.
-    async fn deregister_workers(&self) {
-        let keepers = std::mem::take(&mut *self.leases_mut());
-        if !keepers.is_empty() {
-            let releases = keepers.into_iter().map(|keeper| async move {
-                let lease = keeper.lease_id();
-                match tokio::time::timeout(Duration::from_secs(5), keeper.release()).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(err)) => {
-                        tracing::warn!(?lease, error = %err, "could not revoke a lease")
-                    }
-                    Err(_) => tracing::warn!(?lease, "revoking a lease timed out"),
-                }
-            });
-            join_all(releases).await;
-            tracing::info!("leases revoked");
-            return;
-        }
-        for engine_id in &self.engine_ids {
-            let selection = Deregister {
-                engine_id: engine_id.clone(),
-                dp_rank: None,
-                tp_rank: None,
-                pp_rank: None,
-            };
-            let call = self.bootstrap.deregister(&selection);
-            match tokio::time::timeout(Duration::from_secs(5), call).await {
-                Ok(Ok(removed)) => tracing::info!(%engine_id, removed, "deregistered"),
-                Ok(Err(err)) => tracing::warn!(%engine_id, error = %err, "could not deregister"),
-                Err(_) => tracing::warn!(%engine_id, "deregistration timed out"),
-            }
-        }
     }
 
     fn prefill_time(&self, prompt: &Prompt) -> Duration {
@@ -267,216 +229,57 @@ impl Engine {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         let body: Value = match serde_json::from_slice(body) {
             Ok(value) => value,
-            Err(err) => return client_error(&format!("the body is not JSON: {err}")),
+            Err(err) => {
+                return Failure::bad_request(format!("the body is not JSON: {err}")).into_response()
+            }
         };
         let prompt = match parse_prompt(api, &body) {
             Ok(prompt) => prompt,
-            Err(message) => return client_error(&message),
+            Err(message) => return Failure::bad_request(message).into_response(),
         };
-        let kv = match body.get("kv_transfer_params") {
-            None | Some(Value::Null) => None,
-            Some(value) => match serde_json::from_value::<KvTransferParams>(value.clone()) {
-                Ok(kv) => Some(kv),
-                Err(err) => {
-                    return client_error(&format!("`kv_transfer_params` is malformed: {err}"))
-                }
-            },
-        };
-        match (self.args.role, kv) {
-            (Role::Prefill, Some(kv)) if kv.do_remote_decode => {
-                self.prefill_for_remote(api, headers, prompt, kv).await
-            }
-            (Role::Decode, Some(kv)) if kv.do_remote_prefill => {
-                // The whole of it (lookup and pulls) within --kv-wait, also when P is frozen.
-                let wait = self.args.kv_wait;
-                let pulled = tokio::time::timeout(wait, self.pull_kv(&prompt, &kv))
-                    .await
-                    .unwrap_or_else(|_| {
-                        self.stats
-                            .kv_transfers_failed
-                            .fetch_add(1, Ordering::Relaxed);
-                        Err(Failure::kv(
-                            StatusCode::GATEWAY_TIMEOUT,
-                            format!("the KV did not arrive within --kv-wait {wait:?}"),
-                        ))
-                    });
-                if let Err(failure) = pulled {
-                    return failure.into_response();
-                }
-                self.generate(api, prompt, Value::Null).await
-            }
-            _ => {
-                tokio::time::sleep(self.prefill_time(&prompt)).await;
-                self.generate(api, prompt, Value::Null).await
-            }
+        match self.args.dialect {
+            Dialect::Vllm => self.handle_vllm(api, headers, prompt, &body).await,
+            Dialect::Sglang => self.handle_sglang(api, prompt, &body).await,
         }
     }
 
-    /// P role: compute the KV of every worker of the dp rank the proxy chose, publish it under
-    /// the transfer id, and answer (one token when the proxy asked for `max_tokens: 1`).
-    async fn prefill_for_remote(
-        &self,
-        api: Api,
-        headers: &HeaderMap,
-        prompt: Prompt,
-        kv: KvTransferParams,
-    ) -> Response {
-        let Some(transfer_id) = kv.transfer_id.filter(|id| !id.is_empty()) else {
-            return client_error(
-                "`kv_transfer_params.transfer_id` is required with do_remote_decode",
-            );
-        };
-        let dp = match headers
-            .get("x-data-parallel-rank")
-            .map(|v| v.to_str().map(str::parse::<u32>))
-        {
-            None => 0,
-            Some(Ok(Ok(dp))) if dp < self.args.dp_size => dp,
-            Some(_) => {
-                return client_error(&format!(
-                    "header X-data-parallel-rank must be a dp rank below {}",
-                    self.args.dp_size
-                ))
-            }
-        };
+    /// A request that is not part of a P/D pair: compute the prompt and generate here.
+    async fn serve_alone(&self, api: Api, prompt: Prompt) -> Response {
         tokio::time::sleep(self.prefill_time(&prompt)).await;
-        let tokens = count_tokens(&prompt.text);
+        self.generate(api, prompt, Value::Null).await
+    }
+
+    /// P role: compute the prompt and publish every share of its KV held by dp rank `dp`'s
+    /// workers under `transfer_id`.
+    async fn compute_and_publish(
+        &self,
+        dp: u32,
+        transfer_id: &str,
+        prompt: &Prompt,
+    ) -> Result<(), Failure> {
+        tokio::time::sleep(self.prefill_time(prompt)).await;
         let len = shard_len(
-            tokens,
+            count_tokens(&prompt.text),
             self.args.kv_bytes_per_token,
             self.args.tp_size as usize,
             self.args.pp_size as usize,
         );
-        for (shard, exporter) in self.exporters.range(
-            Shard { dp, tp: 0, pp: 0 }..=Shard {
-                dp,
-                tp: u32::MAX,
-                pp: u32::MAX,
-            },
-        ) {
-            if let Err(err) = exporter.publish(&transfer_id, &kv_bytes(&prompt.text, *shard, len)) {
+        let workers = Shard { dp, tp: 0, pp: 0 }..=Shard {
+            dp,
+            tp: u32::MAX,
+            pp: u32::MAX,
+        };
+        for (shard, exporter) in self.exporters.range(workers) {
+            if let Err(err) = exporter.publish(transfer_id, &kv_bytes(&prompt.text, *shard, len)) {
                 tracing::warn!(%transfer_id, error = %err, "KV not published");
-                return Failure::kv(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
-                    .into_response();
+                return Err(Failure::kv(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    err.to_string(),
+                ));
             }
             self.stats.kv_published.fetch_add(1, Ordering::Relaxed);
         }
-        // What D needs, for proxies that pass P's answer on (vLLM's NIXL-style sequential flow).
-        let for_decode = json!({
-            "do_remote_decode": false,
-            "do_remote_prefill": true,
-            "remote_bootstrap_addr": self.args.bootstrap,
-            "remote_engine_id": self.engine_ids[dp as usize],
-            "transfer_id": transfer_id,
-        });
-        self.generate(api, prompt, for_decode).await
-    }
-
-    /// D role: find the remote engine's workers, pull and verify every share of the KV.
-    async fn pull_kv(&self, prompt: &Prompt, kv: &KvTransferParams) -> Result<(), Failure> {
-        let required = |value: &Option<String>, field: &str| {
-            value.clone().filter(|v| !v.is_empty()).ok_or_else(|| {
-                Failure::bad_request(format!(
-                    "`kv_transfer_params.{field}` is required with do_remote_prefill"
-                ))
-            })
-        };
-        let bootstrap = required(&kv.remote_bootstrap_addr, "remote_bootstrap_addr")?;
-        let engine_id = required(&kv.remote_engine_id, "remote_engine_id")?;
-        let transfer_id = required(&kv.transfer_id, "transfer_id")?;
-        let engine = match self.directory.engine(&bootstrap, &engine_id).await {
-            Ok(engine) => engine,
-            Err(ClientError::UnknownEngine { .. }) => {
-                self.stats
-                    .kv_transfers_failed
-                    .fetch_add(1, Ordering::Relaxed);
-                return Err(Failure::kv(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!(
-                        "remote engine_id {engine_id} not found from bootstrap server {bootstrap}"
-                    ),
-                ));
-            }
-            Err(err) => {
-                self.stats
-                    .kv_transfers_failed
-                    .fetch_add(1, Ordering::Relaxed);
-                return Err(Failure::kv(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("bootstrap lookup failed: {err}"),
-                ));
-            }
-        };
-        let Some((&dp, workers)) = engine.dp_ranks.iter().next() else {
-            return Err(Failure::kv(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("engine {engine_id} has no workers"),
-            ));
-        };
-        let transfer_id = transfer_id.as_str();
-        // Each worker's share has the length P computed: the whole prompt's KV over tp x pp.
-        let pp_size = workers.values().map(BTreeMap::len).max().unwrap_or(1);
-        let expected_len = shard_len(
-            count_tokens(&prompt.text),
-            self.args.kv_bytes_per_token,
-            workers.len(),
-            pp_size,
-        );
-        let pulls = workers.iter().flat_map(|(&tp, pps)| {
-            pps.iter().map(move |(&pp, addr)| {
-                let shard = Shard { dp, tp, pp };
-                async move {
-                    let pulled = self.puller.pull(addr, transfer_id, self.args.kv_wait).await;
-                    (shard, addr, pulled)
-                }
-            })
-        });
-        let mut failure = None;
-        for (shard, addr, pulled) in join_all(pulls).await {
-            let outcome = match pulled {
-                Ok(bytes)
-                    if bytes.len() == expected_len
-                        && bytes == kv_bytes(&prompt.text, shard, expected_len) =>
-                {
-                    self.stats
-                        .kv_bytes_pulled
-                        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                    Ok(())
-                }
-                Ok(_) => Err((
-                    StatusCode::BAD_GATEWAY,
-                    format!("KV bytes from {addr} ({shard:?}) failed verification"),
-                )),
-                Err(err @ TransferError::NotPublished { .. }) => {
-                    Err((StatusCode::GATEWAY_TIMEOUT, err.to_string()))
-                }
-                Err(err) => {
-                    self.directory.invalidate(&bootstrap);
-                    Err((StatusCode::BAD_GATEWAY, err.to_string()))
-                }
-            };
-            if let Err(problem) = outcome {
-                failure.get_or_insert(problem);
-            }
-        }
-        match failure {
-            None => {
-                self.stats
-                    .kv_transfers_verified
-                    .fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            Some((status, message)) => {
-                self.stats
-                    .kv_transfers_failed
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%transfer_id, %message, "KV transfer failed");
-                Err(Failure::kv(
-                    status,
-                    format!("KV transfer failed: {message}"),
-                ))
-            }
-        }
+        Ok(())
     }
 
     /// Generates `max_tokens` tokens at the decode pace, whole or as SSE chunks.
@@ -490,16 +293,25 @@ impl Engine {
             tokio::time::sleep(per_token * total).await;
             return Json(meta.full(&text, prompt_tokens, total, kv_params)).into_response();
         }
-        let include_usage = prompt.include_usage;
-        // Steps: one chunk per token, the closing chunk, optional usage, then [DONE].
-        let events = futures_util::stream::unfold(0u32, move |step| {
+        let include_usage = prompt.include_usage && api != Api::Generate;
+        // Steps: one event per token, then (OpenAI only) the closing chunk and optional usage,
+        // then [DONE]. SGLang's events carry the whole text so far and end on the last token.
+        let events = futures_util::stream::unfold((0u32, String::new()), move |(step, so_far)| {
             let meta = meta.clone();
             let text = prompt.text.clone();
             async move {
+                let mut so_far = so_far;
                 let event = if step < total {
                     tokio::time::sleep(per_token).await;
-                    sse_event(&meta.chunk(Some(&token(&text, step)), step == 0, false))
-                } else if step == total {
+                    let piece = token(&text, step);
+                    if api == Api::Generate {
+                        so_far.push_str(&piece);
+                        let done = step + 1 == total;
+                        sse_event(&meta.generated(&so_far, prompt_tokens, step + 1, done))
+                    } else {
+                        sse_event(&meta.chunk(Some(&piece), step == 0, false))
+                    }
+                } else if step == total && api != Api::Generate {
                     sse_event(&meta.chunk(None, total == 0, true))
                 } else if step == total + 1 && include_usage {
                     sse_event(&meta.usage_chunk(prompt_tokens, total))
@@ -508,12 +320,12 @@ impl Engine {
                 } else {
                     return None;
                 };
-                let next = if step == total && !include_usage {
-                    total + 2
-                } else {
-                    step + 1
+                let next = match step {
+                    s if s + 1 == total && api == Api::Generate => total + 2,
+                    s if s == total && !include_usage => total + 2,
+                    s => s + 1,
                 };
-                Some((Ok::<_, Infallible>(event), next))
+                Some((Ok::<_, Infallible>(event), (next, so_far)))
             }
         });
         (
@@ -525,45 +337,6 @@ impl Engine {
         )
             .into_response()
     }
-}
-
-/// A request the engine cannot serve: the status and OpenAI error it answers with.
-struct Failure {
-    status: StatusCode,
-    kind: &'static str,
-    message: String,
-}
-
-impl Failure {
-    fn bad_request(message: String) -> Self {
-        Failure {
-            status: StatusCode::BAD_REQUEST,
-            kind: "invalid_request_error",
-            message,
-        }
-    }
-
-    fn kv(status: StatusCode, message: String) -> Self {
-        Failure {
-            status,
-            kind: "kv_transfer_error",
-            message,
-        }
-    }
-}
-
-impl IntoResponse for Failure {
-    fn into_response(self) -> Response {
-        (self.status, Json(error_body(&self.message, self.kind))).into_response()
-    }
-}
-
-fn client_error(message: &str) -> Response {
-    (
-        StatusCode::BAD_REQUEST,
-        Json(error_body(message, "invalid_request_error")),
-    )
-        .into_response()
 }
 
 async fn completions(
@@ -580,6 +353,10 @@ async fn chat_completions(
     body: Bytes,
 ) -> Response {
     engine.handle(Api::Chat, &headers, &body).await
+}
+
+async fn generate(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: Bytes) -> Response {
+    engine.handle(Api::Generate, &headers, &body).await
 }
 
 async fn models(State(engine): State<Arc<Engine>>) -> Json<Value> {
