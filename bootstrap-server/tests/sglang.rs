@@ -198,6 +198,17 @@ async fn prefill_ranks_register_and_decodes_find_them() {
             "Inconsistent prefill allocation policies".into()
         )
     );
+    // Likewise another DeepSeek V4.1 layout, checked first (both differ here).
+    let mut other_layout = row(0, 1, 17001);
+    other_layout["dsv41_spec_layout"] = json!({"draft": 1});
+    other_layout["decode_allocation_policy"] = json!("late");
+    assert_eq!(
+        server.put(other_layout).await,
+        (
+            StatusCode::BAD_REQUEST,
+            "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks".into()
+        )
+    );
     // The rows are in the native view and the watch, under the deployment's engine id.
     let (_, _, workers) = call(
         reqwest::Method::GET,

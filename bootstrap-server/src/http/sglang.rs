@@ -145,14 +145,18 @@ async fn put_route(State(state): State<AppState>, JsonBody(row): JsonBody<RouteR
         .flatten();
     let mut topology = row.topology();
     if let Some(fixed) = fixed {
+        // SGLang's checks, in its order and with its texts.
+        if fixed.dsv41_spec_layout != topology.dsv41_spec_layout {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks",
+            );
+        }
         if fixed.decode_allocation_policy != topology.decode_allocation_policy {
             return text(
                 StatusCode::BAD_REQUEST,
                 "Inconsistent prefill allocation policies",
             );
-        }
-        if fixed.dsv41_spec_layout != topology.dsv41_spec_layout {
-            return text(StatusCode::BAD_REQUEST, "Inconsistent DSV4.1 spec layouts");
         }
         topology = fixed;
     }
