@@ -25,7 +25,7 @@ use super::error::status_of;
 use super::extract::JsonBody;
 use super::AppState;
 use crate::registry::model::{Extra, Registration, Slot, WorkerRecord};
-use crate::registry::{RegistryError, View};
+use crate::registry::{Group, RegistryError, WorkerTable};
 
 /// The engine id an SGLang prefill deployment is registered under.
 pub const ENGINE_ID: &str = "sglang-prefill";
@@ -84,13 +84,29 @@ fn rank_info(addr: &str) -> Option<RankInfo> {
     })
 }
 
-/// The deployment's rows.
-fn rows(view: &View) -> Vec<WorkerRecord> {
-    view.table()
+/// The SGLang deployment's groups (dp ranks) in `table`.
+fn groups(table: &WorkerTable) -> impl Iterator<Item = (Rank, &Group)> {
+    table
         .groups()
         .filter(|(_, group)| group.engine_id() == Some(ENGINE_ID))
-        .flat_map(|(dp, group)| group.rows(dp).collect::<Vec<_>>())
-        .collect()
+}
+
+/// The topology the deployment's first row fixed (every row carries it); reads one row.
+fn topology(table: &WorkerTable) -> Option<RouteTopology> {
+    let (dp, group) = groups(table).next()?;
+    topology_of(&group.rows(dp).next()?)
+}
+
+/// How many rows the deployment has.
+fn registered(table: &WorkerTable) -> usize {
+    groups(table).map(|(_, group)| group.len()).sum()
+}
+
+/// The deployment's row at `slot`, if it has one.
+fn row_at(table: &WorkerTable, slot: Slot) -> Option<WorkerRecord> {
+    table
+        .get(slot)
+        .filter(|w| w.engine_id.as_deref() == Some(ENGINE_ID))
 }
 
 fn topology_of(record: &WorkerRecord) -> Option<RouteTopology> {
@@ -135,14 +151,12 @@ async fn put_route(State(state): State<AppState>, JsonBody(row): JsonBody<RouteR
         pp: row.pp_rank,
     };
     let address = addr(&row.rank_ip, row.rank_port);
-    let view = state.registry.view();
-    let existing = rows(&view);
     // The first row fixes the topology, as in SGLang; a rank at a new address takes its slot over
     // and starts a new run, whose first row this is.
-    let restarted = existing.iter().any(|w| w.slot == slot && w.addr != address);
-    let fixed = (!restarted)
-        .then(|| existing.iter().find_map(topology_of))
-        .flatten();
+    let fixed = state.registry.inspect(|table| {
+        let restarted = row_at(table, slot).is_some_and(|w| w.addr != address);
+        (!restarted).then(|| topology(table)).flatten()
+    });
     let mut topology = row.topology();
     if let Some(fixed) = fixed {
         // SGLang's checks, in its order and with its texts.
@@ -234,18 +248,14 @@ async fn get_route(State(state): State<AppState>, Query(params): Query<RoutePara
         }
     }
     let view = state.registry.view();
-    let rows = rows(&view);
-    let topology = rows.iter().find_map(topology_of);
+    let (registered, topology) = (registered(view.table()), topology(view.table()));
     let complete = topology
         .as_ref()
-        .is_some_and(|t| rows.len() >= t.rank_count());
+        .is_some_and(|t| registered >= t.rank_count());
     let Some(topology) = topology.filter(|_| complete) else {
         return text(
             StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "Prefill server not fully registered yet ({} workers registered).",
-                rows.len()
-            ),
+            format!("Prefill server not fully registered yet ({registered} workers registered)."),
         );
     };
     if ranks == [-1; 4] {
@@ -254,10 +264,7 @@ async fn get_route(State(state): State<AppState>, Query(params): Query<RoutePara
     let [dp, cp, tp, pp] = ranks.map(|r| Rank::try_from(r).ok());
     let found = match (dp, cp, tp, pp) {
         (Some(dp), Some(cp), Some(tp), Some(pp)) => {
-            let slot = Slot { dp, cp, tp, pp };
-            rows.iter()
-                .find(|w| w.slot == slot)
-                .and_then(|w| rank_info(&w.addr))
+            row_at(view.table(), Slot { dp, cp, tp, pp }).and_then(|w| rank_info(&w.addr))
         }
         _ => None,
     };

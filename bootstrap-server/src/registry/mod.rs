@@ -381,6 +381,12 @@ impl Registry {
         self.workers.read().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Reads the worker table as it stands without taking a [`View`] of it: for a writer's
+    /// checks, where a view would copy the table after every write.
+    pub fn inspect<R>(&self, read: impl FnOnce(&WorkerTable) -> R) -> R {
+        read(&self.read_workers().table)
+    }
+
     /// The worker table as it stands, with its readiness; the same snapshot until the next
     /// change, so what a wire module renders from it can be kept with it ([`View::rendered`]).
     pub fn view(&self) -> Arc<View> {

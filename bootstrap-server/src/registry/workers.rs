@@ -48,6 +48,17 @@ impl Group {
             .map(|((_, tp, pp), worker)| (*tp, *pp, worker.addr.as_str()))
     }
 
+    /// How many workers the group has.
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Whether the group has no worker (never true of a group in a table: an emptied dp rank
+    /// is freed).
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
     /// Every worker of this group (dp rank `dp`) as a record, in (cp, tp, pp) order.
     pub fn rows(&self, dp: Rank) -> impl Iterator<Item = WorkerRecord> + '_ {
         self.records(dp)
@@ -175,12 +186,13 @@ impl WorkerTable {
             .filter(move |(_, group)| group.engine_id() == Some(engine_id))
     }
 
-    /// The incarnation of `engine_id`'s registration (the highest of its workers'), if it has
-    /// workers.
+    /// The incarnation of `engine_id`'s registration, if it has workers. Every worker of an
+    /// engine has the same one (a takeover replaces them all, a joining worker takes the
+    /// engine's, a claim gives the claimed ones the claimer's), so the first group tells: one
+    /// SGLang deployment is one engine of up to thousands of ranks, written one rank at a time.
     pub fn incarnation(&self, engine_id: &str) -> Option<u64> {
         self.engine_groups(engine_id)
-            .flat_map(|(_, group)| group.workers.values().map(|w| w.incarnation))
-            .max()
+            .find_map(|(_, group)| group.workers.values().map(|w| w.incarnation).max())
     }
 
     /// Applies a change (already made durable). A dp rank whose last worker goes is freed.
