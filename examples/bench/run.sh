@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole benchmark suite with one command: builds the release binaries (with UCX),
-# installs the peer routers (vllm-router, smg; benchmark-only) into target/bench-venv, runs every
+# installs the peer routers (vllm-router, smg; benchmark-only) into target/bench-venv and SGLang
+# (for its own bootstrap server; several GB) into target/bench-sglang-venv, runs every
 # scenario and writes the Markdown report to target/bench/results.md (docs/performance.md keeps
 # the latest). When the `etcd` binary is installed, the bootstrap scenarios run once more on the
 # etcd backend, against a throwaway local etcd (target/bench/results-etcd.md).
@@ -11,8 +12,11 @@ cd "$(dirname "$0")/../.."
 cargo build --release --bins --all-features
 VENV="${VENV:-target/bench-venv}"
 VENV="$VENV" examples/bench/peers.sh
+SGLANG_VENV="${SGLANG_VENV:-target/bench-sglang-venv}"
+SGLANG_VENV="$SGLANG_VENV" examples/bench/sglang-peer.sh
 mkdir -p target/bench
-target/release/pd-bench --peers-venv "$VENV" --out target/bench/results.md "$@" all
+target/release/pd-bench --peers-venv "$VENV" --sglang-venv "$SGLANG_VENV" \
+  --out target/bench/results.md "$@" all
 
 if command -v etcd >/dev/null; then
   dir=$(mktemp -d -p target/bench etcd.XXXXXX)

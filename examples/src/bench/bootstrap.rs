@@ -16,11 +16,36 @@ use super::loadgen::{self, LoadConfig, ProcessUsage, RequestFactory};
 use super::report::Row;
 use crate::cluster::{free_port, spawn, wait_for, Process};
 
+/// A server under test: where it listens, what it has used so far, how the report names it.
+pub trait Measured {
+    /// Its address.
+    fn addr(&self) -> SocketAddr;
+    /// Its CPU and memory so far.
+    fn usage(&self) -> Option<ProcessUsage>;
+    /// Its name in the report.
+    fn system(&self) -> &str;
+}
+
 /// A bootstrap server started for one scenario.
 pub struct BenchServer {
     process: Process,
     addr: SocketAddr,
     client: BootstrapClient,
+    subject: &'static str,
+}
+
+impl Measured for BenchServer {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn usage(&self) -> Option<ProcessUsage> {
+        ProcessUsage::read(self.process.pid()?)
+    }
+
+    fn system(&self) -> &str {
+        self.subject
+    }
 }
 
 impl BenchServer {
@@ -70,12 +95,8 @@ impl BenchServer {
             process,
             addr,
             client,
+            subject: settings.subject(),
         })
-    }
-
-    /// The server's CPU and memory so far.
-    pub fn usage(&self) -> Option<ProcessUsage> {
-        ProcessUsage::read(self.process.pid()?)
     }
 
     /// Registers `workers` workers: 64 tp ranks per dp rank, one engine per dp rank.
@@ -181,7 +202,8 @@ pub struct Settings {
 }
 
 impl Settings {
-    fn config(&self, concurrency: usize) -> LoadConfig {
+    /// A run at `concurrency` for the settings' duration.
+    pub fn config(&self, concurrency: usize) -> LoadConfig {
         LoadConfig {
             concurrency,
             duration: self.duration,
@@ -190,7 +212,8 @@ impl Settings {
         }
     }
 
-    fn data_dir(&self, name: &str) -> PathBuf {
+    /// The scratch folder of the server named `name`.
+    pub fn data_dir(&self, name: &str) -> PathBuf {
         self.work_dir.join(format!("{name}-data"))
     }
 
@@ -204,8 +227,9 @@ impl Settings {
     }
 }
 
-async fn measure(
-    server: &BenchServer,
+/// Runs `scenario` against `server` at every concurrency of the settings, one row each.
+pub async fn measure(
+    server: &dyn Measured,
     settings: &Settings,
     scenario: &str,
     make: RequestFactory,
@@ -213,10 +237,10 @@ async fn measure(
 ) {
     for &concurrency in &settings.concurrency {
         let before = server.usage();
-        let report = loadgen::run(server.addr, make.clone(), settings.config(concurrency)).await;
+        let report = loadgen::run(server.addr(), make.clone(), settings.config(concurrency)).await;
         let row = Row::new(
             scenario,
-            settings.subject(),
+            server.system(),
             concurrency,
             &report,
             before,

@@ -240,7 +240,19 @@ pub async fn run_count(
 
 /// A JSON POST request to `path`.
 pub fn post_json(host: &str, path: &str, body: Vec<u8>) -> Request<Full<Bytes>> {
-    Request::post(path)
+    json_request(hyper::Method::POST, host, path, body)
+}
+
+/// A JSON request with `method` to `path`.
+pub fn json_request(
+    method: hyper::Method,
+    host: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> Request<Full<Bytes>> {
+    Request::builder()
+        .method(method)
+        .uri(path)
         .header(hyper::header::HOST, host)
         .header(hyper::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))

@@ -5,4 +5,5 @@ pub mod bootstrap;
 pub mod loadgen;
 pub mod proxy;
 pub mod report;
+pub mod sglang;
 pub mod transfer;

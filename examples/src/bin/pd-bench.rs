@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use pd_examples::bench::bootstrap::{self, Settings};
 use pd_examples::bench::proxy::{self, ProxyCommand};
 use pd_examples::bench::report::{ms, table};
-use pd_examples::bench::transfer;
+use pd_examples::bench::{sglang, transfer};
 
 /// Measure the bootstrap server (and, with the peers installed, the proxy against them).
 #[derive(Debug, Parser)]
@@ -30,6 +30,10 @@ struct Args {
     /// proxy scenarios then measure them too.
     #[arg(long)]
     peers_venv: Option<PathBuf>,
+    /// A virtualenv with SGLang from examples/bench/sglang-peer.sh; the SGLang scenarios then
+    /// measure SGLang's own bootstrap server too.
+    #[arg(long)]
+    sglang_venv: Option<PathBuf>,
     /// `etcd://HOST:PORT`: run the bootstrap scenarios against the etcd backend (each scenario
     /// under its own cluster name) instead of the embedded store.
     #[arg(long)]
@@ -42,6 +46,8 @@ struct Args {
 enum Suite {
     /// Every bootstrap-server route at every concurrency.
     Bootstrap,
+    /// SGLang's bootstrap routes, beside SGLang's own server with --sglang-venv.
+    Sglang,
     /// 10,000 workers and many live request ids: memory, lookups, restart time.
     Scale {
         /// Live request ids to load (repeatable sizes, comma-separated).
@@ -151,6 +157,9 @@ async fn run(args: &Args, settings: &Settings) -> Result<String, String> {
     let mut out = format!("Machine: {}\n\n", machine());
     match &args.suite {
         Suite::Bootstrap => out.push_str(&table(&bootstrap::routes(settings).await?)),
+        Suite::Sglang => out.push_str(&table(
+            &sglang::routes(settings, args.sglang_venv.as_deref()).await?,
+        )),
         Suite::Scale { ids } => out.push_str(&scale_section(settings, ids).await?),
         Suite::Proxy => out.push_str(&proxy_section(settings, args.peers_venv.as_deref()).await?),
         Suite::Ttft { requests } => out.push_str(&ttft_section(settings, *requests).await?),
@@ -160,6 +169,10 @@ async fn run(args: &Args, settings: &Settings) -> Result<String, String> {
         Suite::All => {
             out.push_str("### Bootstrap server, per route\n\n");
             out.push_str(&table(&bootstrap::routes(settings).await?));
+            out.push_str("\n### SGLang's bootstrap wire\n\n");
+            out.push_str(&table(
+                &sglang::routes(settings, args.sglang_venv.as_deref()).await?,
+            ));
             out.push_str("\n### Bootstrap server at scale (10,000 workers)\n\n");
             out.push_str(&scale_section(settings, &[100_000, 1_000_000]).await?);
             out.push_str("\n### Proxy, to instant mock backends\n\n");
