@@ -249,16 +249,37 @@ impl EngineDirectory {
                     })?
             }
         };
-        if let Some((field, local, remote)) = self.layout.mismatch(&engine.meta) {
-            return Err(ClientError::Incompatible {
-                url: key,
-                engine_id: engine_id.to_owned(),
+        self.checked(key, engine)
+    }
+
+    /// The engine if the cache already holds it (checked against this D's layout), without
+    /// waiting or fetching: `None` means [`EngineDirectory::engine`] has work to do.
+    pub fn cached(
+        &self,
+        bootstrap_addr: &str,
+        engine_id: &str,
+    ) -> Option<Result<Arc<EngineInfo>, ClientError>> {
+        let key = normalize_url(bootstrap_addr).ok()?;
+        let engine = lock(&self.cache).get(&key)?.get()?.get(engine_id)?.clone();
+        Some(self.checked(key, engine))
+    }
+
+    /// `engine`, unless its layout differs from this D's.
+    fn checked(
+        &self,
+        url: String,
+        engine: Arc<EngineInfo>,
+    ) -> Result<Arc<EngineInfo>, ClientError> {
+        match self.layout.mismatch(&engine.meta) {
+            Some((field, local, remote)) => Err(ClientError::Incompatible {
+                url,
+                engine_id: engine.engine_id.clone(),
                 field,
                 local,
                 remote,
-            });
+            }),
+            None => Ok(engine),
         }
-        Ok(engine)
     }
 
     /// Forgets what is cached for `bootstrap_addr` (e.g. after a transfer from it failed).

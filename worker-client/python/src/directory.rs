@@ -88,6 +88,9 @@ impl PyEngineDirectory {
         engine_id: String,
     ) -> PyResult<PyEngineInfo> {
         check_process(self.pid)?;
+        if let Some(found) = self.directory.cached(&bootstrap_addr, &engine_id) {
+            return found.map(PyEngineInfo).map_err(|err| to_py(&err));
+        }
         let directory = self.directory.clone();
         let engine = block(py, async move {
             directory.engine(&bootstrap_addr, &engine_id).await
@@ -113,8 +116,9 @@ impl PyEngineDirectory {
     }
 
     /// Starts looking `engine_id` up at `bootstrap_addr` on the binding's own threads and
-    /// returns at once (microseconds, never the network); the lookup fails with `Timeout` after
-    /// `timeout` seconds at the latest. Poll the handle from the scheduler loop.
+    /// returns at once (microseconds, never the network); an engine already cached is in the
+    /// handle before it returns, and a lookup fails with `Timeout` after `timeout` seconds at
+    /// the latest. Poll the handle from the scheduler loop.
     #[pyo3(signature = (bootstrap_addr, engine_id, *, timeout=5.0))]
     fn submit_lookup(
         &self,
@@ -130,6 +134,10 @@ impl PyEngineDirectory {
             bootstrap_addr: bootstrap_addr.clone(),
             engine_id: engine_id.clone(),
         };
+        if let Some(found) = self.directory.cached(&bootstrap_addr, &engine_id) {
+            let _ = outcome.set(found);
+            return Ok(handle);
+        }
         let directory = self.directory.clone();
         runtime()?.spawn(async move {
             let looked_up =

@@ -69,6 +69,8 @@ def test_a_thousand_submitted_lookups_never_block_the_caller(server):
     except pd.NotFound:
         pass
     assert handles[0].done()
+    # Once the engines are cached, a submitted lookup is answered before submit returns.
+    assert directory.submit_lookup(server.url, "p3").done()
 
 
 def test_a_submitted_lookup_is_bounded_by_its_timeout():
