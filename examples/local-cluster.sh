@@ -5,14 +5,23 @@
 # Flags go to pd-cluster (see --help), e.g. --once to exit after the requests, --engine sglang
 # to play SGLang instead of vLLM, or
 # --transfer ucx to move the KV over UCX (built with --features ucx; needs libucx-dev).
+# --python (this script's own flag) registers the prefill workers from Python through the
+# pd_bootstrap package, built with maturin into target/py-venv (needs python3-venv and PyPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 features=()
 packages=()
+cluster_args=()
+python=""
 previous=""
 for arg in "$@"; do
   if [[ "$arg" == "--transfer=ucx" || ("$previous" == "--transfer" && "$arg" == "ucx") ]]; then
     features=(--features ucx)
+  fi
+  if [[ "$arg" == "--python" ]]; then
+    python=target/py-venv/bin/python
+  else
+    cluster_args+=("$arg")
   fi
   previous="$arg"
 done
@@ -37,4 +46,11 @@ if [[ ${#packages[@]} -gt 0 ]]; then
 fi
 
 cargo build --release --bins "${features[@]}"
-exec target/release/pd-cluster "$@"
+if [[ -n "$python" ]]; then
+  [[ -x "$python" ]] || python3 -m venv target/py-venv
+  "$python" -m pip install -q --disable-pip-version-check "maturin>=1.7,<2"
+  VIRTUAL_ENV="$PWD/target/py-venv" target/py-venv/bin/maturin develop --release -q \
+    -m worker-client/python/Cargo.toml
+  cluster_args+=(--register-with-python "$python")
+fi
+exec target/release/pd-cluster "${cluster_args[@]}"

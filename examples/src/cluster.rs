@@ -69,6 +69,10 @@ pub enum ClusterError {
     },
 }
 
+/// The script a `python_registrar` runs beside each prefill engine (in this repository).
+pub const REGISTER_ENGINE_SCRIPT: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/python/register_engine.py");
+
 /// One prefill engine's parallelism.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefillShape {
@@ -106,6 +110,10 @@ pub struct ClusterSpec {
     pub lease_ttl: Option<u32>,
     /// Whose engines the sims play (and the proxy's mode): vLLM's or SGLang's.
     pub dialect: Dialect,
+    /// The Python interpreter (with the pd_bootstrap package installed) that registers the
+    /// prefill workers through the binding, running `examples/python/register_engine.py` beside
+    /// each prefill, instead of the engines themselves (none: the engines do). vLLM only.
+    pub python_registrar: Option<PathBuf>,
 }
 
 impl ClusterSpec {
@@ -124,6 +132,7 @@ impl ClusterSpec {
             transfer: Transport::Tcp,
             lease_ttl: Some(10),
             dialect: Dialect::Vllm,
+            python_registrar: None,
         }
     }
 }
@@ -135,6 +144,8 @@ pub struct Cluster {
     pub bootstraps: Vec<Process>,
     /// The prefill engines.
     pub prefills: Vec<Process>,
+    /// The Python processes registering the prefills' workers (with `python_registrar`).
+    pub registrars: Vec<Process>,
     /// The decode engines.
     pub decodes: Vec<Process>,
     /// The proxy.
@@ -237,7 +248,9 @@ impl Cluster {
                 s(&"--bootstrap"),
                 bootstraps[i].url.clone(),
             ]);
-            if let Some(ttl) = spec.lease_ttl.filter(|_| spec.dialect == Dialect::Vllm) {
+            if spec.python_registrar.is_some() {
+                args.extend([s(&"--registration"), s(&"external")]);
+            } else if let Some(ttl) = spec.lease_ttl.filter(|_| spec.dialect == Dialect::Vllm) {
                 args.extend([s(&"--lease-ttl"), s(&ttl)]);
             }
             prefills.push(spawn_with_env(
@@ -266,6 +279,23 @@ impl Cluster {
         for process in prefills.iter_mut().chain(decodes.iter_mut()) {
             wait_for(process, "/health", ready_timeout).await?;
         }
+        let mut registrars = Vec::new();
+        if let Some(python) = &spec.python_registrar {
+            for (i, (prefill, bootstrap)) in prefills.iter().zip(&bootstraps).enumerate() {
+                let args = [
+                    s(&REGISTER_ENGINE_SCRIPT),
+                    s(&"--engine"),
+                    prefill.url.clone(),
+                    s(&"--bootstrap"),
+                    bootstrap.url.clone(),
+                    s(&"--ttl"),
+                    s(&spec.lease_ttl.unwrap_or(10)),
+                ];
+                let name = format!("register-{i}");
+                let url = bootstrap.url.clone();
+                registrars.push(spawn(&spec.run_dir, &name, python, &args, url)?);
+            }
+        }
         // Ready: vLLM's expected topology registered, or every rank of SGLang's.
         let ready = match spec.dialect {
             Dialect::Vllm => "/ready",
@@ -273,7 +303,14 @@ impl Cluster {
                 "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
             }
         };
-        for process in &mut bootstraps {
+        // A registrar's URL is its bootstrap server's: waiting through it also fails at once
+        // when the registrar dies (e.g. a Python without the package).
+        let registering = if registrars.is_empty() {
+            &mut bootstraps
+        } else {
+            &mut registrars
+        };
+        for process in registering {
             wait_for(process, ready, ready_timeout).await?;
         }
 
@@ -310,6 +347,7 @@ impl Cluster {
         Ok(Cluster {
             bootstraps,
             prefills,
+            registrars,
             decodes,
             proxy,
         })
@@ -319,17 +357,25 @@ impl Cluster {
     pub fn processes(&mut self) -> impl Iterator<Item = &mut Process> {
         std::iter::once(&mut self.proxy)
             .chain(self.decodes.iter_mut())
+            .chain(self.registrars.iter_mut())
             .chain(self.prefills.iter_mut())
             .chain(self.bootstraps.iter_mut())
     }
 
-    /// Stops every process gracefully, in order: the proxy, the decodes, the prefills (whose
-    /// lease revocations still reach a running bootstrap server), then the bootstrap servers;
-    /// each group at once, each process with SIGTERM and SIGKILL after a second.
+    /// Stops every process gracefully, in order: the proxy, the decodes, the registrars and
+    /// then the prefills (whose lease revocations still reach a running bootstrap server), then
+    /// the bootstrap servers; each group at once, each process with SIGTERM and SIGKILL after a
+    /// second.
     pub async fn shutdown(mut self) {
         let grace = Duration::from_secs(1);
         self.proxy.stop(grace).await;
-        for group in [&mut self.decodes, &mut self.prefills, &mut self.bootstraps] {
+        let groups = [
+            &mut self.decodes,
+            &mut self.registrars,
+            &mut self.prefills,
+            &mut self.bootstraps,
+        ];
+        for group in groups {
             join_all(group.iter_mut().map(|process| process.stop(grace))).await;
         }
     }

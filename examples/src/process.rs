@@ -14,7 +14,7 @@ use crate::cluster::ClusterError;
 pub struct Process {
     /// A short name (`bootstrap-0`, `prefill-1`, `proxy`...).
     pub name: String,
-    /// Its base URL.
+    /// Its base URL (a registrar's: the bootstrap server it registers with).
     pub url: String,
     /// Its log file.
     pub log: PathBuf,

@@ -60,6 +60,11 @@ struct Args {
     /// no leases: SGLang's wire has none).
     #[arg(long, value_enum, default_value_t = Dialect::Vllm)]
     engine: Dialect,
+    /// Register the prefill workers from Python through the pd_bootstrap package: this
+    /// interpreter (which must have the package) runs examples/python/register_engine.py beside
+    /// each prefill engine, under leases of --lease-ttl (10 if 0). vLLM only.
+    #[arg(long, value_name = "PYTHON")]
+    register_with_python: Option<PathBuf>,
 }
 
 async fn demo(proxy: &str, dialect: Dialect) -> Result<(), String> {
@@ -130,6 +135,18 @@ async fn demo(proxy: &str, dialect: Dialect) -> Result<(), String> {
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
     init_logging(LogFormat::Text);
+    if !args.transfer.is_built() {
+        eprintln!(
+            "error: --transfer {} needs pd-cluster and sim-engine built with `--features ucx` \
+             (examples/local-cluster.sh --transfer ucx does that)",
+            args.transfer
+        );
+        return std::process::ExitCode::FAILURE;
+    }
+    if args.register_with_python.is_some() && args.engine != Dialect::Vllm {
+        eprintln!("error: --register-with-python registers vLLM workers; it cannot be used with --engine {}", args.engine);
+        return std::process::ExitCode::FAILURE;
+    }
     let bin_dir = args.bin_dir.clone().unwrap_or_else(|| {
         std::env::current_exe()
             .ok()
@@ -154,14 +171,7 @@ async fn main() -> std::process::ExitCode {
     spec.transfer = args.transfer;
     spec.lease_ttl = (args.lease_ttl > 0).then_some(args.lease_ttl);
     spec.dialect = args.engine;
-    if !args.transfer.is_built() {
-        eprintln!(
-            "error: --transfer {} needs pd-cluster and sim-engine built with `--features ucx` \
-             (examples/local-cluster.sh --transfer ucx does that)",
-            args.transfer
-        );
-        return std::process::ExitCode::FAILURE;
-    }
+    spec.python_registrar = args.register_with_python.clone();
     println!(
         "Starting the local P/D cluster ({} engines), KV over {} (logs in {})",
         args.engine,
@@ -171,8 +181,9 @@ async fn main() -> std::process::ExitCode {
     let cluster = match Cluster::start(&spec).await {
         Ok(cluster) => cluster,
         Err(err) => {
+            // The error names a log in the run folder: keep it, even with --clean.
             eprintln!("error: {err}");
-            finish_run_dir(&run_dir, args.clean);
+            finish_run_dir(&run_dir, false);
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -182,6 +193,9 @@ async fn main() -> std::process::ExitCode {
             "  prefill-{i}: {} (dp={}, tp={}), bootstrap server {}",
             prefill.url, shape.dp, shape.tp, bootstrap.url
         );
+    }
+    if !cluster.registrars.is_empty() {
+        println!("  prefill workers registered from Python (examples/python/register_engine.py)");
     }
     for decode in &cluster.decodes {
         println!("  {}: {}", decode.name, decode.url);

@@ -29,6 +29,17 @@ pub enum Dialect {
     Sglang,
 }
 
+/// Who registers a prefill engine's workers with the bootstrap server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Registration {
+    /// The engine itself, as vLLM's and SGLang's workers do (and deregisters them at shutdown).
+    Engine,
+    /// A process beside it: the engine lists its workers under `workers` in `GET /stats` and
+    /// registers nothing (e.g. `examples/python/register_engine.py`, through the pd_bootstrap
+    /// Python package).
+    External,
+}
+
 impl std::fmt::Display for Dialect {
     /// The flag's value: `vllm` or `sglang`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -102,6 +113,10 @@ pub struct SimArgs {
     /// registrations stay until deregistered (as vLLM's do).
     #[arg(long, env = "SIM_LEASE_TTL", value_parser = clap::value_parser!(u32).range(1..=86_400))]
     pub lease_ttl: Option<u32>,
+    /// Prefill: who registers the workers, `engine` (this process) or `external` (a process
+    /// that reads them from `GET /stats`).
+    #[arg(long, env = "SIM_REGISTRATION", value_enum, default_value_t = Registration::Engine)]
+    pub registration: Registration,
     /// UCX: MiB of UCX-allocated KV memory per prefill worker.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub kv_pool_mib: u64,

@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 use worker_client::{BootstrapClient, ClientError, EngineDirectory, LeaseKeeper};
 
 use super::api::{count_tokens, parse_prompt, sse_event, Api, Prompt, ResponseMeta, SSE_DONE};
-use super::config::{Dialect, Role, SimArgs};
+use super::config::{Dialect, Registration, Role, SimArgs};
 use super::failure::Failure;
 use super::kv::{kv_bytes, shard_len, token, Shard};
 
@@ -136,7 +136,9 @@ impl SimEngine {
         };
         if engine.is_prefill() {
             engine.start_exporters().await?;
-            engine.register().await?;
+            if engine.args.registration == Registration::Engine {
+                engine.register().await?;
+            }
         }
         Ok(SimEngine {
             listener,
@@ -175,7 +177,10 @@ impl SimEngine {
             .layer(DefaultBodyLimit::max(engine.args.max_body_bytes))
             .with_state(engine.clone());
         let served = serve(self.listener, app, shutdown, ServeLimits::default()).await;
-        if engine.is_prefill() && engine.args.dialect == Dialect::Vllm {
+        if engine.is_prefill()
+            && engine.args.dialect == Dialect::Vllm
+            && engine.args.registration == Registration::Engine
+        {
             engine.deregister_vllm_workers().await;
         }
         served
@@ -379,5 +384,13 @@ async fn stats(State(engine): State<Arc<Engine>>) -> Json<Value> {
         "kv_bytes_pulled": load(&s.kv_bytes_pulled),
         "kv_pending": engine.exporters.values().map(KvExporter::pending).sum::<usize>(),
         "leases_alive": engine.leases_mut().iter().filter(|k| k.is_alive()).count(),
+        "workers": engine.exporters.iter().map(|(shard, exporter)| json!({
+            "engine_id": engine.engine_ids[shard.dp as usize],
+            "dp_rank": shard.dp,
+            "tp_rank": shard.tp,
+            "pp_rank": shard.pp,
+            "addr": exporter.transfer_addr(),
+        })).collect::<Vec<_>>(),
+        "meta": engine.args.engine_meta(),
     }))
 }
