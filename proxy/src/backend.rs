@@ -37,9 +37,19 @@ impl Role {
     }
 }
 
+/// A hash of a backend's role and URL.
+fn identity(role: Role, url: &str) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = foldhash::fast::FixedState::with_seed(0x1d).build_hasher();
+    h.write(role.as_str().as_bytes());
+    h.write(url.as_bytes());
+    h.finish()
+}
+
 /// One P or D server.
 pub struct Backend {
     url: String,
+    id: u64,
     role: Role,
     /// `{url}/v1/completions`.
     pub completions_url: Endpoint,
@@ -70,6 +80,7 @@ impl Backend {
         metrics.healthy.set(1);
         Backend {
             url: url.to_owned(),
+            id: identity(role, url),
             role,
             completions_url: Endpoint::new(join("/v1/completions")),
             chat_completions_url: Endpoint::new(join("/v1/chat/completions")),
@@ -88,6 +99,11 @@ impl Backend {
     /// The base URL.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// A stable identity for the policies: the same role and URL, the same id.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Prefill or decode.
@@ -249,6 +265,11 @@ pub struct DiscoveredRank<'a> {
 }
 
 impl Pair {
+    /// A stable identity for the policies: the prefill's and the dp rank's.
+    pub fn id(&self) -> u64 {
+        self.backend.id() ^ u64::from(self.dp_rank).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
     /// P calls to this dp rank not yet finished.
     pub fn outstanding(&self) -> usize {
         self.outstanding.load(Ordering::Relaxed)

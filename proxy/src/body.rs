@@ -100,6 +100,21 @@ pub fn decode_body(body: &mut Body, params: Value) -> Vec<u8> {
     serde_json::to_vec(body).expect("a JSON map serializes")
 }
 
+/// The body of a request D serves alone (no P, no KV to pull): the client's, without any
+/// transfer instructions a client may have sent (`kv_transfer_params`, SGLang's bootstrap
+/// fields).
+pub fn alone_body(body: &mut Body) -> Vec<u8> {
+    for field in [
+        KV_TRANSFER_PARAMS,
+        "bootstrap_host",
+        "bootstrap_port",
+        "bootstrap_room",
+    ] {
+        body.remove(field);
+    }
+    serde_json::to_vec(body).expect("a JSON map serializes")
+}
+
 /// P's body, made by changing the client's in place: `stream: false`, `max_tokens: 1`,
 /// `max_completion_tokens: 1` when present, no `stream_options`, and `kv_transfer_params` set to
 /// `params`.

@@ -11,24 +11,13 @@ use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use pd_service::{parse_seconds, LogFormat};
 use reqwest::Url;
 
+pub use crate::routing::settings::{Policy, RoutingArgs, RoutingConfig};
+
 /// vLLM's default bootstrap port (`VLLM_MOONCAKE_BOOTSTRAP_PORT`).
 pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 
 /// The environment variable read when no `--prefill` flag is given.
 pub const PREFILL_ENV: &str = "PD_PROXY_PREFILL";
-
-/// How backends are chosen for each request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum Policy {
-    /// Take the (prefill, dp rank) pairs and the decodes in turn.
-    #[default]
-    #[value(name = "round_robin", alias = "round-robin")]
-    RoundRobin,
-    /// Power of two random choices: of two random backends, take the one with fewer requests
-    /// outstanding through this proxy.
-    #[value(name = "least_loaded", alias = "least-loaded")]
-    LeastLoaded,
-}
 
 /// How P and D are called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
@@ -66,9 +55,12 @@ pub struct Args {
     /// A decode server's URL. Repeatable (or comma-separated).
     #[arg(long, env = "PD_PROXY_DECODE", value_delimiter = ',')]
     pub decode: Vec<String>,
-    /// How backends are chosen.
+    /// How backends are chosen (both choices, unless --prefill-policy or --decode-policy).
     #[arg(long, env = "PD_PROXY_POLICY", value_enum, default_value_t = Policy::RoundRobin)]
     pub policy: Policy,
+    /// The per-choice policies, their knobs and conditional disaggregation.
+    #[command(flatten)]
+    pub routing: RoutingArgs,
     /// Whether D starts with P (concurrent) or after P answered (sequential, for NIXL).
     #[arg(long, env = "PD_PROXY_MODE", value_enum, default_value_t = Mode::Concurrent)]
     pub mode: Mode,
@@ -188,8 +180,8 @@ pub struct Config {
     pub prefills: Vec<PrefillTarget>,
     /// The decode servers' base URLs, without trailing slashes.
     pub decodes: Vec<String>,
-    /// How backends are chosen.
-    pub policy: Policy,
+    /// How backends are chosen, and whether P is used.
+    pub routing: RoutingConfig,
     /// Concurrent or sequential P and D.
     pub mode: Mode,
     /// Time limit of one request to D, streaming included.
@@ -217,7 +209,7 @@ impl Config {
             port: 0,
             prefills,
             decodes,
-            policy: Policy::RoundRobin,
+            routing: RoutingConfig::with_policy(Policy::RoundRobin),
             mode: Mode::Concurrent,
             request_timeout: Duration::from_secs(600),
             prefill_timeout: Duration::from_secs(30),
@@ -274,6 +266,9 @@ pub enum ConfigError {
         /// The text given.
         port: String,
     },
+    /// `--decode-only-prefix-share` without a cache-aware decode policy to measure it.
+    #[error("--decode-only-prefix-share needs --decode-policy cache_aware (only it knows what each decode holds)")]
+    PrefixShareNeedsCacheAware,
     /// An entry of the prefill environment variable has more than two words.
     #[error("invalid {PREFILL_ENV} entry {0:?}: expected `URL` or `URL BOOTSTRAP_PORT`")]
     BadPrefillEntry(String),
@@ -399,7 +394,12 @@ impl Args {
         let mut config = Config::new(prefills, decodes);
         config.host = self.host;
         config.port = self.port;
-        config.policy = self.policy;
+        config.routing = self.routing.config(self.policy);
+        if config.routing.decode_only.prefix_share.is_some()
+            && config.routing.decode_policy != Policy::CacheAware
+        {
+            return Err(ConfigError::PrefixShareNeedsCacheAware);
+        }
         config.mode = self.mode;
         config.request_timeout = self.request_timeout;
         config.prefill_timeout = self.prefill_timeout.min(self.request_timeout);
@@ -549,7 +549,8 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(config.decodes.len(), 2);
-        assert_eq!(config.policy, Policy::LeastLoaded);
+        assert_eq!(config.routing.prefill_policy, Policy::LeastLoaded);
+        assert_eq!(config.routing.decode_policy, Policy::LeastLoaded);
         assert_eq!(config.mode, Mode::Sequential);
         assert_eq!(config.request_timeout, Duration::from_millis(1500));
         assert_eq!(config.api_key, None);
@@ -558,9 +559,30 @@ mod tests {
             &["--request-timeout", "0"],
             &["--health-failure-threshold", "0"],
             &["--prefill", "http://p:1", "2", "3"],
+            &["--cache-threshold", "1.5"],
+            &["--hash-load-factor", "0.5"],
+            &["--session-header", "bad header"],
+            &["--decode-policy", "sticky"],
         ] {
             let argv = std::iter::once("pd-proxy").chain(bad.iter().copied());
             assert!(Args::try_parse_args(argv).is_err(), "{bad:?} was accepted");
         }
+    }
+
+    #[test]
+    fn each_choice_takes_its_own_policy() {
+        let both = ["--prefill", "http://p:1", "--decode", "http://d:1"];
+        let mixed = ["--policy", "least_loaded", "--decode-policy", "cache_aware"];
+        let parsed = config(&[&both[..], &mixed].concat()).unwrap();
+        assert_eq!(parsed.routing.prefill_policy, Policy::LeastLoaded);
+        assert_eq!(parsed.routing.decode_policy, Policy::CacheAware);
+        let share = ["--decode-only-prefix-share", "0.8"];
+        assert!(matches!(
+            config(&[&both[..], &share].concat()),
+            Err(ConfigError::PrefixShareNeedsCacheAware)
+        ));
+        let aware = ["--decode-policy", "cache_aware"];
+        let parsed = config(&[&both[..], &share, &aware].concat()).unwrap();
+        assert_eq!(parsed.routing.decode_only.prefix_share, Some(0.8));
     }
 }

@@ -15,6 +15,7 @@ use crate::layers::request_id::RequestId;
 use crate::layers::track::TrackerSlot;
 use crate::metrics::{CallOutcome, Outcome};
 use crate::relay::{detach, Relay, Tracker};
+use crate::routing::decision::X_PD_ROUTE;
 use crate::state::{AppState, Route};
 
 /// `POST /v1/completions`, `POST /v1/chat/completions` and `POST /generate`: the route is the
@@ -59,6 +60,7 @@ fn respond(started: Started, mut tracker: Tracker, start: Instant) -> Response {
         decode,
         prefill,
         overhead,
+        route,
     } = started;
     let first_at = decode.first_at;
     tracker.metrics().first_byte(first_at.duration_since(start));
@@ -82,6 +84,9 @@ fn respond(started: Started, mut tracker: Tracker, start: Instant) -> Response {
     *response.status_mut() = status;
     if let Some(content_type) = content_type {
         response.headers_mut().insert(CONTENT_TYPE, content_type);
+    }
+    if let Some(route) = route {
+        response.headers_mut().insert(X_PD_ROUTE.clone(), route);
     }
     metrics.overhead(overhead + first_at.elapsed());
     response

@@ -102,7 +102,8 @@ impl Proxy {
             prefills = ?config.prefills.iter().map(|p| format!("{} (bootstrap {})", p.url, p.bootstrap_addr)).collect::<Vec<_>>(),
             decodes = ?config.decodes,
             mode = ?config.mode,
-            policy = ?config.policy,
+            prefill_policy = ?config.routing.prefill_policy,
+            decode_policy = ?config.routing.decode_policy,
             "pd-proxy listening"
         );
         // Streams may run for minutes: at shutdown they get a bounded grace, then are cut.

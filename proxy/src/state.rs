@@ -9,7 +9,8 @@ use crate::config::{Config, Mode};
 use crate::endpoint::Endpoint;
 use crate::ids::Ids;
 use crate::intake::Intake;
-use crate::metrics::{Metrics, RouteMetrics};
+use crate::metrics::{DecisionMetrics, Metrics, RouteMetrics};
+use crate::routing::settings::DecodeOnlyRules;
 use crate::routing::{policy_for, Policy, RequestInfo, Slice};
 use crate::upstream::Upstream;
 
@@ -64,6 +65,10 @@ pub struct Shared {
     pub ids: Ids,
     /// Reads client bodies under the limits.
     pub intake: Intake,
+    /// When a request skips P.
+    pub decode_only: DecodeOnlyRules,
+    /// The routing decision counters.
+    pub decisions: DecisionMetrics,
     pair_policy: Box<dyn Policy>,
     decode_policy: Box<dyn Policy>,
     completions: Arc<RouteMetrics>,
@@ -82,8 +87,10 @@ impl Shared {
         Shared {
             pool,
             upstream,
-            pair_policy: policy_for(config.policy),
-            decode_policy: policy_for(config.policy),
+            pair_policy: policy_for(config.routing.prefill_policy, &config.routing),
+            decode_policy: policy_for(config.routing.decode_policy, &config.routing),
+            decode_only: config.routing.decode_only,
+            decisions: metrics.decisions(),
             completions: Arc::new(metrics.route("/v1/completions")),
             chat_completions: Arc::new(metrics.route("/v1/chat/completions")),
             generate: Arc::new(metrics.route("/generate")),
@@ -110,6 +117,7 @@ impl Shared {
             items: pairs,
             usable: |pair: &Arc<Pair>| pair.backend.is_healthy(),
             load: |pair: &Arc<Pair>| pair.outstanding(),
+            id: |pair: &Arc<Pair>| pair.id(),
         };
         let index = self.pair_policy.pick(&candidates, request)?;
         Some(pairs[index].clone())
@@ -132,10 +140,23 @@ impl Shared {
                 decode.is_healthy() && decode.serves(model) && other(decode)
             },
             load: |decode: &Arc<Backend>| decode.outstanding(),
+            id: |decode: &Arc<Backend>| decode.id(),
         };
         match self.decode_policy.pick(&candidates, request) {
             Some(index) => Some(decodes[index].clone()),
             None => instead_of.cloned(),
         }
+    }
+
+    /// The share of `request`'s prompt the best-placed healthy decode holds, if the decode
+    /// policy knows (cache-aware).
+    pub fn decode_share(&self, request: &RequestInfo<'_>) -> Option<f64> {
+        let candidates = Slice {
+            items: &self.pool.decodes,
+            usable: |decode: &Arc<Backend>| decode.is_healthy(),
+            load: |decode: &Arc<Backend>| decode.outstanding(),
+            id: |decode: &Arc<Backend>| decode.id(),
+        };
+        self.decode_policy.prefix_match(&candidates, request)
     }
 }

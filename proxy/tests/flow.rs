@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use futures_util::StreamExt;
-use pd_proxy::config::{Mode, Policy};
+use pd_proxy::config::{Mode, Policy, RoutingConfig};
 use serde_json::{json, Value};
 
 fn transfer_id(seen: &Seen) -> String {
@@ -410,7 +410,7 @@ async fn round_robin_spreads_pairs_and_decodes_evenly() {
 #[tokio::test]
 async fn least_loaded_sends_new_requests_to_the_idle_decode() {
     let cluster = Cluster::start(2, &[(0, "engine-0")], |config| {
-        config.policy = Policy::LeastLoaded
+        config.routing = RoutingConfig::with_policy(Policy::LeastLoaded)
     })
     .await;
     for decode in &cluster.decodes {

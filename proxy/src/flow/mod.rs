@@ -6,6 +6,7 @@
 //! calls.
 
 mod concurrent;
+mod decode_only;
 mod failure;
 mod retry;
 mod sequential;
@@ -28,6 +29,7 @@ use crate::ids::X_REQUEST_ID;
 use crate::intake::IntakeError;
 use crate::metrics::Outcome;
 use crate::relay::PrefillCall;
+use crate::routing::decision::{self, Path, Reason, X_PD_ROUTE};
 use crate::routing::RequestInfo;
 use crate::state::{AppState, Route};
 use crate::upstream::DecodeStart;
@@ -43,6 +45,8 @@ pub struct Started {
     pub prefill: Option<PrefillCall>,
     /// The proxy's own time before D's call was issued.
     pub overhead: Duration,
+    /// The routing decision, for the answer's `x-pd-route` header (when the client asked).
+    pub route: Option<HeaderValue>,
 }
 
 /// What both flows need to call P and D.
@@ -96,7 +100,7 @@ impl Call<'_> {
         let (decode, prefill) = retry::decode_with_retry(
             self.state,
             self.route,
-            &self.pair,
+            Some(&self.pair),
             self.decode.clone(),
             &self.common,
             decode_body,
@@ -108,6 +112,7 @@ impl Call<'_> {
             decode,
             prefill,
             overhead,
+            route: None,
         })
     }
 }
@@ -152,45 +157,53 @@ pub async fn start(
     })?;
     drop(raw);
     let pairs = state.pool.pairs();
-    let (pair, decode) = {
-        let request = RequestInfo::new(&body, headers);
-        let pair = state.pick_pair(&pairs, &request).ok_or_else(|| {
-            unavailable(if pairs.is_empty() {
-                "no prefill is ready: no (prefill, dp rank) pair has been discovered yet \
-                 (waiting for each prefill's /health and its bootstrap server's /query; see GET /ready)"
-            } else {
-                "no prefill is ready: every prefill with discovered dp ranks is failing its \
-                 health checks (see GET /ready)"
-            })
-        })?;
-        let model = pair.model.as_deref();
-        let decode = state.pick_decode(None, model, &request).ok_or_else(|| {
-            let healthy = state.pool.decodes.iter().any(|d| d.is_healthy());
-            match model {
-                Some(model) if healthy => refused(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "service_unavailable",
-                    format!(
-                        "no healthy decode serves model {model:?}, which prefill {} (dp rank {}) \
-                         serves: P and D of different models are never paired (see GET /ready)",
-                        pair.backend.url(),
-                        pair.dp_rank
-                    ),
-                    Outcome::ModelMismatch,
-                ),
-                _ => unavailable(
-                    "no decode is ready: every decode is failing its health checks (see GET /ready)",
-                ),
-            }
-        })?;
-        (pair, decode)
+    let request = RequestInfo::new(&body, headers);
+    let early = decision::before_pick(&state.decode_only, &request, || {
+        state.decode_share(&request)
+    });
+    let pair = match early {
+        Some(_) => None,
+        None => state.pick_pair(&pairs, &request),
     };
+    let decision =
+        early.unwrap_or_else(|| decision::after_pick(&state.decode_only, pair.is_some()));
+    state.decisions.count(decision);
+    let explain = headers.contains_key(&X_PD_ROUTE);
+    let told = |refusal: Refusal| explained(refusal, explain.then(|| decision.header(None, None)));
+    let (pair, decode) = match (decision.path, pair) {
+        (Path::Disaggregated, Some(pair)) => {
+            let decode = pick_decode_for(state, &pair, &request).map_err(told)?;
+            (Some(pair), decode)
+        }
+        (Path::DecodeOnly, _) => {
+            if decision.reason == Reason::NoPrefillHealthy {
+                tracing::warn!(
+                    "no prefill can take the request: serving it on a decode alone \
+                     (--fallback decode-only)"
+                );
+            }
+            let decode = state
+                .pick_decode(None, None, &request)
+                .ok_or_else(no_decode)
+                .map_err(told)?;
+            (None, decode)
+        }
+        _ => return Err(told(no_prefill(pairs.is_empty()))),
+    };
+    let route_header = explain.then(|| {
+        let prefill = pair.as_ref().map(|p| (p.backend.url(), p.dp_rank));
+        decision.header(prefill, Some(decode.url()))
+    });
     let mut common = HeaderMap::with_capacity(4);
     common.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     common.insert(X_REQUEST_ID.clone(), request_id.clone());
     if let Some(authorization) = headers.get(AUTHORIZATION) {
         common.insert(AUTHORIZATION, authorization.clone());
     }
+    let Some(pair) = pair else {
+        let started = decode_only::run(state, route, decode, &common, body, headers, start).await;
+        return with_route(started, route_header);
+    };
     let call = Call {
         state,
         route,
@@ -201,9 +214,72 @@ pub async fn start(
         headers,
         start,
     };
-    match state.mode {
+    let started = match state.mode {
         Mode::Concurrent => concurrent::run(call, body).await,
         Mode::Sequential => sequential::run(call, body).await,
         Mode::Sglang => sglang::run(call, body).await,
+    };
+    with_route(started, route_header)
+}
+
+/// A healthy decode for `pair`'s model, or why there is none.
+fn pick_decode_for(
+    state: &AppState,
+    pair: &Pair,
+    request: &RequestInfo<'_>,
+) -> Result<Arc<crate::backend::Backend>, Refusal> {
+    let model = pair.model.as_deref();
+    state.pick_decode(None, model, request).ok_or_else(|| {
+        let healthy = state.pool.decodes.iter().any(|d| d.is_healthy());
+        match model {
+            Some(model) if healthy => refused(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                format!(
+                    "no healthy decode serves model {model:?}, which prefill {} (dp rank {}) \
+                     serves: P and D of different models are never paired (see GET /ready)",
+                    pair.backend.url(),
+                    pair.dp_rank
+                ),
+                Outcome::ModelMismatch,
+            ),
+            _ => no_decode(),
+        }
+    })
+}
+
+fn no_decode() -> Refusal {
+    unavailable("no decode is ready: every decode is failing its health checks (see GET /ready)")
+}
+
+fn no_prefill(none_discovered: bool) -> Refusal {
+    unavailable(if none_discovered {
+        "no prefill is ready: no (prefill, dp rank) pair has been discovered yet \
+         (waiting for each prefill's /health and its bootstrap server's /query; see GET /ready)"
+    } else {
+        "no prefill is ready: every prefill with discovered dp ranks is failing its \
+         health checks (see GET /ready)"
+    })
+}
+
+/// `refusal` with the `x-pd-route` header when the client asked.
+fn explained(mut refusal: Refusal, route: Option<HeaderValue>) -> Refusal {
+    if let Some(route) = route {
+        refusal
+            .response
+            .headers_mut()
+            .insert(X_PD_ROUTE.clone(), route);
+    }
+    refusal
+}
+
+/// `started` (or its refusal) carrying the routing decision when the client asked.
+fn with_route(
+    started: Result<Started, Refusal>,
+    route: Option<HeaderValue>,
+) -> Result<Started, Refusal> {
+    match started {
+        Ok(started) => Ok(Started { route, ..started }),
+        Err(refusal) => Err(explained(refusal, route)),
     }
 }

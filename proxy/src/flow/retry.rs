@@ -18,12 +18,13 @@ use crate::upstream::DecodeStart;
 pub type Decoding = (DecodeStart, Option<PrefillCall>);
 
 /// Sends `body` to `decode` (and once more to another decode if that fails retryably before
-/// its first byte), racing `prefill` when it is given.
+/// its first byte), racing `prefill` when it is given; `pair` is the prefill D pulls from (none
+/// when D serves the request alone).
 #[allow(clippy::too_many_arguments)]
 pub async fn decode_with_retry(
     state: &Shared,
     route: Route,
-    pair: &Pair,
+    pair: Option<&Pair>,
     mut decode: Arc<Backend>,
     common: &HeaderMap,
     body: Bytes,
@@ -59,7 +60,7 @@ pub async fn decode_with_retry(
             Ok(started) => return Ok((started, prefill)),
             Err(err) => err,
         };
-        if err.is_unknown_engine() {
+        if let Some(pair) = pair.filter(|_| err.is_unknown_engine()) {
             tracing::debug!(
                 decode = decode.url(),
                 engine = &*pair.engine_id,
@@ -68,7 +69,8 @@ pub async fn decode_with_retry(
             state.pool.prefills[pair.prefill_index].refresh.notify_one();
         }
         if !retried && err.retryable() {
-            if let Some(next) = state.pick_decode(Some(&decode), pair.model.as_deref(), request) {
+            let model = pair.and_then(|pair| pair.model.as_deref());
+            if let Some(next) = state.pick_decode(Some(&decode), model, request) {
                 tracing::debug!(decode = decode.url(), error = %err, "decode failed before its first byte; retrying");
                 state.route_metrics(route).retry();
                 decode = next;

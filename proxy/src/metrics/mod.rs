@@ -8,6 +8,8 @@ mod outcome;
 use std::time::Duration;
 
 pub use outcome::{CallOutcome, Outcome};
+
+use crate::routing::decision::Decision;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, TextEncoder,
@@ -94,6 +96,17 @@ impl RouteMetrics {
     }
 }
 
+/// The routing decision counters, one per possible decision.
+#[derive(Clone)]
+pub struct DecisionMetrics([IntCounter; Decision::ALL.len()]);
+
+impl DecisionMetrics {
+    /// Counts one decision.
+    pub fn count(&self, decision: Decision) {
+        self.0[decision.slot()].inc();
+    }
+}
+
 /// Every metric the proxy exports, in its own registry.
 pub struct Metrics {
     registry: prometheus::Registry,
@@ -110,6 +123,7 @@ pub struct Metrics {
     discoveries: IntCounterVec,
     watching: IntGaugeVec,
     watch_refreshes: IntCounterVec,
+    decisions: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -236,8 +250,17 @@ impl Metrics {
             &["backend"],
         )
         .expect("valid metric");
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "pd_proxy_route_decisions_total",
+                "Routing decisions: through P and D (disaggregated), to a decode alone (decode_only) or refused, and why",
+            ),
+            &["decision", "reason"],
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(decisions.clone()),
             Box::new(duration.clone()),
             Box::new(ttft.clone()),
             Box::new(overhead.clone()),
@@ -270,7 +293,16 @@ impl Metrics {
             discoveries,
             watching,
             watch_refreshes,
+            decisions,
         }
+    }
+
+    /// The routing decision counters.
+    pub fn decisions(&self) -> DecisionMetrics {
+        DecisionMetrics(Decision::ALL.map(|d| {
+            self.decisions
+                .with_label_values(&[d.path_label(), d.reason_label()])
+        }))
     }
 
     /// The handles of one route.

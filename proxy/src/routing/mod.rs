@@ -1,17 +1,24 @@
-//! Choosing a backend: a [`Policy`] sees the candidates (whether each is usable, and its load)
-//! and what the request is ([`RequestInfo`]), and picks one. One file per policy;
-//! [`policy_for`] builds the one `--policy` names. A request-aware policy (cache-aware, session
-//! affinity) is one more file here and one more `config::Policy` variant.
+//! Choosing a backend: a [`Policy`] sees the candidates (whether each is usable, its load and
+//! its identity) and what the request is ([`RequestInfo`]), and picks one. One file per policy;
+//! [`policy_for`] builds the one a flag names, [`settings`] holds the flags, [`decision`] decides
+//! whether a request goes through P at all.
 
+mod cache_aware;
+mod consistent_hash;
+pub mod decision;
 mod least_loaded;
+mod prefix_index;
 mod request;
 mod round_robin;
+pub mod settings;
 
+pub use cache_aware::CacheAware;
+pub use consistent_hash::ConsistentHash;
 pub use least_loaded::LeastLoaded;
 pub use request::RequestInfo;
 pub use round_robin::RoundRobin;
 
-use crate::config::Policy as PolicyName;
+use settings::{Policy as PolicyName, RoutingConfig};
 
 /// What a policy sees of the candidates, by index.
 pub trait Candidates {
@@ -21,6 +28,8 @@ pub trait Candidates {
     fn usable(&self, i: usize) -> bool;
     /// Candidate `i`'s load: requests outstanding through this proxy.
     fn load(&self, i: usize) -> usize;
+    /// Candidate `i`'s identity: the same backend keeps it while candidates come and go.
+    fn id(&self, i: usize) -> u64;
     /// True when there are none.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -31,27 +40,48 @@ pub trait Candidates {
 pub trait Policy: Send + Sync {
     /// The index of the candidate to use, or `None` when no candidate is usable.
     fn pick(&self, candidates: &dyn Candidates, request: &RequestInfo<'_>) -> Option<usize>;
-}
 
-/// The policy `name` (one instance per kind of choice: (prefill, dp rank) pairs, decodes).
-pub fn policy_for(name: PolicyName) -> Box<dyn Policy> {
-    match name {
-        PolicyName::RoundRobin => Box::new(RoundRobin::default()),
-        PolicyName::LeastLoaded => Box::new(LeastLoaded::default()),
+    /// The share of the request's prompt (0 to 1) the best-placed usable candidate already
+    /// holds, for policies that know (cache-aware); `None` for the others.
+    fn prefix_match(
+        &self,
+        _candidates: &dyn Candidates,
+        _request: &RequestInfo<'_>,
+    ) -> Option<f64> {
+        None
     }
 }
 
-/// [`Candidates`] over a slice, with the usability and load of an item given by closures.
-pub struct Slice<'a, T, U, L> {
+/// The policy `name` with `config`'s knobs (one instance per kind of choice: (prefill, dp
+/// rank) pairs, decodes).
+pub fn policy_for(name: PolicyName, config: &RoutingConfig) -> Box<dyn Policy> {
+    match name {
+        PolicyName::RoundRobin => Box::new(RoundRobin::default()),
+        PolicyName::LeastLoaded => Box::new(LeastLoaded::default()),
+        PolicyName::CacheAware => Box::new(CacheAware::new(config.cache)),
+        PolicyName::ConsistentHash => Box::new(ConsistentHash::new(config.session.clone())),
+    }
+}
+
+/// [`Candidates`] over a slice, with the usability, load and identity of an item given by
+/// closures.
+pub struct Slice<'a, T, U, L, I> {
     /// The items.
     pub items: &'a [T],
     /// Whether an item may be chosen.
     pub usable: U,
     /// An item's load.
     pub load: L,
+    /// An item's identity.
+    pub id: I,
 }
 
-impl<T, U: Fn(&T) -> bool, L: Fn(&T) -> usize> Candidates for Slice<'_, T, U, L> {
+impl<T, U, L, I> Candidates for Slice<'_, T, U, L, I>
+where
+    U: Fn(&T) -> bool,
+    L: Fn(&T) -> usize,
+    I: Fn(&T) -> u64,
+{
     fn len(&self) -> usize {
         self.items.len()
     }
@@ -62,6 +92,10 @@ impl<T, U: Fn(&T) -> bool, L: Fn(&T) -> usize> Candidates for Slice<'_, T, U, L>
 
     fn load(&self, i: usize) -> usize {
         (self.load)(&self.items[i])
+    }
+
+    fn id(&self, i: usize) -> u64 {
+        (self.id)(&self.items[i])
     }
 }
 
@@ -84,6 +118,9 @@ pub(crate) mod test_support {
         }
         fn load(&self, i: usize) -> usize {
             self.load[i]
+        }
+        fn id(&self, i: usize) -> u64 {
+            i as u64 + 1000
         }
     }
 
