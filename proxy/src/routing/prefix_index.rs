@@ -4,13 +4,15 @@
 //! A prompt is cut into blocks of [`BLOCK_BYTES`] bytes and each block is named by a hash
 //! chained over every block before it, so a block's hash stands for the whole prefix up to its
 //! end: the chain hashes of a prompt are the nodes of its path in a prefix tree, without storing
-//! the tree. The index maps a node to the backends that served it and when; the longest prefix
-//! a backend holds is the number of leading nodes it is listed under. Entries beyond the
-//! capacity leave least recently used first, as an engine's own prefix cache evicts.
+//! the tree. The index holds (node, backend) pairs; the longest prefix a backend holds is the
+//! number of leading nodes held with it. Pairs beyond the capacity leave least recently used
+//! first, as an engine's own prefix cache evicts.
 
-use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
+use std::num::NonZeroUsize;
 use std::sync::Mutex;
+
+use lru::LruCache;
 
 /// Bytes per block: a few dozen tokens, the granularity of engines' prefix caches.
 pub const BLOCK_BYTES: usize = 64;
@@ -32,124 +34,52 @@ pub fn prefix_blocks(text: &str) -> Vec<u64> {
         .collect()
 }
 
-/// Which backends served which prefixes.
+/// Which backends served which prefixes: (node, backend) pairs, least recently used evicted.
 #[derive(Debug)]
 pub struct PrefixIndex {
-    inner: Mutex<Entries>,
-}
-
-#[derive(Debug)]
-struct Entries {
-    /// Node -> (backend id, last use) of every backend that served it.
-    nodes: HashMap<u64, Vec<(u64, u64)>>,
-    /// (last use, node, backend) in order of use; stale when the node's entry is newer.
-    order: VecDeque<(u64, u64, u64)>,
-    /// Entries in `nodes`.
-    len: usize,
-    capacity: usize,
-    clock: u64,
+    pairs: Mutex<LruCache<(u64, u64), ()>>,
 }
 
 impl PrefixIndex {
-    /// An index holding at most `capacity` (node, backend) entries.
+    /// An index holding at most `capacity` (node, backend) pairs.
     pub fn new(capacity: usize) -> Self {
+        let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
         PrefixIndex {
-            inner: Mutex::new(Entries {
-                nodes: HashMap::new(),
-                order: VecDeque::new(),
-                len: 0,
-                capacity: capacity.max(1),
-                clock: 0,
-            }),
+            pairs: Mutex::new(LruCache::new(capacity)),
         }
     }
 
-    fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn pairs(&self) -> std::sync::MutexGuard<'_, LruCache<(u64, u64), ()>> {
+        self.pairs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// For each of `backends`, how many leading blocks of `blocks` it served.
     pub fn matches(&self, blocks: &[u64], backends: &[u64]) -> Vec<usize> {
-        let entries = self.entries();
-        let mut matched = vec![0; backends.len()];
-        for (depth, node) in blocks.iter().enumerate() {
-            let Some(holders) = entries.nodes.get(node) else {
-                break;
-            };
-            let mut any = false;
-            for (i, backend) in backends.iter().enumerate() {
-                if matched[i] == depth && holders.iter().any(|(b, _)| b == backend) {
-                    matched[i] = depth + 1;
-                    any = true;
-                }
-            }
-            if !any {
-                break;
-            }
-        }
-        matched
+        let pairs = self.pairs();
+        backends
+            .iter()
+            .map(|&backend| {
+                blocks
+                    .iter()
+                    .take_while(|&&node| pairs.contains(&(node, backend)))
+                    .count()
+            })
+            .collect()
     }
 
     /// Records that `backend` served `blocks` (it now caches them), evicting the least
-    /// recently used entries beyond the capacity.
+    /// recently used pairs beyond the capacity.
     pub fn insert(&self, blocks: &[u64], backend: u64) {
-        let mut entries = self.entries();
-        let Entries {
-            nodes,
-            order,
-            len,
-            clock,
-            ..
-        } = &mut *entries;
-        for node in blocks {
-            *clock += 1;
-            let holders = nodes.entry(*node).or_default();
-            match holders.iter_mut().find(|(b, _)| *b == backend) {
-                Some(entry) => entry.1 = *clock,
-                None => {
-                    holders.push((backend, *clock));
-                    *len += 1;
-                }
-            }
-            order.push_back((*clock, *node, backend));
+        let mut pairs = self.pairs();
+        for &node in blocks {
+            pairs.put((node, backend), ());
         }
-        entries.evict();
     }
 
-    /// How many (node, backend) entries are held.
+    /// How many (node, backend) pairs are held.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.entries().len
-    }
-}
-
-impl Entries {
-    fn evict(&mut self) {
-        while self.len > self.capacity {
-            let Some((used, node, backend)) = self.order.pop_front() else {
-                break;
-            };
-            let Some(holders) = self.nodes.get_mut(&node) else {
-                continue;
-            };
-            // Only the entry's latest use removes it; older ones are stale.
-            if let Some(at) = holders.iter().position(|&(b, t)| b == backend && t == used) {
-                holders.swap_remove(at);
-                self.len -= 1;
-                if holders.is_empty() {
-                    self.nodes.remove(&node);
-                }
-            }
-        }
-        // Stale uses pile up while nothing is evicted: drop them once they outnumber the live.
-        if self.order.len() > 2 * self.capacity.max(self.len) {
-            let nodes = &self.nodes;
-            self.order.retain(|&(used, node, backend)| {
-                nodes
-                    .get(&node)
-                    .is_some_and(|h| h.iter().any(|&(b, t)| b == backend && t == used))
-            });
-        }
+        self.pairs().len()
     }
 }
 
@@ -202,6 +132,5 @@ mod tests {
             index.insert(&[i], 3);
         }
         assert_eq!(index.len(), 4);
-        assert!(index.entries().order.len() <= 8);
     }
 }
