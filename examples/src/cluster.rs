@@ -103,6 +103,8 @@ pub struct ClusterSpec {
     pub decode_ms_per_token: u64,
     /// Extra flags for the proxy.
     pub proxy_args: Vec<String>,
+    /// Extra flags for every sim-engine (prefills and decodes).
+    pub engine_args: Vec<String>,
     /// The KV transport of the prefill engines.
     pub transfer: Transport,
     /// The prefill engines register under leases of this many seconds (none: until
@@ -129,6 +131,7 @@ impl ClusterSpec {
             prefill_us_per_token: 500,
             decode_ms_per_token: 10,
             proxy_args: Vec::new(),
+            engine_args: Vec::new(),
             transfer: Transport::Tcp,
             lease_ttl: Some(10),
             dialect: Dialect::Vllm,
@@ -219,7 +222,7 @@ impl Cluster {
             _ => &[],
         };
         let sim_args = |role: &str, port: u16| {
-            vec![
+            let mut args = vec![
                 s(&"--role"),
                 s(&role),
                 s(&"--dialect"),
@@ -232,7 +235,9 @@ impl Cluster {
                 s(&spec.prefill_us_per_token),
                 s(&"--decode-ms-per-token"),
                 s(&spec.decode_ms_per_token),
-            ]
+            ];
+            args.extend(spec.engine_args.iter().cloned());
+            args
         };
         for (i, shape) in spec.prefills.iter().enumerate() {
             let port = ports.take()?;

@@ -219,3 +219,82 @@ async fn the_cluster_moves_verified_kv_over_ucx() {
     }
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_returns_to_its_cache_and_skips_prefill_once_the_decode_holds_it() {
+    let (mut spec, _dir) = spec("e2e-cache-");
+    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }, PrefillShape { dp: 1, tp: 1 }];
+    spec.prefill_us_per_token = 2000;
+    spec.engine_args = ["--prefix-cache-blocks", "256"].map(str::to_owned).to_vec();
+    spec.proxy_args = [
+        "--policy",
+        "cache_aware",
+        "--decode-only-prefix-share",
+        "0.5",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let cluster = Cluster::start(&spec).await.expect("the cluster starts");
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/completions", cluster.proxy.url);
+    let first: String = (0..200).map(|i| format!("turn1word{i} ")).collect();
+    let second = format!(
+        "{first}{}",
+        (0..30)
+            .map(|i| format!("turn2word{i} "))
+            .collect::<String>()
+    );
+    let mut routes = Vec::new();
+    let mut ttfts = Vec::new();
+    for prompt in [&first, &second] {
+        let started = Instant::now();
+        let response = http
+            .post(&url)
+            .header("x-pd-route", "1")
+            .json(&json!({"model": "sim-model", "prompt": prompt, "max_tokens": 4}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        routes.push(
+            response.headers()["x-pd-route"]
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
+        response.text().await.unwrap();
+        ttfts.push(started.elapsed());
+    }
+    assert!(
+        routes[0].starts_with("decision=disaggregated"),
+        "{routes:?}"
+    );
+    assert!(
+        routes[1].starts_with("decision=decode_only; reason=prefix_hit"),
+        "{routes:?}"
+    );
+    // The decode computed only what its cache (filled by the first turn's KV) did not hold.
+    let mut decode_hits = 0;
+    for decode in &cluster.decodes {
+        decode_hits += stats(&decode.url).await["prefix_cache_hits"]
+            .as_u64()
+            .unwrap();
+    }
+    assert_eq!(
+        decode_hits, 192,
+        "the first turn's 12 whole blocks of 16 tokens"
+    );
+    assert!(ttfts[1] < ttfts[0] / 2, "{ttfts:?}");
+    // The engines report it as vLLM does.
+    let metrics = reqwest::get(format!("{}/metrics", cluster.decodes[0].url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("vllm:prefix_cache_hits_total"),
+        "{metrics}"
+    );
+    cluster.shutdown().await;
+}

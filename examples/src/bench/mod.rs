@@ -5,5 +5,6 @@ pub mod bootstrap;
 pub mod loadgen;
 pub mod proxy;
 pub mod report;
+pub mod routing;
 pub mod sglang;
 pub mod transfer;

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use pd_examples::bench::bootstrap::{self, Settings};
 use pd_examples::bench::proxy::{self, ProxyCommand};
 use pd_examples::bench::report::{ms, table};
-use pd_examples::bench::{sglang, transfer};
+use pd_examples::bench::{routing, sglang, transfer};
 
 /// Measure the bootstrap server (and, with the peers installed, the proxy against them).
 #[derive(Debug, Parser)]
@@ -61,6 +61,23 @@ enum Suite {
         /// Streamed requests per mode and concurrency.
         #[arg(long, default_value_t = 40)]
         requests: usize,
+    },
+    /// A multi-turn chat workload through simulated engines with prefix caches, once per
+    /// routing setup (round robin, least loaded, consistent hash, cache aware, cache aware with
+    /// decode-only on prefix hits): prefix hit rate, TTFT, throughput.
+    Routing {
+        /// Conversations.
+        #[arg(long, default_value_t = 200)]
+        sessions: usize,
+        /// Turns per conversation.
+        #[arg(long, default_value_t = 5)]
+        turns: usize,
+        /// Conversations at once.
+        #[arg(long, default_value_t = 16)]
+        parallel: usize,
+        /// Distinct system prompts the conversations share.
+        #[arg(long, default_value_t = 8)]
+        system_prompts: usize,
     },
     /// KV pull bandwidth between two processes (UCX over shared memory and TCP, and the TCP
     /// transport) beside memcpy; needs the binaries built with --all-features.
@@ -163,6 +180,21 @@ async fn run(args: &Args, settings: &Settings) -> Result<String, String> {
         Suite::Scale { ids } => out.push_str(&scale_section(settings, ids).await?),
         Suite::Proxy => out.push_str(&proxy_section(settings, args.peers_venv.as_deref()).await?),
         Suite::Ttft { requests } => out.push_str(&ttft_section(settings, *requests).await?),
+        Suite::Routing {
+            sessions,
+            turns,
+            parallel,
+            system_prompts,
+        } => {
+            let workload = routing::Workload {
+                sessions: *sessions,
+                turns: *turns,
+                concurrency: *parallel,
+                system_prompts: *system_prompts,
+            };
+            let rows = routing::compare(&settings.bin_dir, &settings.work_dir, workload).await?;
+            out.push_str(&routing::table(&rows));
+        }
         Suite::Transfer { mib, pulls } => {
             out.push_str(&transfer_section(settings, *mib, *pulls).await?)
         }

@@ -113,6 +113,10 @@ pub struct SimArgs {
     /// registrations stay until deregistered (as vLLM's do).
     #[arg(long, env = "SIM_LEASE_TTL", value_parser = clap::value_parser!(u32).range(1..=86_400))]
     pub lease_ttl: Option<u32>,
+    /// Blocks of 16 tokens the engine's prefix cache holds (least recently used evicted); a
+    /// prompt's cached leading blocks take no prefill time. 0: no prefix cache.
+    #[arg(long, env = "SIM_PREFIX_CACHE_BLOCKS", default_value_t = 0)]
+    pub prefix_cache_blocks: usize,
     /// Prefill: who registers the workers, `engine` (this process) or `external` (a process
     /// that reads them from `GET /stats`).
     #[arg(long, env = "SIM_REGISTRATION", value_enum, default_value_t = Registration::Engine)]

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,7 @@ use super::api::{count_tokens, parse_prompt, sse_event, Api, Prompt, ResponseMet
 use super::config::{Dialect, Registration, Role, SimArgs};
 use super::failure::Failure;
 use super::kv::{kv_bytes, shard_len, token, Shard};
+use super::prefix_cache::PrefixCache;
 
 /// How long a decode engine keeps retrying a remote bootstrap server's `GET /query`.
 const LOOKUP_DEADLINE: Duration = Duration::from_secs(5);
@@ -59,6 +61,8 @@ pub enum SimError {
 #[derive(Default)]
 struct Stats {
     requests: AtomicU64,
+    /// Requests being handled.
+    running: AtomicU64,
     kv_published: AtomicU64,
     kv_transfers_verified: AtomicU64,
     kv_transfers_failed: AtomicU64,
@@ -80,6 +84,8 @@ struct Engine {
     /// vLLM P role with `--lease-ttl`: the keepers of the workers' leases.
     leases: std::sync::Mutex<Vec<LeaseKeeper>>,
     stats: Stats,
+    /// With `--prefix-cache-blocks`: the model of the engine's prefix cache.
+    prefix_cache: Option<PrefixCache>,
 }
 
 /// A bound, registered engine, ready to serve.
@@ -132,6 +138,7 @@ impl SimEngine {
             bootstrap,
             leases: std::sync::Mutex::new(Vec::new()),
             stats: Stats::default(),
+            prefix_cache: NonZeroUsize::new(args.prefix_cache_blocks).map(PrefixCache::new),
             args,
         };
         if engine.is_prefill() {
@@ -174,6 +181,7 @@ impl SimEngine {
             .route("/v1/models", get(models))
             .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
             .route("/stats", get(stats))
+            .route("/metrics", get(metrics))
             .layer(DefaultBodyLimit::max(engine.args.max_body_bytes))
             .with_state(engine.clone());
         let served = serve(self.listener, app, shutdown, ServeLimits::default()).await;
@@ -224,14 +232,25 @@ impl Engine {
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Computing `prompt`: the time its tokens not in the prefix cache take.
     fn prefill_time(&self, prompt: &Prompt) -> Duration {
-        Duration::from_micros(
-            self.args.prefill_us_per_token * u64::from(count_tokens(&prompt.text)),
-        )
+        let tokens = count_tokens(&prompt.text);
+        let cached = self
+            .prefix_cache
+            .as_ref()
+            .map_or(0, |cache| cache.compute(&prompt.text, tokens));
+        Duration::from_micros(self.args.prefill_us_per_token * u64::from(tokens - cached))
     }
 
     async fn handle(&self, api: Api, headers: &HeaderMap, body: &[u8]) -> Response {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        self.stats.running.fetch_add(1, Ordering::Relaxed);
+        let response = self.answer(api, headers, body).await;
+        self.stats.running.fetch_sub(1, Ordering::Relaxed);
+        response
+    }
+
+    async fn answer(&self, api: Api, headers: &HeaderMap, body: &[u8]) -> Response {
         let body: Value = match serde_json::from_slice(body) {
             Ok(value) => value,
             Err(err) => {
@@ -370,6 +389,52 @@ async fn models(State(engine): State<Arc<Engine>>) -> Json<Value> {
     ]}))
 }
 
+/// vLLM's metrics this engine can report, in Prometheus' text format: requests running and
+/// waiting (the load a router may read) and the prefix cache's queried and hit tokens.
+async fn metrics(State(engine): State<Arc<Engine>>) -> String {
+    let registry = prometheus::Registry::new();
+    let labels = [("model_name".to_owned(), engine.args.model.clone())];
+    let gauge = |name: &str, help: &str, value: u64| {
+        let opts = prometheus::Opts::new(name, help).const_labels(labels.iter().cloned().collect());
+        let gauge = prometheus::IntGauge::with_opts(opts).expect("a valid metric");
+        gauge.set(i64::try_from(value).unwrap_or(i64::MAX));
+        registry.register(Box::new(gauge)).expect("unique names");
+    };
+    let counter = |name: &str, help: &str, value: u64| {
+        let opts = prometheus::Opts::new(name, help).const_labels(labels.iter().cloned().collect());
+        let counter = prometheus::IntCounter::with_opts(opts).expect("a valid metric");
+        counter.inc_by(value);
+        registry.register(Box::new(counter)).expect("unique names");
+    };
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let cache = engine.prefix_cache.as_ref();
+    gauge(
+        "vllm:num_requests_running",
+        "Requests being handled",
+        load(&engine.stats.running),
+    );
+    gauge(
+        "vllm:num_requests_waiting",
+        "Requests queued (the simulator queues none)",
+        0,
+    );
+    counter(
+        "vllm:prefix_cache_queries_total",
+        "Prompt tokens looked up in the prefix cache",
+        cache.map_or(0, |c| load(&c.queries)),
+    );
+    counter(
+        "vllm:prefix_cache_hits_total",
+        "Prompt tokens found in the prefix cache",
+        cache.map_or(0, |c| load(&c.hits)),
+    );
+    let mut out = String::new();
+    prometheus::TextEncoder::new()
+        .encode_utf8(&registry.gather(), &mut out)
+        .expect("the text format encodes");
+    out
+}
+
 async fn stats(State(engine): State<Arc<Engine>>) -> Json<Value> {
     let s = &engine.stats;
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -384,6 +449,9 @@ async fn stats(State(engine): State<Arc<Engine>>) -> Json<Value> {
         "kv_bytes_pulled": load(&s.kv_bytes_pulled),
         "kv_pending": engine.exporters.values().map(KvExporter::pending).sum::<usize>(),
         "leases_alive": engine.leases_mut().iter().filter(|k| k.is_alive()).count(),
+        "running": load(&s.running),
+        "prefix_cache_queries": engine.prefix_cache.as_ref().map_or(0, |c| load(&c.queries)),
+        "prefix_cache_hits": engine.prefix_cache.as_ref().map_or(0, |c| load(&c.hits)),
         "workers": engine.exporters.iter().map(|(shard, exporter)| json!({
             "engine_id": engine.engine_ids[shard.dp as usize],
             "dp_rank": shard.dp,

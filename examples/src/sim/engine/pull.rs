@@ -77,6 +77,9 @@ impl Engine {
                 self.stats
                     .kv_transfers_verified
                     .fetch_add(1, Ordering::Relaxed);
+                if let Some(cache) = &self.prefix_cache {
+                    cache.store(&prompt.text);
+                }
                 Ok(())
             }
             Some((status, message, stale_addresses)) => {
