@@ -29,6 +29,16 @@ pub struct Workload {
     pub system_prompts: usize,
 }
 
+impl Workload {
+    /// The default: 200 five-turn conversations, 16 at a time, over 8 system prompts.
+    pub const CHAT: Workload = Workload {
+        sessions: 200,
+        turns: 5,
+        concurrency: 16,
+        system_prompts: 8,
+    };
+}
+
 /// Words (= simulated tokens) of a system prompt, a question and an answer.
 const SYSTEM_WORDS: usize = 50;
 const QUESTION_WORDS: usize = 200;

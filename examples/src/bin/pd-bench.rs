@@ -211,6 +211,14 @@ async fn run(args: &Args, settings: &Settings) -> Result<String, String> {
             out.push_str(&proxy_section(settings, args.peers_venv.as_deref()).await?);
             out.push_str("\n### TTFT: concurrent fan-out against sequential P then D\n\n");
             out.push_str(&ttft_section(settings, 40).await?);
+            out.push_str("\n### Routing on a multi-turn chat workload\n\n");
+            let rows = routing::compare(
+                &settings.bin_dir,
+                &settings.work_dir,
+                routing::Workload::CHAT,
+            )
+            .await?;
+            out.push_str(&routing::table(&rows));
             out.push_str("\n### KV data plane: pull bandwidth beside memcpy\n\n");
             out.push_str(&transfer_section(settings, 64, 8).await?);
         }
