@@ -173,6 +173,16 @@ async fn short_prompts_go_to_a_decode_alone_and_say_why() {
     let metrics = metrics(&cluster).await;
     assert_eq!(decisions(&metrics, "decode_only", "short_prompt"), 1);
     assert_eq!(decisions(&metrics, "disaggregated", "long_prompt"), 1);
+    // The phases: P answered once, D's first byte came twice.
+    let count = |name: &str| {
+        let series = format!("{name}_count{{route=\"/v1/completions\"}} ");
+        let line = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&series).map(str::to_owned));
+        line.map_or(0, |v| v.trim().parse::<u64>().unwrap())
+    };
+    assert_eq!(count("pd_proxy_prefill_duration_seconds"), 1);
+    assert_eq!(count("pd_proxy_decode_first_byte_seconds"), 2);
 }
 
 #[tokio::test]

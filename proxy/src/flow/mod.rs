@@ -77,11 +77,15 @@ impl Call<'_> {
         let state = self.state.clone();
         let (route, headers) = (self.route, self.prefill_headers());
         Box::pin(async move {
-            state
+            let started = Instant::now();
+            let answered = state
                 .upstream
                 .prefill(call, route.endpoint(&pair.backend), headers, body)
-                .await
-                .map_err(|err| prefill_failure(&pair, &err))
+                .await;
+            state
+                .route_metrics(route)
+                .prefill_answered(started.elapsed());
+            answered.map_err(|err| prefill_failure(&pair, &err))
         })
     }
 }

@@ -34,6 +34,7 @@ pub async fn decode_with_retry(
     let mut retried = false;
     loop {
         let call = decode.call();
+        let issued = std::time::Instant::now();
         let decoding =
             state
                 .upstream
@@ -57,7 +58,11 @@ pub async fn decode_with_retry(
             }
         };
         let err = match result {
-            Ok(started) => return Ok((started, prefill)),
+            Ok(started) => {
+                let waited = started.first_at.saturating_duration_since(issued);
+                state.route_metrics(route).decode_first_byte(waited);
+                return Ok((started, prefill));
+            }
             Err(err) => err,
         };
         if let Some(pair) = pair.filter(|_| err.is_unknown_engine()) {

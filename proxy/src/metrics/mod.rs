@@ -65,6 +65,8 @@ pub struct RouteMetrics {
     overhead: Histogram,
     in_flight: IntGauge,
     retries: IntCounter,
+    prefill: Histogram,
+    decode_first_byte: Histogram,
 }
 
 impl RouteMetrics {
@@ -94,6 +96,16 @@ impl RouteMetrics {
     pub fn retry(&self) {
         self.retries.inc();
     }
+
+    /// Records how long P took to answer (its whole call).
+    pub fn prefill_answered(&self, elapsed: Duration) {
+        self.prefill.observe(elapsed.as_secs_f64());
+    }
+
+    /// Records the time from D's call being issued to its first byte.
+    pub fn decode_first_byte(&self, elapsed: Duration) {
+        self.decode_first_byte.observe(elapsed.as_secs_f64());
+    }
 }
 
 /// The routing decision counters, one per possible decision.
@@ -116,6 +128,8 @@ pub struct Metrics {
     overhead: HistogramVec,
     in_flight: IntGaugeVec,
     retries: IntCounterVec,
+    prefill: HistogramVec,
+    decode_first_byte: HistogramVec,
     calls: IntCounterVec,
     backend_in_flight: IntGaugeVec,
     healthy: IntGaugeVec,
@@ -178,6 +192,24 @@ impl Metrics {
                 "The proxy's own time per request: from the request's arrival until D's call is issued, plus from D's first byte until the answer is handed to the client",
             )
             .buckets(OVERHEAD_BUCKETS.to_vec()),
+            route,
+        )
+        .expect("valid metric");
+        let prefill = HistogramVec::new(
+            HistogramOpts::new(
+                "pd_proxy_prefill_duration_seconds",
+                "Time P took to answer (its whole call: the prompt's computation and KV publication)",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            route,
+        )
+        .expect("valid metric");
+        let decode_first_byte = HistogramVec::new(
+            HistogramOpts::new(
+                "pd_proxy_decode_first_byte_seconds",
+                "Time from D's call being issued to its first byte (D's wait for the KV included)",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
             route,
         )
         .expect("valid metric");
@@ -266,6 +298,8 @@ impl Metrics {
             Box::new(overhead.clone()),
             Box::new(in_flight.clone()),
             Box::new(retries.clone()),
+            Box::new(prefill.clone()),
+            Box::new(decode_first_byte.clone()),
             Box::new(calls.clone()),
             Box::new(backend_in_flight.clone()),
             Box::new(healthy.clone()),
@@ -286,6 +320,8 @@ impl Metrics {
             overhead,
             in_flight,
             retries,
+            prefill,
+            decode_first_byte,
             calls,
             backend_in_flight,
             healthy,
@@ -314,6 +350,8 @@ impl Metrics {
             overhead: self.overhead.with_label_values(&[route]),
             in_flight: self.in_flight.with_label_values(&[route]),
             retries: self.retries.with_label_values(&[route]),
+            prefill: self.prefill.with_label_values(&[route]),
+            decode_first_byte: self.decode_first_byte.with_label_values(&[route]),
         }
     }
 
@@ -344,5 +382,49 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut out)
             .expect("text encoding into a Vec cannot fail");
         String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dashboard under docs/ queries only metrics the proxy exports.
+    #[test]
+    fn the_grafana_dashboard_names_real_metrics() {
+        let metrics = Metrics::new();
+        let route = metrics.route("/v1/completions");
+        route.prefill_answered(Duration::from_millis(1));
+        route.decode_first_byte(Duration::from_millis(1));
+        route.first_byte(Duration::from_millis(1));
+        route.overhead(Duration::from_millis(1));
+        route.finish(Outcome::Ok, Duration::from_millis(1));
+        route.retry();
+        metrics
+            .backend("prefill", "http://p:1")
+            .call(CallOutcome::Ok);
+        metrics.decisions().count(Decision::ALL[0]);
+        let rendered = metrics.render();
+        let dashboard = include_str!("../../../docs/grafana/pd-proxy.json");
+        let mut names: Vec<&str> = dashboard
+            .match_indices("pd_proxy_")
+            .map(|(at, _)| {
+                let rest = &dashboard[at..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        assert!(names.len() >= 8, "{names:?}");
+        for name in names {
+            assert!(
+                rendered.contains(&format!("\n{name}{{"))
+                    || rendered.contains(&format!("\n{name} ")),
+                "the dashboard queries {name}, which the proxy does not export"
+            );
+        }
     }
 }
