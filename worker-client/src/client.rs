@@ -10,8 +10,8 @@ use serde::Serialize;
 use crate::error::ClientError;
 use crate::retry::RetryPolicy;
 use pd_protocol::native::{
-    Deregister, DeregisterResponse, LeaseStatus, ReadyStatus, ReleaseResponse, RevokeResponse,
-    WatchBatch, WorkerList,
+    Deregister, DeregisterResponse, DrainResponse, LeaseStatus, ReadyStatus, ReleaseResponse,
+    RevokeResponse, WatchBatch, WorkerList,
 };
 use pd_protocol::vllm::{
     QueryRequests, QueryRequestsResponse, RegisterRequest, RegisterResponse, RegisterWorker,
@@ -444,6 +444,27 @@ impl BootstrapClient {
             })
             .await?;
         Ok(answer.removed)
+    }
+
+    /// Marks an engine draining (`POST /engines/{id}/drain`: routers send it no new requests)
+    /// or lifts the mark (`DELETE`); returns how many workers the engine has. Retried until
+    /// the call deadline; an unknown engine is [`ClientError::Rejected`] with status 404.
+    #[tracing::instrument(skip(self), fields(url = %self.base))]
+    pub async fn drain(&self, engine_id: &str, draining: bool) -> Result<usize, ClientError> {
+        let method = if draining {
+            Method::POST
+        } else {
+            Method::DELETE
+        };
+        let path = format!("/engines/{}/drain", percent_encode(engine_id));
+        let answer: DrainResponse = self
+            .settings
+            .retry
+            .run(&self.base, self.settings.call_deadline, || {
+                self.call_ok::<(), _>(method.clone(), &path, None)
+            })
+            .await?;
+        Ok(answer.workers)
     }
 
     /// P side: maps a request id to the dp rank holding its KV (`POST /register_request`),

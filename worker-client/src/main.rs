@@ -100,6 +100,15 @@ enum Command {
         #[arg(long)]
         pp_rank: Option<Rank>,
     },
+    /// Mark an engine draining (routers that follow the server's watch, such as pd-proxy, send
+    /// it no new requests within a second) or, with --undo, take requests again.
+    Drain {
+        /// The engine id.
+        engine_id: String,
+        /// Lift the mark.
+        #[arg(long)]
+        undo: bool,
+    },
     /// Show the registered topology.
     Query {
         /// Only this engine.
@@ -270,6 +279,15 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 })
                 .await?;
             println!("removed {removed} worker(s)");
+        }
+        Command::Drain { engine_id, undo } => {
+            let workers = client.drain(&engine_id, !undo).await?;
+            let state = if undo {
+                "takes requests again"
+            } else {
+                "is draining"
+            };
+            println!("engine {engine_id} ({workers} worker(s)) {state}");
         }
         Command::Query { engine_id, json } => {
             let topology = client.topology(engine_id.as_deref()).await?;

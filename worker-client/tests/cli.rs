@@ -353,3 +353,44 @@ async fn watch_prints_the_snapshot_then_each_event_as_json() {
     );
     assert_eq!(watch.terminate().await, 0);
 }
+
+#[tokio::test]
+async fn drain_marks_an_engine_and_undo_lifts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), None).await;
+    let url = server.url();
+    let args = [
+        "register",
+        "--engine-id",
+        "p0",
+        "--addr",
+        "tcp://10.0.0.5:4000",
+    ];
+    assert_eq!(cli(&url, &args).await.code, 0);
+    let draining = |url: String| async move {
+        let workers: serde_json::Value = reqwest::get(format!("{url}/workers"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        workers["workers"][0]["draining"].as_bool().unwrap_or(false)
+    };
+    let run = cli(&url, &["drain", "p0"]).await;
+    assert_eq!(
+        (run.code, run.stdout.trim()),
+        (0, "engine p0 (1 worker(s)) is draining"),
+        "{}",
+        run.stderr
+    );
+    assert!(draining(url.clone()).await);
+    let run = cli(&url, &["drain", "p0", "--undo"]).await;
+    assert_eq!(
+        run.stdout.trim(),
+        "engine p0 (1 worker(s)) takes requests again"
+    );
+    assert!(!draining(url.clone()).await);
+    let run = cli(&url, &["drain", "nobody"]).await;
+    assert_eq!(run.code, 1, "an unknown engine exits 1");
+    assert!(run.stderr.contains("nobody"), "{}", run.stderr);
+}

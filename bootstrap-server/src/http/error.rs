@@ -41,7 +41,7 @@ pub fn status_of(err: &RegistryError) -> StatusCode {
         | RegistryError::Worker(_)
         | RegistryError::TpSizeMismatch { .. }
         | RegistryError::Request(RequestConflict::RankMismatch { .. }) => StatusCode::BAD_REQUEST,
-        RegistryError::UnknownLease(_) => StatusCode::NOT_FOUND,
+        RegistryError::UnknownLease(_) | RegistryError::UnknownEngine(_) => StatusCode::NOT_FOUND,
         RegistryError::Compacted { .. } | RegistryError::AheadOfRegistry { .. } => StatusCode::GONE,
         RegistryError::Request(RequestConflict::Full { .. }) | RegistryError::Store(_) => {
             StatusCode::SERVICE_UNAVAILABLE

@@ -9,8 +9,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use pd_protocol::native::{
-    Deregister, DeregisterResponse, LeaseStatus, ReadyStatus, ReleaseResponse, RevokeResponse,
-    WatchBatch, WatchGone, WorkerEvent, WorkerEventKind, WorkerInfo, WorkerList,
+    Deregister, DeregisterResponse, DrainResponse, LeaseStatus, ReadyStatus, ReleaseResponse,
+    RevokeResponse, WatchBatch, WatchGone, WorkerEvent, WorkerEventKind, WorkerInfo, WorkerList,
 };
 use pd_protocol::{LeaseId, Revision, Status};
 use serde::Deserialize;
@@ -34,6 +34,7 @@ pub fn writes() -> Router<AppState> {
         .route("/requests/{req_id}", delete(release_request))
         .route("/leases/{lease_id}", delete(revoke_lease))
         .route("/leases/{lease_id}/keepalive", post(keep_alive))
+        .route("/engines/{engine_id}/drain", post(drain).delete(undrain))
 }
 
 /// The read routes.
@@ -56,6 +57,7 @@ pub fn worker_info(record: &WorkerRecord) -> WorkerInfo {
         addr: record.addr.clone(),
         lease_id: record.lease.map(|l| l.id),
         incarnation: Some(record.incarnation),
+        draining: record.draining,
         meta: (*record.meta).clone(),
     }
 }
@@ -110,6 +112,36 @@ async fn deregister(
     Ok(Json(DeregisterResponse {
         status: "ok".to_owned(),
         removed,
+    }))
+}
+
+/// `POST /engines/{engine_id}/drain`: routers stop sending the engine new requests.
+async fn drain(
+    State(state): State<AppState>,
+    Path(engine_id): Path<String>,
+) -> Result<Json<DrainResponse>, ApiError> {
+    mark(&state, engine_id, true).await
+}
+
+/// `DELETE /engines/{engine_id}/drain`: the engine takes requests again.
+async fn undrain(
+    State(state): State<AppState>,
+    Path(engine_id): Path<String>,
+) -> Result<Json<DrainResponse>, ApiError> {
+    mark(&state, engine_id, false).await
+}
+
+async fn mark(
+    state: &AppState,
+    engine_id: String,
+    draining: bool,
+) -> Result<Json<DrainResponse>, ApiError> {
+    let workers = state.registry.drain(&engine_id, draining).await?;
+    Ok(Json(DrainResponse {
+        status: "ok".to_owned(),
+        engine_id,
+        draining,
+        workers,
     }))
 }
 

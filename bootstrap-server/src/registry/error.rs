@@ -38,6 +38,9 @@ pub enum RegistryError {
         /// The tp size D sent.
         got: Rank,
     },
+    /// No worker of the engine is registered.
+    #[error("engine {0:?} has no registered workers")]
+    UnknownEngine(String),
     /// The lease has expired, was revoked or never existed.
     #[error("lease {0} is not live (expired or revoked): register again")]
     UnknownLease(LeaseId),

@@ -295,6 +295,27 @@ impl Registry {
         Ok(removed)
     }
 
+    /// Marks every worker of `engine_id` draining (routers send it no new requests) or lifts
+    /// the mark; returns how many workers the engine has. Its workers keep the mark when they
+    /// renew, re-register or restart under the same engine id.
+    pub async fn drain(
+        self: &Arc<Self>,
+        engine_id: &str,
+        draining: bool,
+    ) -> Result<usize, RegistryError> {
+        validate_id("engine_id", engine_id)?;
+        let engine = engine_id.to_owned();
+        let workers = self
+            .write(move |table, _| {
+                table
+                    .plan_drain(&engine, draining)
+                    .ok_or_else(|| RegistryError::UnknownEngine(engine.clone()))
+            })
+            .await?;
+        tracing::info!(engine_id, draining, workers, "engine drain mark set");
+        Ok(workers)
+    }
+
     /// Plans a worker change against the current table and commits it, guarded by the revision
     /// of the table it was planned on; returns once the change is in this replica's tables and
     /// durable.

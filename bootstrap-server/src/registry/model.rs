@@ -57,6 +57,8 @@ pub struct WorkerRecord {
     /// Attributes a wire dialect keeps with the worker and reads back (SGLang's topology row);
     /// the registry stores them without reading them.
     pub extra: Arc<Extra>,
+    /// An operator marked its engine draining: routers send it no new requests.
+    pub draining: bool,
 }
 
 /// A wire dialect's own attributes of a worker, stored as JSON.

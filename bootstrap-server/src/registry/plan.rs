@@ -101,6 +101,9 @@ impl WorkerTable {
         let takeover = reg.replace.unwrap_or(takeover);
         let slot = reg.slot;
         let own_incarnation = self.incarnation(&reg.engine_id);
+        // A drain mark belongs to the engine id: its workers joining, renewing or restarting
+        // keep it until the operator lifts it.
+        let draining = self.draining(&reg.engine_id);
         let record = |incarnation| WorkerRecord {
             slot,
             engine_id: Some(Arc::from(reg.engine_id.as_str())),
@@ -109,6 +112,7 @@ impl WorkerTable {
             incarnation,
             meta: Arc::new(reg.meta.clone()),
             extra: Arc::new(reg.extra.clone()),
+            draining,
         };
         let joined = own_incarnation.unwrap_or(next_incarnation);
         let Some(group) = self.group(slot.dp) else {
@@ -199,6 +203,7 @@ impl WorkerTable {
                 incarnation: new.incarnation,
                 meta: new.meta.clone(),
                 extra: new.extra.clone(),
+                draining: new.draining,
                 ..old
             })
             .collect();
@@ -237,8 +242,35 @@ impl WorkerTable {
                 incarnation,
                 meta: held.map(|w| w.meta.clone()).unwrap_or_default(),
                 extra: held.map(|w| w.extra.clone()).unwrap_or_default(),
+                draining: held.is_some_and(|w| w.draining),
             }],
         }
+    }
+
+    /// Plans marking every worker of `engine_id` draining (or not); `None` when the engine has
+    /// no workers. The count is the engine's workers, marked now or before.
+    pub fn plan_drain(&self, engine_id: &str, draining: bool) -> Option<(WorkerChange, usize)> {
+        let workers: Vec<WorkerRecord> = self
+            .engine_groups(engine_id)
+            .flat_map(|(dp, group)| group.slots(dp))
+            .filter_map(|slot| self.get(slot))
+            .collect();
+        if workers.is_empty() {
+            return None;
+        }
+        let count = workers.len();
+        let put = workers
+            .into_iter()
+            .filter(|worker| worker.draining != draining)
+            .map(|worker| WorkerRecord { draining, ..worker })
+            .collect();
+        Some((
+            WorkerChange {
+                remove: Vec::new(),
+                put,
+            },
+            count,
+        ))
     }
 
     /// Plans a deregistration: the engine's slots that match the given ranks.

@@ -32,6 +32,7 @@ pub(super) struct Worker {
     pub(super) incarnation: u64,
     pub(super) meta: Arc<EngineMeta>,
     pub(super) extra: Arc<Extra>,
+    pub(super) draining: bool,
 }
 
 impl Group {
@@ -96,6 +97,7 @@ impl Group {
                 incarnation: worker.incarnation,
                 meta: worker.meta.clone(),
                 extra: worker.extra.clone(),
+                draining: worker.draining,
             })
     }
 }
@@ -195,6 +197,14 @@ impl WorkerTable {
             .find_map(|(_, group)| group.workers.values().map(|w| w.incarnation).max())
     }
 
+    /// Whether an operator marked `engine_id` draining (every worker of an engine carries the
+    /// mark; the first tells).
+    pub fn draining(&self, engine_id: &str) -> bool {
+        self.engine_groups(engine_id)
+            .find_map(|(_, group)| group.workers.values().next().map(|w| w.draining))
+            .unwrap_or(false)
+    }
+
     /// Applies a change (already made durable). A dp rank whose last worker goes is freed.
     pub fn apply(&mut self, change: &WorkerChange) {
         for slot in &change.remove {
@@ -218,6 +228,7 @@ impl WorkerTable {
                     incarnation: record.incarnation,
                     meta: record.meta.clone(),
                     extra: record.extra.clone(),
+                    draining: record.draining,
                 },
             );
         }
@@ -235,6 +246,7 @@ impl WorkerTable {
             incarnation: worker.incarnation,
             meta: worker.meta.clone(),
             extra: worker.extra.clone(),
+            draining: worker.draining,
         })
     }
 

@@ -26,6 +26,9 @@ struct StoredWorker {
     /// A wire dialect's own attributes (SGLang's topology row).
     #[serde(default, skip_serializing_if = "Extra::is_empty")]
     extra: Extra,
+    /// Marked draining by an operator (absent: not).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    draining: bool,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -50,6 +53,7 @@ pub(super) fn encode_worker(worker: &WorkerRecord) -> Vec<u8> {
         incarnation: worker.incarnation,
         meta: (*worker.meta).clone(),
         extra: (*worker.extra).clone(),
+        draining: worker.draining,
     };
     // Strings and integers always serialize.
     serde_json::to_vec(&stored).expect("a worker record serializes")
@@ -75,6 +79,7 @@ pub(super) fn decode_worker(
         incarnation: stored.incarnation,
         meta: Arc::new(stored.meta),
         extra: Arc::new(stored.extra),
+        draining: stored.draining,
     })
 }
 
@@ -125,6 +130,7 @@ mod tests {
                     ..EngineMeta::default()
                 }),
                 extra: Default::default(),
+                draining: false,
             };
             assert_eq!(
                 decode_worker(slot, b"k", &encode_worker(&worker)).unwrap(),

@@ -48,6 +48,9 @@ pub struct WorkerInfo {
     /// older incarnation is stale. Absent from servers that do not know incarnations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incarnation: Option<u64>,
+    /// An operator marked the engine draining: routers send it no new requests.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
     /// What the engine serves and how its KV is laid out, as it registered it.
     #[serde(flatten)]
     pub meta: EngineMeta,
@@ -164,6 +167,19 @@ pub struct WatchGone {
     pub detail: String,
     /// The registry's current revision.
     pub revision: Revision,
+}
+
+/// Answer of `POST /engines/{engine_id}/drain` and `DELETE /engines/{engine_id}/drain`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainResponse {
+    /// `ok`.
+    pub status: String,
+    /// The engine.
+    pub engine_id: String,
+    /// Whether it is now marked draining.
+    pub draining: bool,
+    /// How many workers the engine has (all carry the mark).
+    pub workers: usize,
 }
 
 /// `DELETE /register`: remove one worker, one dp group or a whole engine.

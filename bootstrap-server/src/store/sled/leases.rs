@@ -161,6 +161,7 @@ mod tests {
                 incarnation: 0,
                 meta: Default::default(),
                 extra: Default::default(),
+                draining: false,
             }],
         }
     }
