@@ -4,7 +4,7 @@
 //! Everything a request reads is an atomic or a snapshot behind a lock held for a pointer copy;
 //! no lock is ever held across an await.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -67,6 +67,8 @@ pub struct Backend {
     failures: AtomicU32,
     successes: AtomicU32,
     outstanding: AtomicUsize,
+    /// Drained by an operator at this proxy (`POST /admin/drain`).
+    drained: AtomicBool,
     metrics: BackendMetrics,
 }
 
@@ -92,6 +94,7 @@ impl Backend {
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             outstanding: AtomicUsize::new(0),
+            drained: AtomicBool::new(false),
             metrics,
         }
     }
@@ -109,6 +112,18 @@ impl Backend {
     /// Prefill or decode.
     pub fn role(&self) -> Role {
         self.role
+    }
+
+    /// Whether an operator drained it at this proxy: it gets no new requests.
+    pub fn is_drained(&self) -> bool {
+        self.drained.load(Ordering::Relaxed)
+    }
+
+    /// Drains it at this proxy, or lifts that.
+    pub fn set_drained(&self, drained: bool) {
+        if self.drained.swap(drained, Ordering::Relaxed) != drained {
+            tracing::info!(backend = %self.url, role = self.role.as_str(), drained, "drain mark set at this proxy");
+        }
     }
 
     /// Whether the backend passes its health checks (true until enough checks failed).
@@ -249,6 +264,8 @@ pub struct Pair {
     /// How many dp ranks the prefill has (SGLang's bootstrap rooms encode the rank modulo it).
     pub dp_size: Rank,
     outstanding: AtomicUsize,
+    /// Its engine is marked draining in the registry (learnt from the bootstrap server's watch).
+    draining: AtomicBool,
 }
 
 /// One discovered dp rank of a prefill.
@@ -268,6 +285,19 @@ impl Pair {
     /// A stable identity for the policies: the prefill's and the dp rank's.
     pub fn id(&self) -> u64 {
         self.backend.id() ^ u64::from(self.dp_rank).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    /// Whether requests may be sent to this dp rank: its prefill is healthy and drained
+    /// neither at this proxy nor in the registry.
+    pub fn takes_requests(&self) -> bool {
+        self.backend.is_healthy()
+            && !self.backend.is_drained()
+            && !self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Whether its engine is marked draining in the registry.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
     }
 
     /// P calls to this dp rank not yet finished.
@@ -297,6 +327,8 @@ pub struct Prefill {
     pairs: Mutex<Vec<Arc<Pair>>>,
     /// engine id -> the model it registered, from the bootstrap server's watch.
     models: Mutex<HashMap<String, Arc<str>>>,
+    /// Engine ids marked draining in the registry, from the bootstrap server's watch.
+    draining: Mutex<HashSet<String>>,
 }
 
 impl Prefill {
@@ -305,15 +337,37 @@ impl Prefill {
         lock(&self.models).clone()
     }
 
-    /// Learns the models of `workers` (all of them when `whole`: a full list).
-    pub fn learn_models(&self, workers: &[WorkerInfo], whole: bool) {
+    /// Learns the models and drain marks of `workers` (all of them when `whole`: a full list)
+    /// and marks the known dp ranks of draining engines at once.
+    pub fn learn(&self, workers: &[WorkerInfo], whole: bool) {
         let mut models = lock(&self.models);
+        let mut draining = lock(&self.draining);
         if whole {
             models.clear();
+            draining.clear();
         }
         for worker in workers {
-            if let (Some(engine), Some(model)) = (&worker.engine_id, &worker.meta.model) {
+            let Some(engine) = &worker.engine_id else {
+                continue;
+            };
+            if let Some(model) = &worker.meta.model {
                 models.insert(engine.clone(), Arc::from(model.as_str()));
+            }
+            if worker.draining {
+                draining.insert(engine.clone());
+            } else {
+                draining.remove(engine);
+            }
+        }
+        for pair in lock(&self.pairs).iter() {
+            let marked = draining.contains(&*pair.engine_id);
+            if pair.draining.swap(marked, Ordering::Relaxed) != marked {
+                tracing::info!(
+                    prefill = self.backend.url(),
+                    engine_id = &*pair.engine_id,
+                    draining = marked,
+                    "registry drain mark"
+                );
             }
         }
     }
@@ -354,6 +408,7 @@ impl Pool {
                     discovery_metrics: metrics.discovery(&target.url),
                     pairs: Mutex::new(Vec::new()),
                     models: Mutex::default(),
+                    draining: Mutex::default(),
                 })
             })
             .collect();
@@ -388,6 +443,8 @@ impl Pool {
                 && pair.model.as_deref() == rank.model
                 && pair.dp_size == rank.dp_size
         };
+        // Read before the pairs are locked: `Prefill::learn` takes these locks the other way.
+        let draining = lock(&prefill.draining).clone();
         {
             let mut pairs = lock(&prefill.pairs);
             let unchanged = pairs.len() == ranks.len()
@@ -413,6 +470,7 @@ impl Pool {
                                 model: rank.model.map(Arc::from),
                                 dp_size: rank.dp_size,
                                 outstanding: AtomicUsize::new(0),
+                                draining: AtomicBool::new(draining.contains(rank.engine_id)),
                             })
                         })
                 })

@@ -111,6 +111,10 @@ pub struct Args {
     /// Key clients must send as `Authorization: Bearer <key>` on the /v1 routes.
     #[arg(long, env = "PD_PROXY_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Key an operator must send as `Authorization: Bearer <key>` to drain backends
+    /// (`POST /admin/drain`); without it that route is off.
+    #[arg(long, env = "PD_PROXY_ADMIN_KEY", hide_env_values = true)]
+    pub admin_key: Option<String>,
     /// Log format.
     #[arg(long, env = "PD_PROXY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -198,6 +202,8 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
     /// The key clients must present, if any.
     pub api_key: Option<String>,
+    /// The key of the admin routes, if they are on.
+    pub admin_key: Option<String>,
 }
 
 impl Config {
@@ -235,6 +241,7 @@ impl Config {
                 sglang: false,
             },
             api_key: None,
+            admin_key: None,
         }
     }
 }
@@ -423,6 +430,7 @@ impl Args {
         config.discovery.timeout = self.health_check_timeout.max(Duration::from_secs(5));
         // An empty key would be "no key"; treat it so rather than demanding `Bearer `.
         config.api_key = self.api_key.filter(|key| !key.is_empty());
+        config.admin_key = self.admin_key.filter(|key| !key.is_empty());
         Ok(config)
     }
 }

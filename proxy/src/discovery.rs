@@ -156,7 +156,7 @@ pub async fn follow_changes(prefill: &Prefill, bootstrap: &BootstrapClient) {
             // The first list is what discovery fetches anyway.
             Ok(WatchUpdate::Snapshot(list)) if !listed => {
                 listed = true;
-                prefill.learn_models(&list.workers, true);
+                prefill.learn(&list.workers, true);
                 metrics.watching.set(1);
                 tracing::info!(
                     bootstrap = &*prefill.bootstrap_addr,
@@ -165,12 +165,12 @@ pub async fn follow_changes(prefill: &Prefill, bootstrap: &BootstrapClient) {
                 continue;
             }
             Ok(WatchUpdate::Snapshot(list)) => {
-                prefill.learn_models(&list.workers, true);
+                prefill.learn(&list.workers, true);
                 list.workers.len()
             }
             Ok(WatchUpdate::Events(batch)) => {
                 let workers: Vec<_> = batch.events.into_iter().map(|e| e.worker).collect();
-                prefill.learn_models(&workers, false);
+                prefill.learn(&workers, false);
                 workers.len()
             }
             Err(err) if err.status() == Some(404) => {

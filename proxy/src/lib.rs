@@ -16,6 +16,7 @@
 //! (active checks), [`metrics`], [`models`] (`/v1/models`), [`state`] (what handlers share),
 //! [`ids`], [`endpoint`].
 
+pub mod admin;
 pub mod backend;
 pub mod body;
 pub mod config;

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::error::ApiError;
 use crate::layers::{auth, request_id, track};
 use crate::state::AppState;
-use crate::{handler, models};
+use crate::{admin, handler, models};
 
 /// Builds the router: the proxied routes behind their layers (see [`crate::layers`]), the
 /// operational ones open.
@@ -44,6 +44,8 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health_route))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route("/admin/backends", get(admin::backends))
+        .route("/admin/drain", post(admin::drain))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

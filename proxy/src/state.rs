@@ -61,6 +61,8 @@ pub struct Shared {
     pub mode: Mode,
     /// The key clients must present, if any.
     pub api_key: Option<BearerToken>,
+    /// The key of the admin routes (off without one).
+    pub admin_key: Option<BearerToken>,
     /// Request and transfer ids.
     pub ids: Ids,
     /// Reads client bodies under the limits.
@@ -97,6 +99,7 @@ impl Shared {
             metrics,
             mode: config.mode,
             api_key: config.api_key.as_deref().and_then(BearerToken::new),
+            admin_key: config.admin_key.as_deref().and_then(BearerToken::new),
             ids: Ids::default(),
             intake: Intake::new(&config.clients),
         }
@@ -115,7 +118,7 @@ impl Shared {
     pub fn pick_pair(&self, pairs: &[Arc<Pair>], request: &RequestInfo<'_>) -> Option<Arc<Pair>> {
         let candidates = Slice {
             items: pairs,
-            usable: |pair: &Arc<Pair>| pair.backend.is_healthy(),
+            usable: |pair: &Arc<Pair>| pair.takes_requests(),
             load: |pair: &Arc<Pair>| pair.outstanding(),
             id: |pair: &Arc<Pair>| pair.id(),
         };
@@ -137,7 +140,7 @@ impl Shared {
         let candidates = Slice {
             items: decodes,
             usable: |decode: &Arc<Backend>| {
-                decode.is_healthy() && decode.serves(model) && other(decode)
+                decode.is_healthy() && !decode.is_drained() && decode.serves(model) && other(decode)
             },
             load: |decode: &Arc<Backend>| decode.outstanding(),
             id: |decode: &Arc<Backend>| decode.id(),
@@ -153,7 +156,7 @@ impl Shared {
     pub fn decode_share(&self, request: &RequestInfo<'_>) -> Option<f64> {
         let candidates = Slice {
             items: &self.pool.decodes,
-            usable: |decode: &Arc<Backend>| decode.is_healthy(),
+            usable: |decode: &Arc<Backend>| decode.is_healthy() && !decode.is_drained(),
             load: |decode: &Arc<Backend>| decode.outstanding(),
             id: |decode: &Arc<Backend>| decode.id(),
         };

@@ -1,0 +1,165 @@
+//! The operator's routes: `GET /admin/backends` shows every backend (health, drain marks,
+//! requests in flight through this proxy, idle or not) and `POST /admin/drain` drains a backend
+//! at this proxy or lifts that (with `--admin-key`). A rollout drains an engine (here, or for a
+//! prefill in its bootstrap server's registry, which reaches every proxy), waits until every
+//! proxy shows it idle, restarts it, and lifts the mark.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use pd_protocol::Rank;
+use serde::{Deserialize, Serialize};
+
+use crate::backend::Backend;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// One dp rank of a prefill.
+#[derive(Debug, Serialize)]
+pub struct RankState {
+    /// The dp rank.
+    pub dp_rank: Rank,
+    /// Its engine id.
+    pub engine_id: String,
+    /// Its engine is marked draining in the registry.
+    pub draining: bool,
+    /// P calls to it in flight through this proxy.
+    pub in_flight: usize,
+}
+
+/// One backend.
+#[derive(Debug, Serialize)]
+pub struct BackendState {
+    /// `prefill` or `decode`.
+    pub role: &'static str,
+    /// Its URL.
+    pub url: String,
+    /// Passing its health checks.
+    pub healthy: bool,
+    /// Drained at this proxy (`POST /admin/drain`).
+    pub drained: bool,
+    /// Calls to it in flight through this proxy.
+    pub in_flight: usize,
+    /// No call in flight: safe to restart once it takes no new requests.
+    pub idle: bool,
+    /// A prefill's dp ranks.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dp_ranks: Vec<RankState>,
+}
+
+/// The answer of `GET /admin/backends`.
+#[derive(Debug, Serialize)]
+pub struct Backends {
+    /// Every prefill.
+    pub prefills: Vec<BackendState>,
+    /// Every decode.
+    pub decodes: Vec<BackendState>,
+}
+
+fn state_of(backend: &Backend, dp_ranks: Vec<RankState>) -> BackendState {
+    let in_flight = backend.outstanding();
+    BackendState {
+        role: backend.role().as_str(),
+        url: backend.url().to_owned(),
+        healthy: backend.is_healthy(),
+        drained: backend.is_drained(),
+        in_flight,
+        idle: in_flight == 0,
+        dp_ranks,
+    }
+}
+
+/// `GET /admin/backends`.
+pub async fn backends(State(state): State<AppState>) -> Json<Backends> {
+    let pairs = state.pool.pairs();
+    let prefills = state
+        .pool
+        .prefills
+        .iter()
+        .map(|prefill| {
+            let ranks = pairs
+                .iter()
+                .filter(|pair| std::sync::Arc::ptr_eq(&pair.backend, &prefill.backend))
+                .map(|pair| RankState {
+                    dp_rank: pair.dp_rank,
+                    engine_id: pair.engine_id.to_string(),
+                    draining: pair.is_draining(),
+                    in_flight: pair.outstanding(),
+                })
+                .collect();
+            state_of(&prefill.backend, ranks)
+        })
+        .collect();
+    let decodes = state
+        .pool
+        .decodes
+        .iter()
+        .map(|decode| state_of(decode, Vec::new()))
+        .collect();
+    Json(Backends { prefills, decodes })
+}
+
+/// `POST /admin/drain` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    /// The backend's URL, as configured.
+    pub url: String,
+    /// Drain it (the default) or lift the mark.
+    #[serde(default = "yes")]
+    pub draining: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `POST /admin/drain`: drains a prefill or decode at this proxy (no new requests; those in
+/// flight finish), or lifts that; answers the backend's state.
+pub async fn drain(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<DrainRequest>, JsonRejection>,
+) -> Result<Json<BackendState>, ApiError> {
+    let Some(key) = &state.admin_key else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "the admin routes are off: start pd-proxy with --admin-key to drain backends",
+        ));
+    };
+    if !key.admits(&headers) {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "draining needs the header Authorization: Bearer <key> with the proxy's --admin-key",
+        ));
+    }
+    let Json(request) = body.map_err(|rejection| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            rejection.body_text(),
+        )
+    })?;
+    let url = request.url.trim_end_matches('/');
+    let backend = state
+        .pool
+        .prefills
+        .iter()
+        .map(|prefill| &prefill.backend)
+        .chain(state.pool.decodes.iter())
+        .find(|backend| backend.url() == url)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found_error",
+                format!(
+                    "`url`: no prefill or decode {url:?} is configured (see GET /admin/backends)"
+                ),
+            )
+        })?;
+    backend.set_drained(request.draining);
+    Ok(Json(state_of(backend, Vec::new())))
+}
