@@ -37,6 +37,9 @@ impl Role {
     }
 }
 
+/// [`Backend::engine_load`] before (or without) a report.
+const UNKNOWN: usize = usize::MAX;
+
 /// A hash of a backend's role and URL.
 fn identity(role: Role, url: &str) -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -61,6 +64,8 @@ pub struct Backend {
     pub models_url: Url,
     /// `{url}/health`.
     pub health_url: Url,
+    /// `{url}/metrics` (the engine's own).
+    pub metrics_url: Url,
     healthy: AtomicBool,
     /// The models the backend lists at `/v1/models` (empty until known).
     models: RwLock<Arc<[String]>>,
@@ -69,6 +74,8 @@ pub struct Backend {
     outstanding: AtomicUsize,
     /// Drained by an operator at this proxy (`POST /admin/drain`).
     drained: AtomicBool,
+    /// Requests running and waiting as the engine reports them ([`UNKNOWN`]: not known).
+    engine_load: AtomicUsize,
     metrics: BackendMetrics,
 }
 
@@ -89,12 +96,14 @@ impl Backend {
             generate_url: Endpoint::new(join("/generate")),
             models_url: join("/v1/models"),
             health_url: join("/health"),
+            metrics_url: join("/metrics"),
             healthy: AtomicBool::new(true),
             models: RwLock::new(Arc::from(Vec::new())),
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             outstanding: AtomicUsize::new(0),
             drained: AtomicBool::new(false),
+            engine_load: AtomicUsize::new(UNKNOWN),
             metrics,
         }
     }
@@ -112,6 +121,26 @@ impl Backend {
     /// Prefill or decode.
     pub fn role(&self) -> Role {
         self.role
+    }
+
+    /// Requests running and waiting at the engine, as it last reported them.
+    pub fn engine_load(&self) -> Option<usize> {
+        Some(self.engine_load.load(Ordering::Relaxed)).filter(|load| *load != UNKNOWN)
+    }
+
+    /// Records what the engine reported (`None`: nothing usable).
+    pub fn set_engine_load(&self, load: Option<usize>) {
+        let load = load.map_or(UNKNOWN, |l| l.min(UNKNOWN - 1));
+        self.engine_load.store(load, Ordering::Relaxed);
+        self.metrics
+            .engine_load
+            .set(if load == UNKNOWN { -1 } else { load as i64 });
+    }
+
+    /// The load the policies see: requests in flight through this proxy, or what the engine
+    /// reports running and waiting when that is more (other proxies' and clients' traffic).
+    pub fn load(&self) -> usize {
+        self.outstanding().max(self.engine_load().unwrap_or(0))
     }
 
     /// Whether an operator drained it at this proxy: it gets no new requests.
@@ -293,6 +322,13 @@ impl Pair {
         self.backend.is_healthy()
             && !self.backend.is_drained()
             && !self.draining.load(Ordering::Relaxed)
+    }
+
+    /// The load the policies see: P calls to this dp rank in flight through this proxy, or its
+    /// share of what the prefill's engine reports, when that is more.
+    pub fn load(&self) -> usize {
+        let share = self.backend.engine_load().unwrap_or(0) / self.dp_size.max(1) as usize;
+        self.outstanding().max(share)
     }
 
     /// Whether its engine is marked draining in the registry.

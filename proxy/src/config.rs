@@ -105,6 +105,10 @@ pub struct Args {
     /// Consecutive passed health checks that mark an unhealthy backend healthy again.
     #[arg(long, env = "PD_PROXY_HEALTH_SUCCESS_THRESHOLD", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub health_success_threshold: u32,
+    /// Seconds between two reads of each backend's `/metrics` for the load its engine reports
+    /// (vLLM's and SGLang's requests running and waiting); 0: only this proxy's counts.
+    #[arg(long, env = "PD_PROXY_ENGINE_METRICS_INTERVAL", default_value = "2", value_parser = parse_interval)]
+    pub engine_metrics_interval: Duration,
     /// Seconds between two re-discoveries of each prefill's dp ranks and engine ids.
     #[arg(long, env = "PD_PROXY_DISCOVERY_INTERVAL", default_value = "30", value_parser = parse_seconds)]
     pub discovery_interval: Duration,
@@ -200,6 +204,8 @@ pub struct Config {
     pub health: HealthConfig,
     /// Discovery.
     pub discovery: DiscoveryConfig,
+    /// How often each backend's `/metrics` is read for its load (none: never).
+    pub engine_metrics_interval: Option<Duration>,
     /// The key clients must present, if any.
     pub api_key: Option<String>,
     /// The key of the admin routes, if they are on.
@@ -240,6 +246,7 @@ impl Config {
                 timeout: Duration::from_secs(5),
                 sglang: false,
             },
+            engine_metrics_interval: Some(Duration::from_secs(2)),
             api_key: None,
             admin_key: None,
         }
@@ -279,6 +286,14 @@ pub enum ConfigError {
     /// An entry of the prefill environment variable has more than two words.
     #[error("invalid {PREFILL_ENV} entry {0:?}: expected `URL` or `URL BOOTSTRAP_PORT`")]
     BadPrefillEntry(String),
+}
+
+/// Seconds, where 0 means never.
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    if text.trim().parse::<f64>() == Ok(0.0) {
+        return Ok(Duration::ZERO);
+    }
+    parse_seconds(text)
 }
 
 /// Checks a backend URL and returns it without a trailing slash.
@@ -425,6 +440,8 @@ impl Args {
             success_threshold: self.health_success_threshold,
         };
         config.discovery.interval = self.discovery_interval;
+        config.engine_metrics_interval =
+            Some(self.engine_metrics_interval).filter(|interval| !interval.is_zero());
         config.discovery.sglang = self.mode == Mode::Sglang;
         config.discovery.backoff_max = self.discovery_interval.min(Duration::from_secs(5));
         config.discovery.timeout = self.health_check_timeout.max(Duration::from_secs(5));

@@ -22,6 +22,7 @@ pub mod body;
 pub mod config;
 pub mod discovery;
 pub mod endpoint;
+pub mod engine_load;
 pub mod error;
 pub mod flow;
 pub mod handler;

@@ -13,7 +13,7 @@ use crate::metrics::Metrics;
 use crate::routes;
 use crate::state::{AppState, Shared};
 use crate::upstream::Upstream;
-use crate::{discovery, health};
+use crate::{discovery, engine_load, health};
 
 /// Why the proxy could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +88,17 @@ impl Proxy {
                 client.clone(),
                 config.health.clone(),
             )));
+        }
+        if let Some(interval) = config.engine_metrics_interval {
+            let backends = state.pool.prefills.iter().map(|p| &p.backend);
+            for backend in backends.chain(state.pool.decodes.iter()) {
+                tasks.push(tokio::spawn(engine_load::scrape_forever(
+                    backend.clone(),
+                    client.clone(),
+                    interval,
+                    config.health.timeout,
+                )));
+            }
         }
         for decode in &state.pool.decodes {
             tasks.push(tokio::spawn(health::check_forever(

@@ -119,7 +119,7 @@ impl Shared {
         let candidates = Slice {
             items: pairs,
             usable: |pair: &Arc<Pair>| pair.takes_requests(),
-            load: |pair: &Arc<Pair>| pair.outstanding(),
+            load: |pair: &Arc<Pair>| pair.load(),
             id: |pair: &Arc<Pair>| pair.id(),
         };
         let index = self.pair_policy.pick(&candidates, request)?;
@@ -142,7 +142,7 @@ impl Shared {
             usable: |decode: &Arc<Backend>| {
                 decode.is_healthy() && !decode.is_drained() && decode.serves(model) && other(decode)
             },
-            load: |decode: &Arc<Backend>| decode.outstanding(),
+            load: |decode: &Arc<Backend>| decode.load(),
             id: |decode: &Arc<Backend>| decode.id(),
         };
         match self.decode_policy.pick(&candidates, request) {
@@ -157,7 +157,7 @@ impl Shared {
         let candidates = Slice {
             items: &self.pool.decodes,
             usable: |decode: &Arc<Backend>| decode.is_healthy() && !decode.is_drained(),
-            load: |decode: &Arc<Backend>| decode.outstanding(),
+            load: |decode: &Arc<Backend>| decode.load(),
             id: |decode: &Arc<Backend>| decode.id(),
         };
         self.decode_policy.prefix_match(&candidates, request)

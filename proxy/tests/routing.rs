@@ -290,3 +290,56 @@ async fn without_a_healthy_prefill_decode_only_needs_the_operators_consent() {
         assert!(cluster.prefill.seen().is_empty());
     }
 }
+
+#[tokio::test]
+async fn the_load_engines_report_steers_least_loaded_away_from_a_busy_decode() {
+    let cluster = Cluster::start(2, &[(0, "engine-0")], |config| {
+        config.routing = RoutingConfig::with_policy(Policy::LeastLoaded);
+        config.engine_metrics_interval = Some(std::time::Duration::from_millis(50));
+    })
+    .await;
+    // Busy with another proxy's traffic: 40 running and waiting over two dp ranks.
+    cluster.decodes[0].set_metrics(
+        "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 30.0\n\
+         vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 10.0\n",
+    );
+    cluster.decodes[1]
+        .set_metrics("vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0\n");
+    let busy = format!("backend=\"{}\"", cluster.decodes[0].url());
+    let deadline = std::time::Instant::now() + WAIT;
+    while sample(
+        &metrics(&cluster).await,
+        "pd_proxy_backend_engine_load",
+        &busy,
+    ) != 40.0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the load was not read"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    for _ in 0..10 {
+        assert_eq!(
+            cluster
+                .post("/v1/completions", json!({"prompt": "x"}))
+                .await
+                .0,
+            200
+        );
+    }
+    assert!(
+        cluster.decodes[0].seen().is_empty(),
+        "a request went to the busy decode"
+    );
+    // The prefill has no /metrics: its load stays this proxy's own count.
+    let prefill = format!("backend=\"{}\"", cluster.prefill.url());
+    assert_eq!(
+        sample(
+            &metrics(&cluster).await,
+            "pd_proxy_backend_engine_load",
+            &prefill
+        ),
+        -1.0
+    );
+}

@@ -23,6 +23,8 @@ pub struct BackendMetrics {
     pub in_flight: IntGauge,
     /// 1 when the backend passes its health checks.
     pub healthy: IntGauge,
+    /// Requests running and waiting as the engine reports them (-1: not known).
+    pub engine_load: IntGauge,
 }
 
 impl BackendMetrics {
@@ -133,6 +135,7 @@ pub struct Metrics {
     calls: IntCounterVec,
     backend_in_flight: IntGaugeVec,
     healthy: IntGaugeVec,
+    engine_load: IntGaugeVec,
     dp_ranks: IntGaugeVec,
     discoveries: IntCounterVec,
     watching: IntGaugeVec,
@@ -250,6 +253,14 @@ impl Metrics {
             &["role", "backend"],
         )
         .expect("valid metric");
+        let engine_load = IntGaugeVec::new(
+            Opts::new(
+                "pd_proxy_backend_engine_load",
+                "Requests running and waiting as a backend's engine reports them on its /metrics (-1: not known)",
+            ),
+            &["role", "backend"],
+        )
+        .expect("valid metric");
         let dp_ranks = IntGaugeVec::new(
             Opts::new(
                 "pd_proxy_prefill_dp_ranks",
@@ -303,6 +314,7 @@ impl Metrics {
             Box::new(calls.clone()),
             Box::new(backend_in_flight.clone()),
             Box::new(healthy.clone()),
+            Box::new(engine_load.clone()),
             Box::new(dp_ranks.clone()),
             Box::new(discoveries.clone()),
             Box::new(watching.clone()),
@@ -325,6 +337,7 @@ impl Metrics {
             calls,
             backend_in_flight,
             healthy,
+            engine_load,
             dp_ranks,
             discoveries,
             watching,
@@ -361,6 +374,11 @@ impl Metrics {
             calls: CallOutcome::ALL.map(|o| self.calls.with_label_values(&[role, url, o.as_str()])),
             in_flight: self.backend_in_flight.with_label_values(&[role, url]),
             healthy: self.healthy.with_label_values(&[role, url]),
+            engine_load: {
+                let gauge = self.engine_load.with_label_values(&[role, url]);
+                gauge.set(-1);
+                gauge
+            },
         }
     }
 

@@ -209,6 +209,8 @@ pub struct MockState {
     pub seen: Mutex<Vec<Seen>>,
     pub healthy: AtomicBool,
     pub health_checks: AtomicUsize,
+    /// What `GET /metrics` answers (404 when none).
+    pub metrics: Mutex<Option<String>>,
 }
 
 /// P's default answer: one token, and the `kv_transfer_params` a NIXL producer returns.
@@ -243,10 +245,12 @@ impl Mock {
             seen: Mutex::new(Vec::new()),
             healthy: AtomicBool::new(true),
             health_checks: AtomicUsize::new(0),
+            metrics: Mutex::new(None),
         });
         let router = Router::new()
             .route("/health", get(mock_health))
             .route("/v1/models", get(mock_models))
+            .route("/metrics", get(mock_metrics))
             .route("/v1/completions", any(mock_completion))
             .route("/v1/chat/completions", any(mock_completion))
             .route("/generate", any(mock_completion))
@@ -263,6 +267,11 @@ impl Mock {
 
     pub fn set(&self, edit: impl FnOnce(&mut Behavior)) {
         edit(&mut self.state.behavior.lock().unwrap());
+    }
+
+    /// Makes `GET /metrics` answer `text`.
+    pub fn set_metrics(&self, text: &str) {
+        *self.state.metrics.lock().unwrap() = Some(text.to_owned());
     }
 
     pub fn set_healthy(&self, healthy: bool) {
@@ -289,6 +298,13 @@ impl Mock {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+}
+
+async fn mock_metrics(State(state): State<Arc<MockState>>) -> Response {
+    match state.metrics.lock().unwrap().clone() {
+        Some(text) => (StatusCode::OK, [(header::CONNECTION, "close")], text).into_response(),
+        None => (StatusCode::NOT_FOUND, [(header::CONNECTION, "close")]).into_response(),
     }
 }
 

@@ -1,0 +1,127 @@
+//! The load engines report: each backend's `/metrics` scraped every `--engine-metrics-interval`
+//! for requests running and waiting (vLLM's `vllm:num_requests_running` and
+//! `vllm:num_requests_waiting`, SGLang's `sglang:num_running_reqs` and `sglang:num_queue_reqs`,
+//! summed over the engine's label sets, e.g. its dp ranks). The policies then see the larger of
+//! that and the requests in flight through this proxy, so traffic from other proxies and
+//! clients counts too. An engine without `/metrics` (404) is asked again only every 30
+//! intervals; one that fails is asked again at the next tick, its last answer forgotten.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::Backend;
+
+/// The metric names whose values sum to an engine's queue: running and waiting requests.
+const QUEUE_METRICS: [&str; 4] = [
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+];
+
+/// Running plus waiting requests in a `/metrics` answer, if it names any.
+///
+/// Reads the sample lines of Prometheus' text format (`name{labels} value [timestamp]`)
+/// itself: the crate that parses the format (prometheus-parse) rejects the colons in vLLM's and
+/// SGLang's metric names.
+pub fn queue_length(text: &str) -> Option<usize> {
+    let mut total: Option<f64> = None;
+    for line in text.lines() {
+        let line = line.trim_start();
+        let Some(name) = QUEUE_METRICS.iter().find(|name| line.starts_with(**name)) else {
+            continue;
+        };
+        let rest = &line[name.len()..];
+        let rest = match rest.strip_prefix('{') {
+            // Label values may hold `}` only inside quotes; vLLM's and SGLang's never do.
+            Some(labelled) => match labelled.split_once('}') {
+                Some((_, after)) => after,
+                None => continue,
+            },
+            None if rest.starts_with([' ', '\t']) => rest,
+            None => continue, // another metric whose name starts the same
+        };
+        let value = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok());
+        if let Some(value) = value.filter(|v| v.is_finite() && *v >= 0.0) {
+            *total.get_or_insert(0.0) += value;
+        }
+    }
+    total.map(|t| t.round() as usize)
+}
+
+/// How many intervals pass before a backend that answered 404 is asked again.
+const NO_METRICS_BACKOFF: u32 = 30;
+
+/// Scrapes `backend`'s `/metrics` every `interval` (each call bounded by `timeout`); a backend
+/// that has none (404) is asked again only every 30 intervals.
+pub async fn scrape_forever(
+    backend: Arc<Backend>,
+    client: reqwest::Client,
+    interval: Duration,
+    timeout: Duration,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut without_metrics = false;
+    loop {
+        ticker.tick().await;
+        let answer = client
+            .get(backend.metrics_url.clone())
+            .timeout(timeout)
+            .send()
+            .await;
+        without_metrics &= matches!(&answer, Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND);
+        let queue = match answer {
+            Ok(response) if response.status() == reqwest::StatusCode::NOT_FOUND => {
+                if !without_metrics {
+                    tracing::info!(
+                        backend = backend.url(),
+                        "the backend has no /metrics: its load is this proxy's requests in flight"
+                    );
+                }
+                without_metrics = true;
+                backend.set_engine_load(None);
+                tokio::time::sleep(interval * NO_METRICS_BACKOFF).await;
+                continue;
+            }
+            Ok(response) if response.status().is_success() => match response.text().await {
+                Ok(text) => queue_length(&text),
+                Err(_) => None,
+            },
+            _ => None,
+        };
+        backend.set_engine_load(queue);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_and_waiting_are_summed_over_label_sets() {
+        let vllm =
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+            # TYPE vllm:num_requests_running gauge\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n\
+            vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 4.0\n\
+            # TYPE vllm:num_requests_waiting gauge\n\
+            vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 5.0\n\
+            # TYPE vllm:prefix_cache_hits counter\n\
+            vllm:prefix_cache_hits_total{engine=\"0\"} 999.0\n";
+        assert_eq!(queue_length(vllm), Some(12));
+        let sglang =
+            "sglang:num_running_reqs{tp_rank=\"0\"} 2\nsglang:num_queue_reqs{tp_rank=\"0\"} 1\n";
+        assert_eq!(queue_length(sglang), Some(3));
+        assert_eq!(queue_length("other_metric 5\n"), None);
+        assert_eq!(queue_length("vllm:num_requests_running NaN\n"), None);
+        assert_eq!(queue_length("vllm:num_requests_running_total 7\n"), None);
+        assert_eq!(
+            queue_length("vllm:num_requests_waiting 7 1700000000\n"),
+            Some(7)
+        );
+    }
+}
