@@ -2,7 +2,9 @@
 //! data plane), and the Markdown report.
 
 pub mod bootstrap;
+pub mod chart;
 pub mod loadgen;
+pub mod output;
 pub mod proxy;
 pub mod report;
 pub mod routing;

@@ -3,10 +3,11 @@
 use std::fmt::Write;
 use std::time::Duration;
 
+use super::chart::{grouped_bars, Series};
 use super::loadgen::{LoadReport, ProcessUsage};
 
 /// One measured run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Row {
     /// What was measured (`bootstrap GET /query (64 workers)`, `proxy streaming`...).
     pub scenario: String,
@@ -84,6 +85,40 @@ impl Row {
 pub const HEADER: &str = "| scenario | system | conc. | req/s | p50 ms | p99 ms | p99.9 ms | errors | server CPU µs/req | server peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|";
 
 /// A Markdown table of `rows`.
+/// Requests per second of every (scenario, system), one bar per concurrency level, as SVG.
+pub fn chart(title: &str, rows: &[Row]) -> Result<String, String> {
+    let mut categories: Vec<String> = Vec::new();
+    let mut levels: Vec<usize> = Vec::new();
+    for row in rows {
+        let category = format!("{} / {}", row.scenario, row.system);
+        if !categories.contains(&category) {
+            categories.push(category);
+        }
+        if !levels.contains(&row.concurrency) {
+            levels.push(row.concurrency);
+        }
+    }
+    let series: Vec<Series> = levels
+        .iter()
+        .map(|&level| Series {
+            name: format!("c={level}"),
+            values: categories
+                .iter()
+                .map(|category| {
+                    rows.iter()
+                        .find(|r| {
+                            r.concurrency == level
+                                && format!("{} / {}", r.scenario, r.system) == *category
+                        })
+                        .map_or(0.0, |r| r.rps)
+                })
+                .collect(),
+        })
+        .collect();
+    grouped_bars(title, "requests per second", &categories, &series)
+}
+
+/// The rows as a Markdown table.
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::from(HEADER);
     for row in rows {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Value};
 
+use super::chart::{grouped_bars, Series};
 use crate::cluster::{Cluster, ClusterSpec, PrefillShape};
 use crate::openai_client::send;
 
@@ -45,7 +46,7 @@ const QUESTION_WORDS: usize = 200;
 const ANSWER_WORDS: usize = 50;
 
 /// One routing setup's results.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct RoutingRow {
     /// The setup's name.
     pub setup: String,
@@ -231,6 +232,31 @@ fn line(row: &RoutingRow) -> String {
         row.ttft_p99_ms,
         row.throughput
     )
+}
+
+/// TTFT p50 and p99, and the prefix hit rate, per setup: two SVG charts, by name.
+pub fn charts(rows: &[RoutingRow]) -> Result<Vec<(&'static str, String)>, String> {
+    let setups: Vec<String> = rows.iter().map(|r| r.setup.clone()).collect();
+    let series = |name: &str, value: fn(&RoutingRow) -> f64| Series {
+        name: name.to_owned(),
+        values: rows.iter().map(value).collect(),
+    };
+    let ttft = grouped_bars(
+        "TTFT on a multi-turn chat workload",
+        "ms",
+        &setups,
+        &[
+            series("TTFT p50", |r| r.ttft_p50_ms),
+            series("TTFT p99", |r| r.ttft_p99_ms),
+        ],
+    )?;
+    let hits = grouped_bars(
+        "Prefix-cache hit rate on a multi-turn chat workload",
+        "% of prompt tokens",
+        &setups,
+        &[series("hit rate", |r| r.hit_rate * 100.0)],
+    )?;
+    Ok(vec![("routing-ttft", ttft), ("routing-hit-rate", hits)])
 }
 
 /// The rows as a Markdown table.

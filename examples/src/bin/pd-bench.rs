@@ -1,12 +1,14 @@
-//! `pd-bench`: the benchmark suite. Prints a Markdown table (and writes it with `--out`).
+//! `pd-bench`: the benchmark suite. Prints a Markdown report; with `--out FILE.md` writes it,
+//! its rows as `FILE.json` and a chart per section as `FILE-<section>.svg`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use pd_examples::bench::bootstrap::{self, Settings};
+use pd_examples::bench::output::Output;
 use pd_examples::bench::proxy::{self, ProxyCommand};
-use pd_examples::bench::report::{ms, table};
+use pd_examples::bench::report::{ms, Row};
 use pd_examples::bench::{routing, sglang, transfer};
 
 /// Measure the bootstrap server (and, with the peers installed, the proxy against them).
@@ -23,7 +25,8 @@ struct Args {
     /// The folder holding the release binaries (default: this program's folder).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
-    /// Write the Markdown report here too.
+    /// Write the Markdown report here too, its rows as JSON beside it (`.json`) and a chart of
+    /// each section as SVG (`<stem>-<section>.svg`).
     #[arg(long)]
     out: Option<PathBuf>,
     /// A virtualenv with the peer routers (vllm-router, smg) from examples/bench/peers.sh; the
@@ -130,7 +133,7 @@ async fn scale_section(settings: &Settings, ids: &[u64]) -> Result<String, Strin
     Ok(out)
 }
 
-async fn proxy_section(settings: &Settings, peers_venv: Option<&Path>) -> Result<String, String> {
+async fn proxy_rows(settings: &Settings, peers_venv: Option<&Path>) -> Result<Vec<Row>, String> {
     let mut proxies = vec![ProxyCommand::pd_proxy(&settings.bin_dir)];
     proxies.extend(peers_venv.map(ProxyCommand::peers).unwrap_or_default());
     let proxy_settings = proxy::Settings {
@@ -138,7 +141,7 @@ async fn proxy_section(settings: &Settings, peers_venv: Option<&Path>) -> Result
         duration: settings.duration,
         concurrency: settings.concurrency.clone(),
     };
-    Ok(table(&proxy::throughput(&proxy_settings, &proxies).await?))
+    proxy::throughput(&proxy_settings, &proxies).await
 }
 
 async fn ttft_section(settings: &Settings, requests: usize) -> Result<String, String> {
@@ -170,60 +173,86 @@ async fn transfer_section(settings: &Settings, mib: usize, pulls: usize) -> Resu
     Ok(out)
 }
 
-async fn run(args: &Args, settings: &Settings) -> Result<String, String> {
-    let mut out = format!("Machine: {}\n\n", machine());
-    match &args.suite {
-        Suite::Bootstrap => out.push_str(&table(&bootstrap::routes(settings).await?)),
-        Suite::Sglang => out.push_str(&table(
-            &sglang::routes(settings, args.sglang_venv.as_deref()).await?,
-        )),
-        Suite::Scale { ids } => out.push_str(&scale_section(settings, ids).await?),
-        Suite::Proxy => out.push_str(&proxy_section(settings, args.peers_venv.as_deref()).await?),
-        Suite::Ttft { requests } => out.push_str(&ttft_section(settings, *requests).await?),
-        Suite::Routing {
-            sessions,
-            turns,
-            parallel,
-            system_prompts,
-        } => {
-            let workload = routing::Workload {
-                sessions: *sessions,
-                turns: *turns,
-                concurrency: *parallel,
-                system_prompts: *system_prompts,
-            };
-            let rows = routing::compare(&settings.bin_dir, &settings.work_dir, workload).await?;
-            out.push_str(&routing::table(&rows));
-        }
-        Suite::Transfer { mib, pulls } => {
-            out.push_str(&transfer_section(settings, *mib, *pulls).await?)
-        }
-        Suite::All => {
-            out.push_str("### Bootstrap server, per route\n\n");
-            out.push_str(&table(&bootstrap::routes(settings).await?));
-            out.push_str("\n### SGLang's bootstrap wire\n\n");
-            out.push_str(&table(
-                &sglang::routes(settings, args.sglang_venv.as_deref()).await?,
-            ));
-            out.push_str("\n### Bootstrap server at scale (10,000 workers)\n\n");
-            out.push_str(&scale_section(settings, &[100_000, 1_000_000]).await?);
-            out.push_str("\n### Proxy, to instant mock backends\n\n");
-            out.push_str(&proxy_section(settings, args.peers_venv.as_deref()).await?);
-            out.push_str("\n### TTFT: concurrent fan-out against sequential P then D\n\n");
-            out.push_str(&ttft_section(settings, 40).await?);
-            out.push_str("\n### Routing on a multi-turn chat workload\n\n");
-            let rows = routing::compare(
-                &settings.bin_dir,
-                &settings.work_dir,
-                routing::Workload::CHAT,
-            )
-            .await?;
-            out.push_str(&routing::table(&rows));
-            out.push_str("\n### KV data plane: pull bandwidth beside memcpy\n\n");
-            out.push_str(&transfer_section(settings, 64, 8).await?);
-        }
+async fn run(args: &Args, settings: &Settings) -> Result<Output, String> {
+    let mut out = Output::new(&format!("Machine: {}\n\n", machine()));
+    let all = matches!(args.suite, Suite::All);
+    let wants = |suite: fn(&Suite) -> bool| all || suite(&args.suite);
+    if wants(|s| matches!(s, Suite::Bootstrap)) {
+        heading(&mut out, all, "Bootstrap server, per route");
+        out.rows(
+            "bootstrap",
+            "Bootstrap server, per route",
+            &bootstrap::routes(settings).await?,
+        )?;
+    }
+    if wants(|s| matches!(s, Suite::Sglang)) {
+        heading(&mut out, all, "SGLang's bootstrap wire");
+        let rows = sglang::routes(settings, args.sglang_venv.as_deref()).await?;
+        out.rows("sglang", "SGLang's bootstrap wire", &rows)?;
+    }
+    if wants(|s| matches!(s, Suite::Scale { .. })) {
+        heading(&mut out, all, "Bootstrap server at scale (10,000 workers)");
+        let ids = match &args.suite {
+            Suite::Scale { ids } => ids.clone(),
+            _ => vec![100_000, 1_000_000],
+        };
+        out.text(&scale_section(settings, &ids).await?);
+    }
+    if wants(|s| matches!(s, Suite::Proxy)) {
+        heading(&mut out, all, "Proxy, to instant mock backends");
+        out.rows(
+            "proxy",
+            "Proxy, to instant mock backends",
+            &proxy_rows(settings, args.peers_venv.as_deref()).await?,
+        )?;
+    }
+    if wants(|s| matches!(s, Suite::Ttft { .. })) {
+        heading(
+            &mut out,
+            all,
+            "TTFT: concurrent fan-out against sequential P then D",
+        );
+        let requests = match args.suite {
+            Suite::Ttft { requests } => requests,
+            _ => 40,
+        };
+        out.text(&ttft_section(settings, requests).await?);
+    }
+    if wants(|s| matches!(s, Suite::Routing { .. })) {
+        heading(&mut out, all, "Routing on a multi-turn chat workload");
+        let workload = match args.suite {
+            Suite::Routing {
+                sessions,
+                turns,
+                parallel,
+                system_prompts,
+            } => routing::Workload {
+                sessions,
+                turns,
+                concurrency: parallel,
+                system_prompts,
+            },
+            _ => routing::Workload::CHAT,
+        };
+        let rows = routing::compare(&settings.bin_dir, &settings.work_dir, workload).await?;
+        out.routing(&rows)?;
+    }
+    if wants(|s| matches!(s, Suite::Transfer { .. })) {
+        heading(&mut out, all, "KV data plane: pull bandwidth beside memcpy");
+        let (mib, pulls) = match args.suite {
+            Suite::Transfer { mib, pulls } => (mib, pulls),
+            _ => (64, 8),
+        };
+        out.text(&transfer_section(settings, mib, pulls).await?);
     }
     Ok(out)
+}
+
+/// A section's heading, when the run has several.
+fn heading(out: &mut Output, all: bool, title: &str) {
+    if all {
+        out.text(&format!("\n### {title}\n\n"));
+    }
 }
 
 #[tokio::main]
@@ -251,11 +280,18 @@ async fn main() -> std::process::ExitCode {
     };
     match run(&args, &settings).await {
         Ok(report) => {
-            println!("{report}");
+            println!("{}", report.markdown());
             if let Some(path) = &args.out {
-                if let Err(err) = std::fs::write(path, &report) {
-                    eprintln!("error: cannot write {}: {err}", path.display());
-                    return std::process::ExitCode::FAILURE;
+                match report.write(path) {
+                    Ok(files) => {
+                        for file in files {
+                            eprintln!("wrote {}", file.display());
+                        }
+                    }
+                    Err(err) => {
+                        eprintln!("error: {err}");
+                        return std::process::ExitCode::FAILURE;
+                    }
                 }
             }
             std::process::ExitCode::SUCCESS
