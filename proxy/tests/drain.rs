@@ -216,29 +216,13 @@ async fn a_backend_drained_at_the_admin_route_gets_no_new_requests() {
         (body["drained"].as_bool(), body["idle"].as_bool()),
         (Some(true), Some(true))
     );
-    for _ in 0..6 {
-        assert_eq!(
-            cluster
-                .post("/v1/completions", json!({"prompt": "x"}))
-                .await
-                .0,
-            200
-        );
-    }
+    cluster.complete(6).await;
     assert!(cluster.decodes[0].seen().is_empty());
     assert_eq!(cluster.decodes[1].seen().len(), 6);
 
     let undo = json!({"url": target, "draining": false});
     assert_eq!(drain_call(&cluster.proxy, Some("ops"), undo).await.0, 200);
-    for _ in 0..4 {
-        assert_eq!(
-            cluster
-                .post("/v1/completions", json!({"prompt": "x"}))
-                .await
-                .0,
-            200
-        );
-    }
+    cluster.complete(4).await;
     assert!(!cluster.decodes[0].seen().is_empty());
 }
 

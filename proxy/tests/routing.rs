@@ -27,18 +27,6 @@ fn seen_counts(cluster: &Cluster) -> Vec<usize> {
     cluster.decodes.iter().map(|d| d.seen().len()).collect()
 }
 
-async fn metrics(cluster: &Cluster) -> String {
-    cluster
-        .client
-        .get(cluster.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 fn decisions(metrics: &str, decision: &str, reason: &str) -> u64 {
     let series =
         format!("pd_proxy_route_decisions_total{{decision=\"{decision}\",reason=\"{reason}\"}} ");
@@ -170,7 +158,7 @@ async fn short_prompts_go_to_a_decode_alone_and_say_why() {
     assert_eq!(status, 200);
     assert!(!headers.contains_key("x-pd-route"));
     assert_eq!(cluster.prefill.wait_seen(1).await.len(), 1);
-    let metrics = metrics(&cluster).await;
+    let metrics = cluster.metrics().await;
     assert_eq!(decisions(&metrics, "decode_only", "short_prompt"), 1);
     assert_eq!(decisions(&metrics, "disaggregated", "long_prompt"), 1);
     // The phases: P answered once, D's first byte came twice.
@@ -242,7 +230,7 @@ async fn a_prompt_a_decode_already_holds_skips_prefill() {
     );
     assert_eq!(cluster.prefill.seen().len(), 2);
     assert_eq!(
-        decisions(&metrics(&cluster).await, "decode_only", "prefix_hit"),
+        decisions(&cluster.metrics().await, "decode_only", "prefix_hit"),
         1
     );
 }
@@ -273,7 +261,7 @@ async fn without_a_healthy_prefill_decode_only_needs_the_operators_consent() {
                 json!({"prompt": "hello", "max_tokens": 4}),
             )
             .await;
-        let metrics = metrics(&cluster).await;
+        let metrics = cluster.metrics().await;
         match fallback {
             Fallback::None => {
                 assert_eq!(status, 503, "{body}");
@@ -308,7 +296,7 @@ async fn the_load_engines_report_steers_least_loaded_away_from_a_busy_decode() {
     let busy = format!("backend=\"{}\"", cluster.decodes[0].url());
     let deadline = std::time::Instant::now() + WAIT;
     while sample(
-        &metrics(&cluster).await,
+        &cluster.metrics().await,
         "pd_proxy_backend_engine_load",
         &busy,
     ) != 40.0
@@ -319,15 +307,7 @@ async fn the_load_engines_report_steers_least_loaded_away_from_a_busy_decode() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    for _ in 0..10 {
-        assert_eq!(
-            cluster
-                .post("/v1/completions", json!({"prompt": "x"}))
-                .await
-                .0,
-            200
-        );
-    }
+    cluster.complete(10).await;
     assert!(
         cluster.decodes[0].seen().is_empty(),
         "a request went to the busy decode"
@@ -336,7 +316,7 @@ async fn the_load_engines_report_steers_least_loaded_away_from_a_busy_decode() {
     let prefill = format!("backend=\"{}\"", cluster.prefill.url());
     assert_eq!(
         sample(
-            &metrics(&cluster).await,
+            &cluster.metrics().await,
             "pd_proxy_backend_engine_load",
             &prefill
         ),

@@ -593,6 +593,14 @@ impl Cluster {
         (status, headers, response.text().await.unwrap())
     }
 
+    /// Sends `n` small completions, each of which must answer 200.
+    pub async fn complete(&self, n: usize) {
+        for _ in 0..n {
+            let (status, _, body) = self.post("/v1/completions", json!({"prompt": "x"})).await;
+            assert_eq!(status, 200, "{body}");
+        }
+    }
+
     /// `post`, asserting the answer came within `limit`.
     pub async fn post_within(
         &self,
