@@ -1,6 +1,7 @@
 //! KV pull bandwidth: `kv-transfer export` (P) and `kv-transfer pull` (D) as two processes on
 //! this machine, over UCX with shared memory and with TCP, and over the plain TCP transport,
-//! beside the memcpy bandwidth D measures in the same run.
+//! beside the memcpy bandwidth D measures in the same run and the floor of any TCP transport:
+//! the same bytes copied through a plain loopback socket.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -27,6 +28,8 @@ pub struct TransferRow {
     pub best_gb_s: f64,
     /// memcpy of the same size in D's process, GB/s (best of 5).
     pub memcpy_gb_s: f64,
+    /// The same bytes through a plain loopback TCP socket, GB/s (best of 5, same run).
+    pub socket_gb_s: f64,
 }
 
 /// The transports measured: (scheme, UCX_TLS).
@@ -113,7 +116,39 @@ async fn measure(
         median_gb_s,
         best_gb_s: rates.last().copied().unwrap_or_default(),
         memcpy_gb_s,
+        socket_gb_s: 0.0,
     })
+}
+
+/// `bytes` written through a loopback TCP socket by one thread and read into a reused buffer by
+/// another, best of 5: what any TCP transport on this machine can at most reach.
+pub fn loopback_socket_gb_s(bytes: usize) -> Result<f64, String> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let rounds = 5;
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let data = vec![7u8; bytes];
+        let mut stream = std::net::TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        for _ in 0..rounds {
+            stream.write_all(&data)?;
+        }
+        Ok(())
+    });
+    let (mut stream, _) = listener.accept().map_err(|e| e.to_string())?;
+    let mut buffer = vec![0u8; bytes];
+    let mut best = 0.0_f64;
+    for _ in 0..rounds {
+        let started = std::time::Instant::now();
+        stream.read_exact(&mut buffer).map_err(|e| e.to_string())?;
+        best = best.max(bytes as f64 / started.elapsed().as_secs_f64() / 1e9);
+    }
+    writer
+        .join()
+        .map_err(|_| "the socket writer panicked".to_owned())?
+        .map_err(|e| e.to_string())?;
+    Ok(best)
 }
 
 /// Measures every transport with `kv-transfer` from `bin_dir`.
@@ -129,19 +164,23 @@ pub async fn bandwidth(
             kv_transfer.display()
         ));
     }
+    let socket_gb_s = tokio::task::spawn_blocking(move || loopback_socket_gb_s(bytes))
+        .await
+        .map_err(|e| e.to_string())??;
     let mut rows = Vec::new();
     for (transport, ucx_tls) in CASES {
-        rows.push(measure(&kv_transfer, transport, ucx_tls, bytes, pulls.max(1)).await?);
+        let row = measure(&kv_transfer, transport, ucx_tls, bytes, pulls.max(1)).await?;
+        rows.push(TransferRow { socket_gb_s, ..row });
     }
     Ok(rows)
 }
 
 /// The rows as a Markdown table.
 pub fn table(rows: &[TransferRow]) -> String {
-    let mut out = String::from("| transport | UCX_TLS | MiB per pull | pulls | pull GB/s (median) | best | memcpy GB/s (same run) | median / memcpy |\n|---|---|---|---|---|---|---|---|\n");
+    let mut out = String::from("| transport | UCX_TLS | MiB per pull | pulls | pull GB/s (median) | best | memcpy GB/s (same run) | median / memcpy | loopback socket GB/s (same run) | median / socket |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.0}% |\n",
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.0}% | {:.2} | {:.0}% |\n",
             r.transport,
             if r.ucx_tls.is_empty() { "-" } else { r.ucx_tls },
             r.bytes >> 20,
@@ -149,7 +188,9 @@ pub fn table(rows: &[TransferRow]) -> String {
             r.median_gb_s,
             r.best_gb_s,
             r.memcpy_gb_s,
-            100.0 * r.median_gb_s / r.memcpy_gb_s
+            100.0 * r.median_gb_s / r.memcpy_gb_s,
+            r.socket_gb_s,
+            100.0 * r.median_gb_s / r.socket_gb_s.max(f64::MIN_POSITIVE),
         ));
     }
     out

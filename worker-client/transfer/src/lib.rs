@@ -311,9 +311,25 @@ impl KvPuller {
         transfer_id: &str,
         deadline: Duration,
     ) -> Result<Bytes, TransferError> {
+        self.pull_into(addr, transfer_id, deadline, Vec::new())
+            .await
+            .map(Bytes::from)
+    }
+
+    /// [`KvPuller::pull`] into `buffer`, whose allocation is reused when large enough (a D
+    /// worker's KV memory, already faulted in): returns it holding the KV.
+    pub async fn pull_into(
+        &self,
+        addr: &str,
+        transfer_id: &str,
+        deadline: Duration,
+        buffer: Vec<u8>,
+    ) -> Result<Vec<u8>, TransferError> {
         match Transport::parse(addr)? {
             (Transport::Tcp, host_port) => {
-                self.tcp.pull(addr, host_port, transfer_id, deadline).await
+                self.tcp
+                    .pull(addr, host_port, transfer_id, deadline, buffer)
+                    .await
             }
             #[cfg(feature = "ucx")]
             (Transport::Ucx, _) => {
@@ -321,8 +337,7 @@ impl KvPuller {
                     .ucx
                     .get_or_try_init(|| async { ucx::UcxPuller::new(ucx::PullConfig::default()) })
                     .await?;
-                let kv = puller.pull(addr, transfer_id, deadline, Vec::new()).await?;
-                Ok(Bytes::from(kv))
+                puller.pull(addr, transfer_id, deadline, buffer).await
             }
             #[cfg(not(feature = "ucx"))]
             (transport @ Transport::Ucx, _) => Err(TransferError::TransportDisabled { transport }),

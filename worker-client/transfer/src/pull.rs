@@ -5,8 +5,15 @@
 
 use std::time::{Duration, Instant};
 
+use axum::http::header::CONTENT_LENGTH;
+use axum::http::{Method, Request, Response, StatusCode};
 use bytes::Bytes;
-use reqwest::StatusCode;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use pd_service::error_chain;
 use serde::Deserialize;
 
 use crate::TransferError;
@@ -24,15 +31,94 @@ pub(crate) fn pull_url(host_port: &str, transfer_id: &str, wait: Duration) -> St
     format!("http://{host_port}/kv/{id}?wait_ms={}", wait.as_millis())
 }
 
-/// Sends `GET url` and returns the body of a 200, bounded by `deadline` (plus a second for the
-/// bytes); a 404 means P did not publish in time.
+/// The largest answer a pull takes (KV of one request on one worker): 4 GiB.
+pub(crate) const MAX_PULL_BYTES: u64 = 4 << 30;
+
+/// Bytes the client reads from the socket at a time: KV answers are megabytes, and hyper's
+/// default (growing from 8 KiB) spends more on per-read work than on the bytes.
+const READ_BUFFER_BYTES: usize = 1 << 20;
+
+/// The HTTP client of pulls: plain HTTP/1.1 over TCP, reading in large slices.
+#[derive(Clone)]
+pub(crate) struct PullClient {
+    http: Client<HttpConnector, Empty<Bytes>>,
+}
+
+impl PullClient {
+    /// A client whose connections must open within `connect_timeout`.
+    pub(crate) fn new(connect_timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_nodelay(true);
+        let http = Client::builder(TokioExecutor::new())
+            .http1_read_buf_exact_size(READ_BUFFER_BYTES)
+            .build(connector);
+        PullClient { http }
+    }
+
+    async fn send(&self, method: Method, url: &str) -> Result<Response<Incoming>, String> {
+        let request = Request::builder()
+            .method(method)
+            .uri(url)
+            .body(Empty::new())
+            .map_err(|e| e.to_string())?;
+        self.http
+            .request(request)
+            .await
+            .map_err(|e| error_chain(&e))
+    }
+
+    /// `DELETE url`: the answer's status.
+    #[cfg(feature = "ucx")]
+    pub(crate) async fn delete(&self, url: &str) -> Result<StatusCode, String> {
+        Ok(self.send(Method::DELETE, url).await?.status())
+    }
+}
+
+/// The whole body of `response`, at most `max` bytes, read into `out` (emptied first; its
+/// allocation is reused when large enough, else sized once from the `Content-Length`): a KV
+/// arrives in many frames, and growing a fresh buffer as they come would copy it over and over
+/// and fault in new pages on every pull.
+async fn read_body(
+    response: Response<Incoming>,
+    max: u64,
+    mut out: Vec<u8>,
+) -> Result<Vec<u8>, String> {
+    let too_large =
+        |len: u64| format!("the answer holds {len} bytes, more than the {max} a pull takes");
+    let expected = response
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    if expected > max {
+        return Err(too_large(expected));
+    }
+    let mut body = response.into_body();
+    out.clear();
+    out.reserve(expected as usize);
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() else {
+            continue; // trailers
+        };
+        let len = (out.len() + data.len()) as u64;
+        if len > max {
+            return Err(too_large(len));
+        }
+        out.extend_from_slice(&data);
+    }
+    Ok(out)
+}
+
+/// Sends `GET url` and returns the body of a 200 in `buffer` (see [`read_body`]), bounded by
+/// `deadline` (plus a second for the bytes); a 404 means P did not publish in time.
 pub(crate) async fn held_get(
-    http: &reqwest::Client,
+    http: &PullClient,
     url: &str,
-    addr: &str,
-    transfer_id: &str,
+    (addr, transfer_id): (&str, &str),
     deadline: Duration,
-) -> Result<Bytes, TransferError> {
+    buffer: Vec<u8>,
+) -> Result<Vec<u8>, TransferError> {
     let started = Instant::now();
     let unreachable = |reason: String| TransferError::Unreachable {
         addr: addr.to_owned(),
@@ -46,16 +132,11 @@ pub(crate) async fn held_get(
     };
     // The exporter answers at the latest when the wait ends; allow a little for the bytes.
     let call = async {
-        let response = http
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
+        let response = http.send(Method::GET, url).await.map_err(unreachable)?;
         match response.status() {
-            StatusCode::OK => response
-                .bytes()
+            StatusCode::OK => read_body(response, MAX_PULL_BYTES, buffer)
                 .await
-                .map_err(|e| unreachable(e.to_string())),
+                .map_err(unreachable),
             StatusCode::NOT_FOUND => Err(not_published()),
             other => Err(unreachable(format!("exporter answered {other}"))),
         }

@@ -12,7 +12,7 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 
-use crate::pull::{held_get, pull_url, PullParams};
+use crate::pull::{held_get, pull_url, PullClient, PullParams};
 use crate::shelf::{listen, spawn_janitor, Shelf};
 use crate::{TransferError, TCP_SCHEME};
 
@@ -67,30 +67,30 @@ impl TcpExporter {
 /// D side of the TCP transport.
 #[derive(Clone)]
 pub struct TcpPuller {
-    http: reqwest::Client,
+    http: PullClient,
 }
 
 impl TcpPuller {
     /// A puller whose connections must open within `connect_timeout`.
     pub fn new(connect_timeout: Duration) -> Self {
-        let http = reqwest::Client::builder()
-            .connect_timeout(connect_timeout)
-            .build()
-            .expect("a plain HTTP client builds");
-        TcpPuller { http }
+        TcpPuller {
+            http: PullClient::new(connect_timeout),
+        }
     }
 
-    /// Pulls the KV published under `transfer_id` at `addr` (`tcp://host_port`), waiting for P
-    /// to publish it for at most `deadline`, which bounds the whole call.
+    /// Pulls the KV published under `transfer_id` at `addr` (`tcp://host_port`) into `buffer`
+    /// (its allocation reused when large enough) and returns it, waiting for P to publish it for
+    /// at most `deadline`, which bounds the whole call.
     pub async fn pull(
         &self,
         addr: &str,
         host_port: &str,
         transfer_id: &str,
         deadline: Duration,
-    ) -> Result<Bytes, TransferError> {
+        buffer: Vec<u8>,
+    ) -> Result<Vec<u8>, TransferError> {
         let url = pull_url(host_port, transfer_id, deadline);
-        held_get(&self.http, &url, addr, transfer_id, deadline).await
+        held_get(&self.http, &url, (addr, transfer_id), deadline, buffer).await
     }
 }
 
@@ -122,6 +122,25 @@ mod tests {
             Bytes::from_static(b"kv bytes")
         );
         assert_eq!(exporter.pending(), 0, "a pull takes the KV");
+    }
+
+    #[tokio::test]
+    async fn a_pull_into_a_buffer_reuses_its_memory() {
+        let exporter = exporter(Duration::from_secs(5)).await;
+        let addr = exporter.transfer_addr();
+        let puller = KvPuller::default();
+        let mut buffer = vec![0u8; 4 << 20];
+        for (i, len) in [(0u8, 3 << 20), (1, 1 << 20)] {
+            let kv = vec![i + 1; len];
+            exporter.publish(&format!("x{i}"), &kv).unwrap();
+            let at = buffer.as_ptr();
+            buffer = puller
+                .pull_into(&addr, &format!("x{i}"), Duration::from_secs(5), buffer)
+                .await
+                .unwrap();
+            assert_eq!(buffer, kv);
+            assert_eq!(buffer.as_ptr(), at, "the buffer was not reused");
+        }
     }
 
     #[tokio::test]

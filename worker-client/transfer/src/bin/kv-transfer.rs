@@ -189,13 +189,7 @@ impl Puller {
         buffer: Vec<u8>,
     ) -> Result<Vec<u8>, String> {
         let pulled = match self {
-            Puller::Generic(puller) => {
-                drop(buffer);
-                puller
-                    .pull(addr, transfer_id, deadline)
-                    .await
-                    .map(|kv| kv.to_vec())
-            }
+            Puller::Generic(puller) => puller.pull_into(addr, transfer_id, deadline, buffer).await,
             #[cfg(feature = "ucx")]
             Puller::Ucx(puller) => puller.pull(addr, transfer_id, deadline, buffer).await,
         };

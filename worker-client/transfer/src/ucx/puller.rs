@@ -13,7 +13,7 @@ use super::context::Context;
 use super::descriptor::{from_hex, Chunk, KvDescriptor};
 use super::worker::{Endpoint, RemoteKey, Request, Worker};
 use super::UcxError;
-use crate::pull::{held_get, pull_url};
+use crate::pull::{held_get, pull_url, PullClient};
 use crate::{TransferError, Transport};
 
 /// How often an idle engine progresses its worker (keep-alives, endpoint errors).
@@ -422,7 +422,7 @@ impl Drop for EngineHandle {
 #[derive(Clone)]
 pub struct UcxPuller {
     engine: Arc<EngineHandle>,
-    http: reqwest::Client,
+    http: PullClient,
     config: PullConfig,
 }
 
@@ -475,10 +475,7 @@ impl UcxPuller {
                 )))
             }
         }
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
-            .build()
-            .expect("a plain HTTP client builds");
+        let http = PullClient::new(config.connect_timeout);
         Ok(UcxPuller {
             engine,
             http,
@@ -507,7 +504,7 @@ impl UcxPuller {
             }
         };
         let url = pull_url(host_port, transfer_id, deadline);
-        let body = held_get(&self.http, &url, addr, transfer_id, deadline).await?;
+        let body = held_get(&self.http, &url, (addr, transfer_id), deadline, Vec::new()).await?;
         let described = Instant::now();
         let pulled = self
             .pull_described(
@@ -606,12 +603,10 @@ impl UcxPuller {
     async fn release(&self, host_port: &str, transfer_id: &str) {
         let id: String = url::form_urlencoded::byte_serialize(transfer_id.as_bytes()).collect();
         let url = format!("http://{host_port}/kv/{id}");
-        let call = self.http.delete(&url).send();
+        let call = self.http.delete(&url);
         match tokio::time::timeout(RELEASE_TIMEOUT, call).await {
-            Ok(Ok(response)) if response.status().is_success() => {}
-            Ok(Ok(response)) => {
-                tracing::debug!(%url, status = %response.status(), "KV release refused")
-            }
+            Ok(Ok(status)) if status.is_success() => {}
+            Ok(Ok(status)) => tracing::debug!(%url, %status, "KV release refused"),
             Ok(Err(err)) => tracing::debug!(%url, error = %err, "KV release failed"),
             Err(_) => tracing::debug!(%url, "KV release timed out"),
         }
