@@ -282,6 +282,25 @@ impl PyBootstrapClient {
         awaitable(py, call!(self, |c| c.deregister(&selection).await))
     }
 
+    /// Marks an engine draining (routers following the registry's watch send it no new
+    /// requests) or, with `draining=False`, lifts the mark; returns how many workers the engine
+    /// has. An unknown engine raises `NotFound`.
+    #[pyo3(signature = (engine_id, draining=true))]
+    fn drain(&self, py: Python<'_>, engine_id: String, draining: bool) -> PyResult<usize> {
+        block(py, call!(self, |c| c.drain(&engine_id, draining).await))
+    }
+
+    /// `drain`, awaitable.
+    #[pyo3(signature = (engine_id, draining=true))]
+    fn adrain<'py>(
+        &self,
+        py: Python<'py>,
+        engine_id: String,
+        draining: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, call!(self, |c| c.drain(&engine_id, draining).await))
+    }
+
     /// One engine as vLLM's D reads it (`GET /query?engine_id=`): `{engine_id: {"engine_id",
     /// "dp_rank_to_tp_addrs" ...}}`; one attempt. An incomplete topology raises `Unavailable`.
     fn query(&self, py: Python<'_>, engine_id: String) -> PyResult<Py<PyAny>> {

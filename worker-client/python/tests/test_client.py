@@ -108,3 +108,17 @@ def test_sglang_rows_topology_ranks_and_rooms(server):
     assert client.sglang_rank(1, 0) == {"rank_ip": "10.0.0.5", "rank_port": 17001}
     client.register_dp_rank(42, 1)
     assert client.query_dp_ranks([42, 43]) == {42: 1}
+
+
+def test_drain_marks_an_engine_and_lifts_the_mark(server):
+    client = pd.BootstrapClient(server.url)
+    client.register("p0", 0, 0, 0, "tcp://10.0.0.5:7000")
+    assert client.drain("p0") == 1
+    assert client.workers()["workers"][0]["draining"] is True
+    assert client.drain("p0", draining=False) == 1
+    assert "draining" not in client.workers()["workers"][0]
+    try:
+        client.drain("nobody")
+        raise AssertionError("an unknown engine was drained")
+    except pd.NotFound as err:
+        assert err.status == 404 and "nobody" in str(err)

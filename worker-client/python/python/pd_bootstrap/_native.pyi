@@ -133,6 +133,9 @@ class BootstrapClient:
         tp_rank: Optional[int] = None,
         pp_rank: Optional[int] = None,
     ) -> Awaitable[int]: ...
+    def drain(self, engine_id: str, draining: bool = True) -> int:
+        """Marks an engine draining (routers send it no new requests), or lifts the mark."""
+    def adrain(self, engine_id: str, draining: bool = True) -> Awaitable[int]: ...
     def query(self, engine_id: str) -> Json:
         """One engine as vLLM's D reads it (``GET /query?engine_id=``)."""
     def aquery(self, engine_id: str) -> Awaitable[Json]: ...
