@@ -333,6 +333,44 @@ pub struct ScaleReport {
     pub restart: Duration,
 }
 
+/// `GET /query` as the registry grows: for each size in `workers`, a fresh server with that many
+/// workers (64 per engine), then one engine's topology (what a D asks per engine) and the whole
+/// topology, each for the settings' duration at concurrency 16; the rows name the size, and
+/// the server's RSS after registration is in each row. One engine's answer should stay flat as
+/// the registry grows; the whole topology grows with it.
+pub async fn query_curve(settings: &Settings, workers: &[u32]) -> Result<Vec<Row>, String> {
+    let mut rows = Vec::new();
+    for &size in workers {
+        let data_dir = settings.data_dir(&format!("curve-{size}"));
+        let server =
+            BenchServer::start(settings, &data_dir, &format!("bench-curve-{size}")).await?;
+        server.register_workers(size).await?;
+        let config = settings.config(16);
+        let one_engine: RequestFactory = {
+            let host = server.addr.to_string();
+            Arc::new(move |_| loadgen::get(&host, "/query?engine_id=bench-engine-0"))
+        };
+        for (what, factory) in [
+            ("GET /query?engine_id= (one engine)", one_engine),
+            ("GET /query (every engine)", topology_query(server.addr)),
+        ] {
+            let before = server.usage();
+            let report = loadgen::run(server.addr, factory, config).await;
+            let scenario = format!("{what}, {size} workers");
+            rows.push(Row::new(
+                &scenario,
+                server.system(),
+                16,
+                &report,
+                before,
+                server.usage(),
+            ));
+        }
+        server.stop().await;
+    }
+    Ok(rows)
+}
+
 /// 10,000 workers and `live_ids` live request ids: memory, lookup latency, restart time.
 pub async fn scale(settings: &Settings, live_ids: u64) -> Result<ScaleReport, String> {
     let data_dir = settings.data_dir(&format!("scale-{live_ids}"));

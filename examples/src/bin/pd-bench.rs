@@ -51,11 +51,19 @@ enum Suite {
     Bootstrap,
     /// SGLang's bootstrap routes, beside SGLang's own server with --sglang-venv.
     Sglang,
-    /// 10,000 workers and many live request ids: memory, lookups, restart time.
+    /// 10,000 workers and many live request ids: memory, lookups, restart time; and `GET
+    /// /query` as the registry grows.
     Scale {
         /// Live request ids to load (repeatable sizes, comma-separated).
         #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
         ids: Vec<u64>,
+        /// Registered workers for the `GET /query` curve (comma-separated).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "10,100,1000,10000,100000"
+        )]
+        workers: Vec<u32>,
     },
     /// Completions through the proxy (and the peers) to instant mocks, against D directly.
     Proxy,
@@ -192,11 +200,17 @@ async fn run(args: &Args, settings: &Settings) -> Result<Output, String> {
     }
     if wants(|s| matches!(s, Suite::Scale { .. })) {
         heading(&mut out, all, "Bootstrap server at scale (10,000 workers)");
-        let ids = match &args.suite {
-            Suite::Scale { ids } => ids.clone(),
-            _ => vec![100_000, 1_000_000],
+        let (ids, workers) = match &args.suite {
+            Suite::Scale { ids, workers } => (ids.clone(), workers.clone()),
+            _ => (
+                vec![100_000, 1_000_000],
+                vec![10, 100, 1_000, 10_000, 100_000],
+            ),
         };
         out.text(&scale_section(settings, &ids).await?);
+        out.text("\n`GET /query` as the registry grows (concurrency 16):\n\n");
+        let curve = bootstrap::query_curve(settings, &workers).await?;
+        out.rows("query-curve", "GET /query as the registry grows", &curve)?;
     }
     if wants(|s| matches!(s, Suite::Proxy)) {
         heading(&mut out, all, "Proxy, to instant mock backends");
