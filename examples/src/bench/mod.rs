@@ -10,3 +10,4 @@ pub mod report;
 pub mod routing;
 pub mod sglang;
 pub mod transfer;
+pub mod watch;

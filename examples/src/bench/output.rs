@@ -42,10 +42,26 @@ impl Output {
 
     /// The routing section: its table, its JSON, its TTFT and hit-rate charts.
     pub fn routing(&mut self, rows: &[RoutingRow]) -> Result<(), String> {
-        self.markdown.push_str(&routing::table(rows));
-        self.sections.insert("routing".to_owned(), json(rows)?);
-        for (name, svg) in routing::charts(rows)? {
-            self.charts.push((name.to_owned(), svg));
+        self.section(
+            "routing",
+            &routing::table(rows),
+            rows,
+            routing::charts(rows)?,
+        )
+    }
+
+    /// Any section: its Markdown, its rows as JSON under `name`, and its charts by name.
+    pub fn section<T: serde::Serialize>(
+        &mut self,
+        name: &str,
+        markdown: &str,
+        rows: &[T],
+        charts: Vec<(&str, String)>,
+    ) -> Result<(), String> {
+        self.markdown.push_str(markdown);
+        self.sections.insert(name.to_owned(), json(rows)?);
+        for (chart, svg) in charts {
+            self.charts.push((chart.to_owned(), svg));
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ use pd_examples::bench::bootstrap::{self, Settings};
 use pd_examples::bench::output::Output;
 use pd_examples::bench::proxy::{self, ProxyCommand};
 use pd_examples::bench::report::{ms, Row};
-use pd_examples::bench::{routing, sglang, transfer};
+use pd_examples::bench::{routing, sglang, transfer, watch};
 
 /// Measure the bootstrap server (and, with the peers installed, the proxy against them).
 #[derive(Debug, Parser)]
@@ -64,6 +64,9 @@ enum Suite {
             default_value = "10,100,1000,10000,100000"
         )]
         workers: Vec<u32>,
+        /// Watchers for the watch fan-out curve (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "10,100,500,2000")]
+        watchers: Vec<usize>,
     },
     /// Completions through the proxy (and the peers) to instant mocks, against D directly.
     Proxy,
@@ -200,17 +203,31 @@ async fn run(args: &Args, settings: &Settings) -> Result<Output, String> {
     }
     if wants(|s| matches!(s, Suite::Scale { .. })) {
         heading(&mut out, all, "Bootstrap server at scale (10,000 workers)");
-        let (ids, workers) = match &args.suite {
-            Suite::Scale { ids, workers } => (ids.clone(), workers.clone()),
+        let (ids, workers, watchers) = match &args.suite {
+            Suite::Scale {
+                ids,
+                workers,
+                watchers,
+            } => (ids.clone(), workers.clone(), watchers.clone()),
             _ => (
                 vec![100_000, 1_000_000],
                 vec![10, 100, 1_000, 10_000, 100_000],
+                vec![10, 100, 500, 2_000],
             ),
         };
         out.text(&scale_section(settings, &ids).await?);
         out.text("\n`GET /query` as the registry grows (concurrency 16):\n\n");
         let curve = bootstrap::query_curve(settings, &workers).await?;
         out.rows("query-curve", "GET /query as the registry grows", &curve)?;
+        out.text("\nWatch fan-out (a registration's time to reach every watcher):\n\n");
+        let fanout = watch::fanout(settings, &watchers).await?;
+        let chart = watch::chart(&fanout)?;
+        out.section(
+            "watch-fanout",
+            &watch::table(&fanout),
+            &fanout,
+            vec![("watch-fanout", chart)],
+        )?;
     }
     if wants(|s| matches!(s, Suite::Proxy)) {
         heading(&mut out, all, "Proxy, to instant mock backends");
