@@ -1,0 +1,285 @@
+//! What the proxy knows about each backend: health, load, and for prefills the dp ranks and
+//! engine ids discovered on their bootstrap servers.
+//!
+//! Everything a request reads is an atomic or a snapshot behind a lock held for a pointer copy;
+//! no lock is ever held across an await. [`Backend`] is one P or D server (and [`Call`] one call
+//! to it), [`Pair`] a prefill's dp rank, [`Prefill`] what discovery learnt of a prefill, and
+//! [`Pool`] all of them, one file each.
+
+mod pair;
+mod pool;
+mod prefill;
+
+pub use pair::{DiscoveredRank, Pair};
+pub use pool::Pool;
+pub use prefill::Prefill;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use reqwest::Url;
+
+use crate::config::HealthConfig;
+use crate::endpoint::Endpoint;
+use crate::metrics::{BackendMetrics, CallOutcome, Metrics};
+
+/// Whether a backend prefills or decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A prefill (P) server.
+    Prefill,
+    /// A decode (D) server.
+    Decode,
+}
+
+impl Role {
+    /// The `role` metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+/// [`Backend::engine_load`] before (or without) a report.
+const UNKNOWN: usize = usize::MAX;
+
+/// A hash of a backend's role and URL.
+fn identity(role: Role, url: &str) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = foldhash::fast::FixedState::with_seed(0x1d).build_hasher();
+    h.write(role.as_str().as_bytes());
+    h.write(url.as_bytes());
+    h.finish()
+}
+
+/// One P or D server.
+pub struct Backend {
+    url: String,
+    id: u64,
+    role: Role,
+    /// `{url}/v1/completions`.
+    pub completions_url: Endpoint,
+    /// `{url}/v1/chat/completions`.
+    pub chat_completions_url: Endpoint,
+    /// `{url}/generate` (SGLang).
+    pub generate_url: Endpoint,
+    /// `{url}/v1/models`.
+    pub models_url: Url,
+    /// `{url}/health`.
+    pub health_url: Url,
+    /// `{url}/metrics` (the engine's own).
+    pub metrics_url: Url,
+    healthy: AtomicBool,
+    /// The models the backend lists at `/v1/models` (empty until known).
+    models: RwLock<Arc<[String]>>,
+    failures: AtomicU32,
+    successes: AtomicU32,
+    outstanding: AtomicUsize,
+    /// Drained by an operator at this proxy (`POST /admin/drain`).
+    drained: AtomicBool,
+    /// Requests running and waiting as the engine reports them ([`UNKNOWN`]: not known).
+    engine_load: AtomicUsize,
+    metrics: BackendMetrics,
+}
+
+impl Backend {
+    /// A backend at `url` (a base URL without trailing slash), healthy until checks say otherwise.
+    pub fn new(role: Role, url: &str, metrics: &Metrics) -> Self {
+        let join = |path: &str| {
+            Url::parse(&format!("{url}{path}")).expect("a checked base URL plus a path is a URL")
+        };
+        let metrics = metrics.backend(role.as_str(), url);
+        metrics.healthy.set(1);
+        Backend {
+            url: url.to_owned(),
+            id: identity(role, url),
+            role,
+            completions_url: Endpoint::new(join("/v1/completions")),
+            chat_completions_url: Endpoint::new(join("/v1/chat/completions")),
+            generate_url: Endpoint::new(join("/generate")),
+            models_url: join("/v1/models"),
+            health_url: join("/health"),
+            metrics_url: join("/metrics"),
+            healthy: AtomicBool::new(true),
+            models: RwLock::new(Arc::from(Vec::new())),
+            failures: AtomicU32::new(0),
+            successes: AtomicU32::new(0),
+            outstanding: AtomicUsize::new(0),
+            drained: AtomicBool::new(false),
+            engine_load: AtomicUsize::new(UNKNOWN),
+            metrics,
+        }
+    }
+
+    /// The base URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A stable identity for the policies: the same role and URL, the same id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Prefill or decode.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Requests running and waiting at the engine, as it last reported them.
+    pub fn engine_load(&self) -> Option<usize> {
+        Some(self.engine_load.load(Ordering::Relaxed)).filter(|load| *load != UNKNOWN)
+    }
+
+    /// Records what the engine reported (`None`: nothing usable).
+    pub fn set_engine_load(&self, load: Option<usize>) {
+        let load = load.map_or(UNKNOWN, |l| l.min(UNKNOWN - 1));
+        self.engine_load.store(load, Ordering::Relaxed);
+        self.metrics
+            .engine_load
+            .set(if load == UNKNOWN { -1 } else { load as i64 });
+    }
+
+    /// The load the policies see: requests in flight through this proxy, or what the engine
+    /// reports running and waiting when that is more (other proxies' and clients' traffic).
+    pub fn load(&self) -> usize {
+        self.outstanding().max(self.engine_load().unwrap_or(0))
+    }
+
+    /// Whether an operator drained it at this proxy: it gets no new requests.
+    pub fn is_drained(&self) -> bool {
+        self.drained.load(Ordering::Relaxed)
+    }
+
+    /// Drains it at this proxy, or lifts that.
+    pub fn set_drained(&self, drained: bool) {
+        if self.drained.swap(drained, Ordering::Relaxed) != drained {
+            tracing::info!(backend = %self.url, role = self.role.as_str(), drained, "drain mark set at this proxy");
+        }
+    }
+
+    /// Whether the backend passes its health checks (true until enough checks failed).
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// The models the backend serves, as its `/v1/models` listed them (empty: not known yet).
+    pub fn models(&self) -> Arc<[String]> {
+        self.models
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records the models the backend serves.
+    pub fn set_models(&self, models: Vec<String>) {
+        *self.models.write().unwrap_or_else(PoisonError::into_inner) = Arc::from(models);
+    }
+
+    /// Whether the backend may serve `model`: it lists it, or nothing is known (of the
+    /// backend's models, or of the model).
+    pub fn serves(&self, model: Option<&str>) -> bool {
+        let Some(model) = model else { return true };
+        let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
+        models.is_empty() || models.iter().any(|m| m == model)
+    }
+
+    /// Calls through this proxy not yet finished.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// Records one health check; returns the new state when it changed. The backend's one
+    /// health-check task calls this; [`Backend::eject`] may also reset the streaks.
+    pub fn record_check(&self, passed: bool, config: &HealthConfig) -> Option<bool> {
+        let healthy = self.is_healthy();
+        if passed {
+            self.failures.store(0, Ordering::Relaxed);
+            let streak = self.successes.fetch_add(1, Ordering::Relaxed) + 1;
+            if !healthy && streak >= config.success_threshold {
+                self.set_healthy(true);
+                return Some(true);
+            }
+        } else {
+            self.successes.store(0, Ordering::Relaxed);
+            let streak = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+            if healthy && streak >= config.failure_threshold {
+                self.set_healthy(false);
+                return Some(false);
+            }
+        }
+        None
+    }
+
+    /// Takes the backend out at once because real traffic says it is dead (`why`: a refused
+    /// connection, or a prefill that did not answer within its timeout), not a blip. Active
+    /// health checks bring it back after `--health-success-threshold` passes.
+    pub fn eject(&self, why: &str) {
+        self.successes.store(0, Ordering::Relaxed);
+        if self.healthy.swap(false, Ordering::Relaxed) {
+            self.metrics.healthy.set(0);
+            tracing::warn!(backend = %self.url, role = self.role.as_str(), "{why}: backend taken out until it passes health checks");
+        }
+    }
+
+    fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::Relaxed);
+        self.metrics.healthy.set(i64::from(healthy));
+    }
+
+    /// Starts a call: counts it as outstanding and in flight until the guard is finished or
+    /// dropped (a dropped guard counts as cancelled).
+    pub fn call(self: &Arc<Self>) -> Call {
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+        self.metrics.in_flight.inc();
+        Call {
+            backend: self.clone(),
+            pair: None,
+            finished: false,
+        }
+    }
+}
+
+/// One call to a backend in flight; see [`Backend::call`].
+pub struct Call {
+    backend: Arc<Backend>,
+    pair: Option<Arc<Pair>>,
+    finished: bool,
+}
+
+impl Call {
+    /// The backend called.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// Counts the call as ended with `outcome`.
+    pub fn finish(mut self, outcome: CallOutcome) {
+        self.finished = true;
+        if outcome == CallOutcome::ConnectError {
+            self.backend.eject("connection refused");
+        }
+        self.backend.metrics.call(outcome);
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.backend.metrics.call(CallOutcome::Cancelled);
+        }
+        self.backend.outstanding.fetch_sub(1, Ordering::Relaxed);
+        self.backend.metrics.in_flight.dec();
+        if let Some(pair) = &self.pair {
+            pair.outstanding.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The lock, also when a panic poisoned it (the data stays consistent: writers replace whole
+/// values).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

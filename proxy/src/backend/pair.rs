@@ -1,0 +1,86 @@
+//! [`Pair`]: one dp rank of one prefill, what a request's P half is sent to.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use pd_protocol::Rank;
+use reqwest::header::HeaderValue;
+
+use super::{Backend, Call};
+
+/// One dp rank of one prefill: what a request's P half is sent to.
+pub struct Pair {
+    /// The index of the prefill in [`Pool::prefills`].
+    pub prefill_index: usize,
+    /// The prefill server.
+    pub backend: Arc<Backend>,
+    /// Its bootstrap server (`remote_bootstrap_addr`).
+    pub bootstrap_addr: Arc<str>,
+    /// The dp rank.
+    pub dp_rank: Rank,
+    /// The dp rank as the `X-data-parallel-rank` header value.
+    pub rank_header: HeaderValue,
+    /// The engine id of that dp rank (`remote_engine_id`).
+    pub engine_id: Arc<str>,
+    /// The model the engine registered (`None` when its registration or its server does not
+    /// say): only decodes that serve it are paired with it.
+    pub model: Option<Arc<str>>,
+    /// How many dp ranks the prefill has (SGLang's bootstrap rooms encode the rank modulo it).
+    pub dp_size: Rank,
+    pub(super) outstanding: AtomicUsize,
+    /// Its engine is marked draining in the registry (learnt from the bootstrap server's watch).
+    pub(super) draining: AtomicBool,
+}
+
+/// One discovered dp rank of a prefill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiscoveredRank<'a> {
+    /// The dp rank.
+    pub rank: Rank,
+    /// Its engine id.
+    pub engine_id: &'a str,
+    /// The model its engine registered, if it did.
+    pub model: Option<&'a str>,
+    /// How many dp ranks the prefill has.
+    pub dp_size: Rank,
+}
+
+impl Pair {
+    /// A stable identity for the policies: the prefill's and the dp rank's.
+    pub fn id(&self) -> u64 {
+        self.backend.id() ^ u64::from(self.dp_rank).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    /// Whether requests may be sent to this dp rank: its prefill is healthy and drained
+    /// neither at this proxy nor in the registry.
+    pub fn takes_requests(&self) -> bool {
+        self.backend.is_healthy()
+            && !self.backend.is_drained()
+            && !self.draining.load(Ordering::Relaxed)
+    }
+
+    /// The load the policies see: P calls to this dp rank in flight through this proxy, or its
+    /// share of what the prefill's engine reports, when that is more.
+    pub fn load(&self) -> usize {
+        let share = self.backend.engine_load().unwrap_or(0) / self.dp_size.max(1) as usize;
+        self.outstanding().max(share)
+    }
+
+    /// Whether its engine is marked draining in the registry.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// P calls to this dp rank not yet finished.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// Starts a P call to this dp rank (counted on the pair and on the prefill).
+    pub fn call(self: &Arc<Self>) -> Call {
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+        let mut call = self.backend.call();
+        call.pair = Some(self.clone());
+        call
+    }
+}
