@@ -5,6 +5,7 @@
 //! expect.
 
 mod config;
+mod drain;
 mod error;
 mod follow;
 mod history;
@@ -293,27 +294,6 @@ impl Registry {
             tracing::info!(engine_id = %req.engine_id, removed, "workers deregistered");
         }
         Ok(removed)
-    }
-
-    /// Marks every worker of `engine_id` draining (routers send it no new requests) or lifts
-    /// the mark; returns how many workers the engine has. Its workers keep the mark when they
-    /// renew, re-register or restart under the same engine id.
-    pub async fn drain(
-        self: &Arc<Self>,
-        engine_id: &str,
-        draining: bool,
-    ) -> Result<usize, RegistryError> {
-        validate_id("engine_id", engine_id)?;
-        let engine = engine_id.to_owned();
-        let workers = self
-            .write(move |table, _| {
-                table
-                    .plan_drain(&engine, draining)
-                    .ok_or_else(|| RegistryError::UnknownEngine(engine.clone()))
-            })
-            .await?;
-        tracing::info!(engine_id, draining, workers, "engine drain mark set");
-        Ok(workers)
     }
 
     /// Plans a worker change against the current table and commits it, guarded by the revision
