@@ -87,14 +87,29 @@ pub async fn scrape_forever(
                 tokio::time::sleep(interval * NO_METRICS_BACKOFF).await;
                 continue;
             }
-            Ok(response) if response.status().is_success() => match response.text().await {
-                Ok(text) => queue_length(&text),
-                Err(_) => None,
-            },
+            Ok(response) if response.status().is_success() => read_capped(response)
+                .await
+                .and_then(|text| queue_length(&text)),
             _ => None,
         };
         backend.set_engine_load(queue);
     }
+}
+
+/// The most of a `/metrics` answer read (vLLM's is tens of KiB); beyond it the answer is
+/// ignored, so a broken backend cannot fill the proxy's memory.
+const MAX_METRICS_BYTES: usize = 4 << 20;
+
+/// The answer's text, unless it is longer than [`MAX_METRICS_BYTES`] or breaks off.
+async fn read_capped(mut response: reqwest::Response) -> Option<String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.ok()? {
+        if body.len() + chunk.len() > MAX_METRICS_BYTES {
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    String::from_utf8(body).ok()
 }
 
 #[cfg(test)]
