@@ -6,18 +6,19 @@
 //! resolve; 2 bad command-line usage; 3 the server could not be reached in time (connection
 //! failure, timeout, 5xx).
 
+mod output;
+
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use futures_util::StreamExt;
-use pd_protocol::native::{Deregister, WorkerEventKind, WorkerInfo};
-use pd_protocol::vllm::{QueryRequestsResponse, RegisterWorker, RequestLocation, Topology};
+use pd_protocol::native::Deregister;
+use pd_protocol::vllm::{QueryRequestsResponse, RegisterWorker, RequestLocation};
 use pd_protocol::{Rank, Revision, MAX_LEASE_TTL};
 use pd_service::{init_logging, parse_seconds, parse_seconds_or_zero, shutdown_signal, LogFormat};
-use worker_client::{
-    BootstrapClient, ClientError, LeaseKeeper, LeaseState, RequestOutcome, WatchUpdate,
-};
+use worker_client::{BootstrapClient, ClientError, LeaseKeeper, LeaseState, RequestOutcome};
+
+use output::{print_changes, print_json, print_topology};
 
 /// Talk to a pd-bootstrap (or vLLM Mooncake) bootstrap server.
 ///
@@ -200,32 +201,6 @@ impl From<ClientError> for Failure {
     }
 }
 
-fn print_json(value: &impl serde::Serialize) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(value).expect("wire types serialize")
-    );
-}
-
-fn print_topology(topology: &Topology) {
-    if topology.is_empty() {
-        println!("no workers registered");
-        return;
-    }
-    println!(
-        "{:<4} {:<38} {:<4} {:<4} ADDRESS",
-        "DP", "ENGINE", "TP", "PP"
-    );
-    for (dp, group) in topology {
-        for (tp, pps) in &group.worker_addr {
-            for (pp, addr) in pps {
-                let engine = group.engine_id.as_deref().unwrap_or("-");
-                println!("{dp:<4} {engine:<38} {tp:<4} {pp:<4} {addr}");
-            }
-        }
-    }
-}
-
 async fn run(cli: Cli) -> Result<(), Failure> {
     let mut builder = BootstrapClient::builder(&cli.url).request_timeout(cli.timeout);
     if let Some(token) = &cli.token {
@@ -390,69 +365,6 @@ async fn keep_registered(keeper: LeaseKeeper) -> Result<(), Failure> {
         }
     );
     Ok(())
-}
-
-/// `watch`: prints every update of the watch stream until it ends with an error.
-async fn print_changes(
-    client: &BootstrapClient,
-    since: Option<Revision>,
-    json: bool,
-) -> Result<(), Failure> {
-    let mut updates = client.watch(since);
-    while let Some(update) = updates.next().await {
-        match update {
-            Ok(WatchUpdate::Snapshot(list)) if json => println!(
-                "{}",
-                serde_json::json!({"type": "snapshot", "revision": list.revision, "workers": list.workers})
-            ),
-            Ok(WatchUpdate::Snapshot(list)) => {
-                println!(
-                    "{}\tsnapshot\t{} worker(s)",
-                    list.revision,
-                    list.workers.len()
-                );
-                for worker in &list.workers {
-                    println!("{}\tlisted\t{}", list.revision, worker_line(worker));
-                }
-            }
-            Ok(WatchUpdate::Events(batch)) => {
-                for event in &batch.events {
-                    if json {
-                        println!(
-                            "{}",
-                            serde_json::to_string(event).expect("wire types serialize")
-                        );
-                    } else {
-                        let kind = match event.kind {
-                            WorkerEventKind::Put => "put",
-                            WorkerEventKind::Delete => "delete",
-                        };
-                        println!("{}\t{kind}\t{}", event.revision, worker_line(&event.worker));
-                    }
-                }
-            }
-            Err(err) if err.is_retryable() => {
-                tracing::warn!(error = %err, "watch failed; retrying");
-            }
-            Err(err) => return Err(err.into()),
-        }
-    }
-    Ok(())
-}
-
-/// `ENGINE<TAB>DP<TAB>TP<TAB>PP<TAB>ADDR<TAB>LEASE` (`-` for what is absent).
-fn worker_line(worker: &WorkerInfo) -> String {
-    format!(
-        "{}\t{}\t{}\t{}\t{}\t{}",
-        worker.engine_id.as_deref().unwrap_or("-"),
-        worker.dp_rank,
-        worker.tp_rank,
-        worker.pp_rank,
-        worker.addr,
-        worker
-            .lease_id
-            .map_or_else(|| "-".to_owned(), |id| id.to_string())
-    )
 }
 
 #[tokio::main(flavor = "current_thread")]
