@@ -114,12 +114,12 @@ impl CacheAware {
 
 impl Policy for CacheAware {
     fn pick(&self, candidates: &dyn Candidates, request: &RequestInfo<'_>) -> Option<usize> {
-        self.pick_for(candidates, &request.prompt_text())
+        self.pick_for(candidates, request.prompt_text())
             .map(|pick| pick.index)
     }
 
     fn prefix_match(&self, candidates: &dyn Candidates, request: &RequestInfo<'_>) -> Option<f64> {
-        Some(self.best_match(candidates, &request.prompt_text()))
+        Some(self.best_match(candidates, request.prompt_text()))
     }
 }
 

@@ -2,6 +2,7 @@
 //! demand from the already parsed body, so policies that need none of it cost nothing.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::OnceLock;
 
 use axum::http::HeaderMap;
 use serde_json::Value;
@@ -11,11 +12,12 @@ use crate::body::Body;
 /// How many characters of the prompt the prefix key covers.
 pub const PREFIX_CHARS: usize = 256;
 
-/// The request being placed: its body (top-level fields as raw JSON) and headers.
-#[derive(Clone, Copy)]
+/// The request being placed: its body (top-level fields as raw JSON) and headers. The prompt's
+/// text is gathered once, when a policy or rule first asks for it.
 pub struct RequestInfo<'a> {
     body: Option<&'a Body>,
     headers: Option<&'a HeaderMap>,
+    prompt: OnceLock<String>,
 }
 
 impl<'a> RequestInfo<'a> {
@@ -24,6 +26,7 @@ impl<'a> RequestInfo<'a> {
         RequestInfo {
             body: Some(body),
             headers: Some(headers),
+            prompt: OnceLock::new(),
         }
     }
 
@@ -32,6 +35,7 @@ impl<'a> RequestInfo<'a> {
         RequestInfo {
             body: None,
             headers: None,
+            prompt: OnceLock::new(),
         }
     }
 
@@ -62,7 +66,11 @@ impl<'a> RequestInfo<'a> {
 
     /// The prompt's text: `prompt` (a string, or the strings of a list), or the text of every
     /// `messages` entry's `content`, in order.
-    pub fn prompt_text(&self) -> String {
+    pub fn prompt_text(&self) -> &str {
+        self.prompt.get_or_init(|| self.gather_prompt())
+    }
+
+    fn gather_prompt(&self) -> String {
         fn text_of(value: &Value, out: &mut String) {
             match value {
                 Value::String(text) => out.push_str(text),
