@@ -3,13 +3,14 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
 
 use pd_protocol::Revision;
 
 use super::model::{Change, ChangeKind, ROOM_PREFIX};
 use super::{IdTables, Registry, RegistryConfig, WorkerState};
 use crate::registry::model::WorkerChange;
-use crate::store::{Snapshot, StoreEvent, StoreEvents};
+use crate::store::{Snapshot, StoreEvent};
 use crate::sync::{lock, now_ms};
 
 impl Registry {
@@ -25,12 +26,35 @@ impl Registry {
     }
 
     /// Applies the store's events until the store or the registry goes away.
-    pub(super) async fn follow(registry: Weak<Registry>, mut events: StoreEvents) {
-        while let Some(event) = events.recv().await {
-            let Some(registry) = registry.upgrade() else {
-                return;
-            };
-            registry.apply(event);
+    ///
+    /// The events wait in the registry, behind a lock, so that the writer can also apply the
+    /// ones already there ([`Registry::catch_up`]); whoever takes an event applies it before
+    /// letting go of the lock, so they land in order either way.
+    pub(super) async fn follow(registry: Weak<Registry>) {
+        while std::future::poll_fn(|cx| Self::apply_next(&registry, cx)).await {}
+    }
+
+    /// Applies the next event once there is one; false once the store or the registry is gone.
+    fn apply_next(registry: &Weak<Registry>, cx: &mut Context<'_>) -> Poll<bool> {
+        let Some(registry) = registry.upgrade() else {
+            return Poll::Ready(false);
+        };
+        let mut events = lock(&registry.events);
+        match events.poll_recv(cx) {
+            Poll::Ready(Some(event)) => {
+                registry.apply(event);
+                Poll::Ready(true)
+            }
+            Poll::Ready(None) => Poll::Ready(false),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Applies every event the store has already reported.
+    pub(super) fn catch_up(&self) {
+        let mut events = lock(&self.events);
+        while let Ok(event) = events.try_recv() {
+            self.apply(event);
         }
     }
 

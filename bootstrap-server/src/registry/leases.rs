@@ -2,7 +2,8 @@
 
 use pd_protocol::LeaseId;
 
-use super::{Registry, RegistryError, APPLY_WAIT};
+use super::writer::APPLY_WAIT;
+use super::{Registry, RegistryError};
 use crate::registry::model::Lease;
 use crate::store::StoreError;
 

@@ -18,10 +18,10 @@ pub mod validate;
 mod view;
 mod watch;
 mod workers;
+mod writer;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 use pd_protocol::{Rank, Revision};
 
@@ -34,22 +34,10 @@ pub use view::View;
 pub use watch::Changes;
 pub use workers::{Group, WorkerTable};
 
-use self::model::{
-    Deregistration, Lease, Readiness, Registration, Slot, WorkerChange, WorkerRecord,
-};
+use self::model::{Deregistration, Lease, Readiness, Registration, Slot, WorkerRecord};
 use self::validate::{validate_addr, validate_id, validate_lease_ttl, validate_rank};
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, StoreEvents};
 use crate::sync::lock;
-
-/// How often a worker change is planned again after another replica changed the table first.
-const WRITE_ATTEMPTS: usize = 8;
-
-/// How long a committed change may take to come back from the store before the write is
-/// reported as failed (it is durable; a retry of the same registration is a no-op).
-const APPLY_WAIT: Duration = Duration::from_secs(10);
-
-/// How long a write that lost a race waits for the winner's change to arrive.
-const CONFLICT_WAIT: Duration = Duration::from_secs(2);
 
 /// What a registration did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,8 +93,12 @@ impl WorkerState {
 pub struct Registry {
     config: RegistryConfig,
     store: Arc<dyn Store>,
-    /// Serializes this replica's worker changes so that plan and commit happen as one step.
+    /// Worker changes waiting for the writer ([`writer`]).
+    jobs: writer::JobQueue,
+    /// Held by the writer while it commits; closing waits for it.
     write_gate: tokio::sync::Mutex<()>,
+    /// The store's events, applied by the follow task or by the writer after its own commits.
+    events: Mutex<StoreEvents>,
     workers: RwLock<WorkerState>,
     requests: Mutex<IdTables>,
     /// The revision of the last worker change applied; writers and watchers wait on it.
@@ -139,16 +131,20 @@ impl Registry {
             revision,
             "registry loaded"
         );
+        let (jobs, queued) = writer::queue();
         let registry = Arc::new(Registry {
             config,
             store,
+            jobs,
             write_gate: tokio::sync::Mutex::new(()),
+            events: Mutex::new(events),
             workers: RwLock::new(workers),
             requests: Mutex::new(requests),
             applied: tokio::sync::watch::Sender::new(revision),
             revision: AtomicU64::new(revision),
         });
-        tokio::spawn(Self::follow(Arc::downgrade(&registry), events));
+        tokio::spawn(Self::follow(Arc::downgrade(&registry)));
+        tokio::spawn(Self::run_writer(Arc::downgrade(&registry), queued));
         Ok(registry)
     }
 
@@ -296,84 +292,6 @@ impl Registry {
         Ok(removed)
     }
 
-    /// Plans a worker change against the current table and commits it, guarded by the revision
-    /// of the table it was planned on; returns once the change is in this replica's tables and
-    /// durable.
-    ///
-    /// The whole step runs on its own task: a caller that goes away (client disconnect, request
-    /// timeout) cannot cut it in half. Planning and committing are serialized by the write gate;
-    /// waiting for durability is not, so writes that arrive together share one flush (group
-    /// commit) and none is acknowledged before it is on disk. When another replica changed the
-    /// table first, the plan is made again on the fresher table (a bounded number of times).
-    async fn write<T, P>(self: &Arc<Self>, plan: P) -> Result<T, RegistryError>
-    where
-        T: Send + 'static,
-        P: Fn(&WorkerTable, u64) -> Result<(WorkerChange, T), RegistryError> + Send + 'static,
-    {
-        let registry = self.clone();
-        let task = tokio::spawn(async move {
-            let (outcome, durable_at) = registry.commit_planned(plan).await?;
-            registry.store.sync(durable_at).await?;
-            Ok(outcome)
-        });
-        task.await.map_err(|err| {
-            RegistryError::Store(StoreError::Backend(format!(
-                "registry write task failed: {err}"
-            )))
-        })?
-    }
-
-    /// The serialized part of [`Registry::write`]: plans and commits under the write gate; the
-    /// outcome and the revision that must be durable before it is acknowledged (for a change
-    /// that turned out empty, what the plan read, which may not be on disk yet either).
-    async fn commit_planned<T, P>(&self, plan: P) -> Result<(T, Revision), RegistryError>
-    where
-        P: Fn(&WorkerTable, u64) -> Result<(WorkerChange, T), RegistryError>,
-    {
-        let _gate = self.write_gate.lock().await;
-        for _ in 0..WRITE_ATTEMPTS {
-            let (guard, read_at, (change, outcome)) = {
-                let state = self.read_workers();
-                // A new incarnation is greater than every one on record: the table's
-                // incarnations were all planned against older guards.
-                let planned = plan(&state.table, state.guard + 1)?;
-                (state.guard, self.revision(), planned)
-            };
-            if change.is_empty() {
-                return Ok((outcome, read_at));
-            }
-            match self.store.commit_workers(&change, guard).await {
-                Ok(revision) => {
-                    self.wait_applied(revision).await?;
-                    return Ok((outcome, revision));
-                }
-                Err(StoreError::Conflict) => self.wait_guard_moved(guard).await,
-                Err(err) => return Err(err.into()),
-            }
-        }
-        Err(RegistryError::Store(StoreError::Conflict))
-    }
-
-    /// Waits until this replica has applied `revision`.
-    async fn wait_applied(&self, revision: Revision) -> Result<(), RegistryError> {
-        let mut applied = self.applied.subscribe();
-        let reached = applied.wait_for(|r| *r >= revision);
-        let in_time = matches!(tokio::time::timeout(APPLY_WAIT, reached).await, Ok(Ok(_)));
-        if in_time {
-            return Ok(());
-        }
-        Err(RegistryError::Store(StoreError::Backend(format!(
-            "the change was stored at revision {revision} but has not reached this replica yet"
-        ))))
-    }
-
-    /// Waits (briefly) until a worker change newer than `guard` has been applied.
-    async fn wait_guard_moved(&self, guard: Revision) {
-        let mut applied = self.applied.subscribe();
-        let moved = applied.wait_for(|_| self.read_workers().guard != guard);
-        let _ = tokio::time::timeout(CONFLICT_WAIT, moved).await;
-    }
-
     fn write_workers(&self) -> std::sync::RwLockWriteGuard<'_, WorkerState> {
         self.workers.write().unwrap_or_else(|e| e.into_inner())
     }
@@ -425,7 +343,11 @@ impl Registry {
     /// shutdown). A worker change still running on its own task (its caller went away) is
     /// waited for first, for as long as a write may take, so none lands after the store closed.
     pub async fn close(&self) -> Result<(), StoreError> {
-        let gate = tokio::time::timeout(APPLY_WAIT + CONFLICT_WAIT, self.write_gate.lock()).await;
+        let gate = tokio::time::timeout(
+            writer::APPLY_WAIT + writer::CONFLICT_WAIT,
+            self.write_gate.lock(),
+        )
+        .await;
         if gate.is_err() {
             tracing::warn!("a worker change was still running at shutdown");
         }

@@ -1,0 +1,199 @@
+//! The registry's one writer: every worker change is queued here and planned, committed and
+//! applied by a single task, in order, as many at a time as are waiting; then one flush makes
+//! them all durable, and only then are they answered (group commit).
+//!
+//! One task instead of a lock taken by each caller: when 64 workers register at once the
+//! writer takes all 64 from the queue, commits them back to back without handing a lock from
+//! task to task (each hand-off is a trip through the scheduler), and pays for one flush instead
+//! of 64. Changes that arrive during the flush wait in the queue and form the next batch.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use pd_protocol::Revision;
+use tokio::sync::{mpsc, oneshot};
+
+use super::model::WorkerChange;
+use super::{Registry, RegistryError, WorkerTable};
+use crate::store::StoreError;
+
+/// How often a worker change is planned again after another replica changed the table first.
+const WRITE_ATTEMPTS: usize = 8;
+
+/// How long a committed change may take to come back from the store before the write is
+/// reported as failed (it is durable; a retry of the same registration is a no-op).
+pub(super) const APPLY_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a write that lost a race waits for the winner's change to arrive.
+pub(super) const CONFLICT_WAIT: Duration = Duration::from_secs(2);
+
+/// How many changes may wait for the writer before callers wait to queue theirs.
+pub(super) const QUEUE_CAPACITY: usize = 4096;
+
+/// How many waiting changes the writer takes at once.
+const BATCH: usize = 256;
+
+/// A queued worker change: how to plan it against the table, and where its outcome goes.
+pub(super) trait Job: Send {
+    /// Plans the change against `table` (a new incarnation is `next_incarnation`), keeping
+    /// what it will answer.
+    fn plan(
+        &mut self,
+        table: &WorkerTable,
+        next_incarnation: u64,
+    ) -> Result<WorkerChange, RegistryError>;
+    /// Answers the caller once the change is durable, or tells why it was not made.
+    fn finish(self: Box<Self>, result: Result<(), RegistryError>);
+}
+
+/// The queue's sending end, kept by the registry.
+pub(super) type JobQueue = mpsc::Sender<Box<dyn Job>>;
+
+/// A change planned by `P`, answering with `T`.
+struct Planned<T, P> {
+    plan: P,
+    outcome: Option<T>,
+    reply: oneshot::Sender<Result<T, RegistryError>>,
+}
+
+impl<T, P> Job for Planned<T, P>
+where
+    T: Send + 'static,
+    P: Fn(&WorkerTable, u64) -> Result<(WorkerChange, T), RegistryError> + Send + 'static,
+{
+    fn plan(
+        &mut self,
+        table: &WorkerTable,
+        next_incarnation: u64,
+    ) -> Result<WorkerChange, RegistryError> {
+        let (change, outcome) = (self.plan)(table, next_incarnation)?;
+        self.outcome = Some(outcome);
+        Ok(change)
+    }
+
+    fn finish(self: Box<Self>, result: Result<(), RegistryError>) {
+        let Planned { outcome, reply, .. } = *self;
+        let answer = result.and_then(|()| outcome.ok_or_else(closed));
+        // A caller that went away no longer needs the answer; the change stands.
+        let _ = reply.send(answer);
+    }
+}
+
+fn closed() -> RegistryError {
+    RegistryError::Store(StoreError::Backend(
+        "the registry's writer has stopped".to_owned(),
+    ))
+}
+
+impl Registry {
+    /// Queues a worker change planned by `plan` against the table as it will stand when its
+    /// turn comes; returns once the change is in this replica's tables and durable. A caller
+    /// that goes away (client disconnect, request timeout) cannot cut a change in half: the
+    /// writer makes it whole or not at all. When another replica changed the table first, the
+    /// plan is made again on the fresher table (a bounded number of times).
+    ///
+    /// The writer makes the batch durable with one [`Store::sync`](crate::store::Store::sync)
+    /// after committing all of it, and with sled it must: a flush and a commit exclude each
+    /// other there (a commit takes sled's global write lock, a flush holds it shared while the
+    /// disk works), so a flush started between two commits of a batch would hold the rest of
+    /// the batch back for a whole disk write.
+    pub(super) async fn write<T, P>(&self, plan: P) -> Result<T, RegistryError>
+    where
+        T: Send + 'static,
+        P: Fn(&WorkerTable, u64) -> Result<(WorkerChange, T), RegistryError> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job = Box::new(Planned {
+            plan,
+            outcome: None,
+            reply,
+        });
+        self.jobs.send(job).await.map_err(|_| closed())?;
+        answer.await.map_err(|_| closed())?
+    }
+
+    /// The writer task: takes the waiting changes, commits them one after another, makes them
+    /// durable with one flush and answers them, until the registry goes away. Holds the write
+    /// gate while it works, so that closing the registry waits for a batch in progress.
+    pub(super) async fn run_writer(
+        registry: Weak<Registry>,
+        mut jobs: mpsc::Receiver<Box<dyn Job>>,
+    ) {
+        let mut batch = Vec::with_capacity(BATCH);
+        let mut committed = Vec::with_capacity(BATCH);
+        while jobs.recv_many(&mut batch, BATCH).await > 0 {
+            let Some(registry) = registry.upgrade() else {
+                return;
+            };
+            let _gate = registry.write_gate.lock().await;
+            let mut durable_at = 0;
+            for mut job in batch.drain(..) {
+                let result = registry.commit(job.as_mut()).await;
+                if let Ok(revision) = result {
+                    durable_at = durable_at.max(revision);
+                }
+                committed.push((job, result));
+            }
+            let synced = registry.store.sync(durable_at).await;
+            for (job, result) in committed.drain(..) {
+                let durable = synced.clone().map_err(RegistryError::from);
+                job.finish(result.and(durable));
+            }
+        }
+    }
+
+    /// Plans and commits one change; the revision that must be durable before it is
+    /// acknowledged (for a change that turned out empty, what the plan read, which may not be
+    /// on disk yet either).
+    async fn commit(&self, job: &mut dyn Job) -> Result<Revision, RegistryError> {
+        for _ in 0..WRITE_ATTEMPTS {
+            let (guard, read_at, change) = {
+                let state = self.read_workers();
+                // A new incarnation is greater than every one on record: the table's
+                // incarnations were all planned against older guards.
+                let change = job.plan(&state.table, state.guard + 1)?;
+                (state.guard, self.revision(), change)
+            };
+            if change.is_empty() {
+                return Ok(read_at);
+            }
+            match self.store.commit_workers(&change, guard).await {
+                Ok(revision) => {
+                    // The embedded store has reported the change by now: applied here, the
+                    // next change is planned on it without a trip through the follow task.
+                    self.catch_up();
+                    self.wait_applied(revision).await?;
+                    return Ok(revision);
+                }
+                Err(StoreError::Conflict) => self.wait_guard_moved(guard).await,
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Err(RegistryError::Store(StoreError::Conflict))
+    }
+
+    /// Waits until this replica has applied `revision`.
+    async fn wait_applied(&self, revision: Revision) -> Result<(), RegistryError> {
+        let mut applied = self.applied.subscribe();
+        let reached = applied.wait_for(|r| *r >= revision);
+        let in_time = matches!(tokio::time::timeout(APPLY_WAIT, reached).await, Ok(Ok(_)));
+        if in_time {
+            return Ok(());
+        }
+        Err(RegistryError::Store(StoreError::Backend(format!(
+            "the change was stored at revision {revision} but has not reached this replica yet"
+        ))))
+    }
+
+    /// Waits (briefly) until a worker change newer than `guard` has been applied.
+    async fn wait_guard_moved(&self, guard: Revision) {
+        let mut applied = self.applied.subscribe();
+        let moved = applied.wait_for(|_| self.read_workers().guard != guard);
+        let _ = tokio::time::timeout(CONFLICT_WAIT, moved).await;
+    }
+}
+
+/// A new queue for a registry's writer.
+pub(super) fn queue() -> (JobQueue, mpsc::Receiver<Box<dyn Job>>) {
+    mpsc::channel(QUEUE_CAPACITY)
+}
