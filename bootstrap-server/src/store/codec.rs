@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use pd_protocol::native::EngineMeta;
-use pd_protocol::LeaseId;
+use pd_protocol::{LeaseId, Revision};
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
@@ -29,6 +29,10 @@ struct StoredWorker {
     /// Marked draining by an operator (absent: not).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     draining: bool,
+    /// The revision of the change that wrote the record, where the store needs it (the
+    /// embedded store writes a one-worker change as this one record; absent: 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    written_at: Revision,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -43,8 +47,9 @@ pub(super) fn corrupt(key: &[u8], reason: impl Into<String>) -> StoreError {
     }
 }
 
-/// The stored value of a worker (its slot is in the key).
-pub(super) fn encode_worker(worker: &WorkerRecord) -> Vec<u8> {
+/// The stored value of a worker (its slot is in the key), written by the change at
+/// `written_at` (0 where the store keeps revisions elsewhere).
+pub(super) fn encode_worker(worker: &WorkerRecord, written_at: Revision) -> Vec<u8> {
     let stored = StoredWorker {
         engine_id: worker.engine_id.as_deref().map(str::to_owned),
         addr: worker.addr.clone(),
@@ -54,24 +59,25 @@ pub(super) fn encode_worker(worker: &WorkerRecord) -> Vec<u8> {
         meta: (*worker.meta).clone(),
         extra: (*worker.extra).clone(),
         draining: worker.draining,
+        written_at,
     };
     // Strings and integers always serialize.
     serde_json::to_vec(&stored).expect("a worker record serializes")
 }
 
-/// Decodes the worker stored at `key` for `slot`.
+/// Decodes the worker stored at `key` for `slot`, and the revision that wrote it.
 pub(super) fn decode_worker(
     slot: Slot,
     key: &[u8],
     value: &[u8],
-) -> Result<WorkerRecord, StoreError> {
+) -> Result<(WorkerRecord, Revision), StoreError> {
     let stored: StoredWorker =
         serde_json::from_slice(value).map_err(|e| corrupt(key, e.to_string()))?;
     let lease = match (stored.lease_id, stored.lease_ttl) {
         (Some(id), Some(ttl)) => Some(Lease { id, ttl }),
         _ => None,
     };
-    Ok(WorkerRecord {
+    let worker = WorkerRecord {
         slot,
         engine_id: stored.engine_id.map(Arc::from),
         addr: stored.addr,
@@ -80,7 +86,8 @@ pub(super) fn decode_worker(
         meta: Arc::new(stored.meta),
         extra: Arc::new(stored.extra),
         draining: stored.draining,
-    })
+    };
+    Ok((worker, stored.written_at))
 }
 
 /// The stored value of a request id's mapping.
@@ -132,17 +139,23 @@ mod tests {
                 extra: Default::default(),
                 draining: false,
             };
-            assert_eq!(
-                decode_worker(slot, b"k", &encode_worker(&worker)).unwrap(),
-                worker
-            );
+            for written_at in [0, 42] {
+                assert_eq!(
+                    decode_worker(slot, b"k", &encode_worker(&worker, written_at)).unwrap(),
+                    (worker.clone(), written_at)
+                );
+            }
         }
         assert!(matches!(
             decode_worker(slot, b"k", b"{"),
             Err(StoreError::Corrupt { .. })
         ));
         // Records written before incarnations and metadata existed still load.
-        let old = decode_worker(slot, b"k", br#"{"engine_id":"e","addr":"tcp://h:1"}"#).unwrap();
-        assert_eq!((old.incarnation, old.meta.is_empty()), (0, true));
+        let (old, written_at) =
+            decode_worker(slot, b"k", br#"{"engine_id":"e","addr":"tcp://h:1"}"#).unwrap();
+        assert_eq!(
+            (old.incarnation, old.meta.is_empty(), written_at),
+            (0, true, 0)
+        );
     }
 }

@@ -152,11 +152,9 @@ impl Etcd {
         let absorbed = self.keys.kind(kv.key()).and_then(|kind| {
             match kind {
                 KeyKind::Guard => snapshot.guard = kv.mod_revision().max(0) as Revision,
-                KeyKind::Worker(slot) => {
-                    snapshot
-                        .workers
-                        .push(decode_worker(slot, kv.key(), kv.value())?)
-                }
+                KeyKind::Worker(slot) => snapshot
+                    .workers
+                    .push(decode_worker(slot, kv.key(), kv.value())?.0),
                 KeyKind::Request(id) => snapshot.requests.push((id, request_record(kv)?)),
             }
             Ok(())

@@ -163,7 +163,7 @@ impl Store for EtcdStore {
                 let options = worker.lease.map(|l| PutOptions::new().with_lease(l.id));
                 ops.push(TxnOp::put(
                     keys.worker(worker.slot),
-                    encode_worker(worker),
+                    encode_worker(worker, 0),
                     options,
                 ));
             }

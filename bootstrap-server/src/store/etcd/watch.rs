@@ -187,9 +187,9 @@ impl Follower {
                 match kind {
                     KeyKind::Guard => guard |= !deleted,
                     KeyKind::Worker(slot) if deleted => workers.remove.push(slot),
-                    KeyKind::Worker(slot) => {
-                        workers.put.push(decode_worker(slot, kv.key(), kv.value())?)
-                    }
+                    KeyKind::Worker(slot) => workers
+                        .put
+                        .push(decode_worker(slot, kv.key(), kv.value())?.0),
                     KeyKind::Request(id) if deleted => removed_requests.push(id),
                     KeyKind::Request(id) => put_requests.push((id, request_record(kv)?)),
                 }

@@ -1,8 +1,12 @@
 //! The embedded default store: a sled database in `--data-dir`.
 //!
-//! Two trees: `workers` (key: dp, tp, pp as big-endian u32s; value: JSON; plus the key `revision`
-//! holding the revision of the last worker change) and `requests` (key: the request id; value: dp
-//! rank and expiry as big-endian integers). Worker commits are flushed to disk before they are
+//! Two trees: `workers` (key: dp, tp, pp as big-endian u32s; value: JSON, with the revision of
+//! the change that wrote it; plus the key `revision` holding the revision of the last change
+//! written as a batch) and `requests` (key: the request id; value: dp rank and expiry as
+//! big-endian integers). A change of one worker (a registration, the common case) is one
+//! insert: sled writes every batch to its log as soon as it is applied, several disk writes
+//! each, so only changes of several keys (removals, takeovers, drain marks) are batches. The
+//! last revision is the largest of the `revision` key and the records' own. Worker commits are flushed to disk before they are
 //! acknowledged; request ids are flushed by sled every `flush_every_ms` and on [`Store::close`]
 //! (graceful shutdown). Leases live in memory ([`SledLeases`]) and expire on a background task.
 
@@ -99,6 +103,24 @@ fn decode_slot(key: &[u8]) -> Option<Slot> {
     })
 }
 
+/// The revision of the last worker change in `workers`: the largest of the `revision` key
+/// (written with every batch) and the revisions the records were written at.
+fn last_revision(workers: &sled::Tree) -> Result<Revision, StoreError> {
+    let mut revision = 0;
+    for entry in workers.iter() {
+        let (key, value) = entry.map_err(backend)?;
+        let written_at = if key.as_ref() == REVISION_KEY {
+            let bytes = value.as_ref().try_into();
+            u64::from_be_bytes(bytes.map_err(|_| corrupt(REVISION_KEY, "bad revision"))?)
+        } else {
+            let slot = decode_slot(&key).ok_or_else(|| corrupt(&key, "bad worker key"))?;
+            decode_worker(slot, &key, &value)?.1
+        };
+        revision = revision.max(written_at);
+    }
+    Ok(revision)
+}
+
 impl SledStore {
     /// Opens (or creates) the database in `dir`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
@@ -110,15 +132,7 @@ impl SledStore {
             .map_err(backend)?;
         let workers = db.open_tree("workers").map_err(backend)?;
         let requests = db.open_tree("requests").map_err(backend)?;
-        let revision = match workers.get(REVISION_KEY).map_err(backend)? {
-            Some(value) => u64::from_be_bytes(
-                value
-                    .as_ref()
-                    .try_into()
-                    .map_err(|_| corrupt(REVISION_KEY, "bad revision"))?,
-            ),
-            None => 0,
-        };
+        let revision = last_revision(&workers)?;
         Ok(SledStore {
             inner: Arc::new(Inner {
                 db,
@@ -159,7 +173,7 @@ impl Inner {
                 continue;
             }
             let slot = decode_slot(&key).ok_or_else(|| corrupt(&key, "bad worker key"))?;
-            let worker = decode_worker(slot, &key, &value)?;
+            let (worker, _) = decode_worker(slot, &key, &value)?;
             if let Some(lease) = worker.lease {
                 leases.restore(lease.id, lease.ttl, slot, now);
             }
@@ -175,16 +189,24 @@ impl Inner {
         Ok(state)
     }
 
-    fn worker_batch(change: &WorkerChange, revision: Revision) -> sled::Batch {
+    /// Writes a worker change as of `revision`: one insert for one worker, a batch otherwise.
+    fn write_change(&self, change: &WorkerChange, revision: Revision) -> Result<(), StoreError> {
+        if let ([], [worker]) = (change.remove.as_slice(), change.put.as_slice()) {
+            let value = encode_worker(worker, revision);
+            self.workers
+                .insert(slot_key(worker.slot), value)
+                .map_err(backend)?;
+            return Ok(());
+        }
         let mut batch = sled::Batch::default();
         for slot in &change.remove {
             batch.remove(slot_key(*slot));
         }
         for worker in &change.put {
-            batch.insert(slot_key(worker.slot), encode_worker(worker));
+            batch.insert(slot_key(worker.slot), encode_worker(worker, revision));
         }
         batch.insert(REVISION_KEY, &revision.to_be_bytes());
-        batch
+        self.workers.apply_batch(batch).map_err(backend)
     }
 
     /// Writes a worker change durably and reports it. The caller holds the commit lock.
@@ -203,9 +225,7 @@ impl Inner {
             return Err(StoreError::LeaseNotFound(dead.id));
         }
         let revision = state.revision + 1;
-        self.workers
-            .apply_batch(Self::worker_batch(&change, revision))
-            .map_err(backend)?;
+        self.write_change(&change, revision)?;
         // Applied: from here the change is in the database (durable at the next flush: `sync`,
         // or sled's own background flush), so the revision moves and the change is reported.
         self.applied.store(revision, Ordering::Release);
@@ -472,6 +492,43 @@ mod tests {
         // The lease came back with the worker.
         let lease = leased.lease.unwrap();
         assert_eq!(store.keep_alive(lease.id).await.unwrap(), Some(30));
+    }
+
+    /// A one-worker change is a single record carrying its revision and a removal is a batch
+    /// carrying the `revision` key: after a reopen the revision is the last one either way.
+    #[tokio::test]
+    async fn the_revision_survives_reopen_whichever_change_came_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let remove = |dp| WorkerChange {
+            remove: vec![worker(dp, None).slot],
+            put: Vec::new(),
+        };
+        let changes = [put(&worker(1, None)), put(&worker(2, None)), remove(1)];
+        let mut revision = 0;
+        for (step, change) in changes.iter().enumerate() {
+            {
+                let store = SledStore::open(dir.path()).unwrap();
+                assert_eq!(store.load().await.unwrap().revision, revision);
+                revision = store.commit_workers(change, revision).await.unwrap();
+                store.sync(revision).await.unwrap();
+                assert_eq!(revision, step as u64 + 1);
+                // Dropped without a graceful close: only what sync made durable counts.
+            }
+            let store = SledStore::open(dir.path()).unwrap();
+            let state = store.load().await.unwrap();
+            assert_eq!((state.revision, state.guard), (revision, revision));
+            store.close().await.unwrap();
+        }
+        let store = SledStore::open(dir.path()).unwrap();
+        let slots: Vec<u32> = store
+            .load()
+            .await
+            .unwrap()
+            .workers
+            .iter()
+            .map(|w| w.slot.dp)
+            .collect();
+        assert_eq!(slots, vec![2]);
     }
 
     #[tokio::test]
