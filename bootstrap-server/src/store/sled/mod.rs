@@ -393,12 +393,13 @@ impl Store for SledStore {
     }
 
     fn remove_requests<'a>(&'a self, req_ids: &'a [Arc<str>]) -> StoreFuture<'a, ()> {
+        // One remove each: the ids are independent, and a sled batch would be written to disk
+        // at once and wait for any flush in progress (see the module's documentation).
         Box::pin(async move {
-            let mut batch = sled::Batch::default();
             for id in req_ids {
-                batch.remove(id.as_bytes());
+                self.inner.requests.remove(id.as_bytes()).map_err(backend)?;
             }
-            self.inner.requests.apply_batch(batch).map_err(backend)
+            Ok(())
         })
     }
 
