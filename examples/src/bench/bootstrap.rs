@@ -315,7 +315,7 @@ pub async fn routes(settings: &Settings) -> Result<Vec<Row>, String> {
 }
 
 /// What the scale scenario found.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct ScaleReport {
     /// Live request ids.
     pub live_ids: u64,
@@ -329,8 +329,8 @@ pub struct ScaleReport {
     pub lookup: Row,
     /// `GET /query` at this size, at the highest concurrency asked.
     pub topology: Row,
-    /// Time from process start to a served `/health`, after a graceful restart.
-    pub restart: Duration,
+    /// Milliseconds from process start to a served `/health`, after a graceful restart.
+    pub restart_ms: f64,
 }
 
 /// `GET /query` as the registry grows: for each size in `workers`, a fresh server with that many
@@ -432,6 +432,6 @@ pub async fn scale(settings: &Settings, live_ids: u64) -> Result<ScaleReport, St
         peak_rss_mib: usage.peak_rss as f64 / (1024.0 * 1024.0),
         lookup,
         topology,
-        restart,
+        restart_ms: restart.as_secs_f64() * 1e3,
     })
 }

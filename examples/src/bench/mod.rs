@@ -6,6 +6,7 @@ pub mod chart;
 pub mod loadgen;
 pub mod output;
 pub mod proxy;
+pub mod proxy_scale;
 pub mod report;
 pub mod routing;
 pub mod sglang;

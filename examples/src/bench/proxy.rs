@@ -225,37 +225,51 @@ impl ProxyCommand {
                     .replace("{decode}", &format!("http://{decode}"))
             })
             .collect();
-        let mut process = spawn(
+        launch(
             run_dir,
             &self.name,
             &self.program,
             &args,
-            format!("http://127.0.0.1:{port}"),
+            port,
+            &self.ready_path,
         )
-        .map_err(|e| e.to_string())?;
-        wait_for(&mut process, &self.ready_path, Duration::from_secs(60))
-            .await
-            .map_err(|e| e.to_string())?;
-        // Ready routes may answer before the first pair is discovered: send until one succeeds.
-        let http = reqwest::Client::new();
-        let url = format!("{}/v1/completions", process.url);
-        let body: Value = serde_json::from_slice(&request_body(false)).expect("json");
-        for _ in 0..100 {
-            if matches!(send(&http, &url, &body, Duration::from_secs(5)).await, Ok(a) if a.status == 200)
-            {
-                return Ok(process);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Err(format!(
-            "{} never answered a completion (log: {})",
-            self.name,
-            process.log.display()
-        ))
+        .await
     }
 }
 
-fn completions(addr: SocketAddr, stream: bool) -> RequestFactory {
+/// Starts a proxy listening on `port` and waits until it has answered a completion.
+pub(super) async fn launch(
+    run_dir: &Path,
+    name: &str,
+    program: &Path,
+    args: &[String],
+    port: u16,
+    ready_path: &str,
+) -> Result<Process, String> {
+    let url = format!("http://127.0.0.1:{port}");
+    let mut process = spawn(run_dir, name, program, args, url).map_err(|e| e.to_string())?;
+    wait_for(&mut process, ready_path, Duration::from_secs(60))
+        .await
+        .map_err(|e| e.to_string())?;
+    // Ready routes may answer before the first pair is discovered: send until one succeeds.
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/completions", process.url);
+    let body: Value = serde_json::from_slice(&request_body(false)).expect("json");
+    for _ in 0..100 {
+        if matches!(send(&http, &url, &body, Duration::from_secs(5)).await, Ok(a) if a.status == 200)
+        {
+            return Ok(process);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!(
+        "{name} never answered a completion (log: {})",
+        process.log.display()
+    ))
+}
+
+/// `POST /v1/completions` with the benchmark's body, whole or streamed.
+pub(super) fn completions(addr: SocketAddr, stream: bool) -> RequestFactory {
     let host = addr.to_string();
     let body = request_body(stream);
     Arc::new(move |_| loadgen::post_json(&host, "/v1/completions", body.clone()))

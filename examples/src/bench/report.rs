@@ -1,7 +1,6 @@
 //! One row per measured run, rendered as a Markdown table.
 
 use std::fmt::Write;
-use std::time::Duration;
 
 use super::chart::{grouped_bars, Series};
 use super::loadgen::{LoadReport, ProcessUsage};
@@ -126,9 +125,4 @@ pub fn table(rows: &[Row]) -> String {
     }
     out.push('\n');
     out
-}
-
-/// Formats a duration as milliseconds with one decimal.
-pub fn ms(duration: Duration) -> String {
-    format!("{:.1} ms", duration.as_secs_f64() * 1e3)
 }

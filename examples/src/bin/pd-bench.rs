@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use pd_examples::bench::bootstrap::{self, Settings};
+use pd_examples::bench::chart::{grouped_bars, Series};
 use pd_examples::bench::output::Output;
 use pd_examples::bench::proxy::{self, ProxyCommand};
-use pd_examples::bench::report::{ms, Row};
-use pd_examples::bench::{routing, sglang, transfer, watch};
+use pd_examples::bench::report::Row;
+use pd_examples::bench::{proxy_scale, routing, sglang, transfer, watch};
 
 /// Measure the bootstrap server (and, with the peers installed, the proxy against them).
 #[derive(Debug, Parser)]
@@ -51,11 +52,12 @@ enum Suite {
     Bootstrap,
     /// SGLang's bootstrap routes, beside SGLang's own server with --sglang-venv.
     Sglang,
-    /// 10,000 workers and many live request ids: memory, lookups, restart time; and `GET
-    /// /query` as the registry grows.
+    /// The curves a capacity planner needs: memory, lookups and restart time vs live request
+    /// ids (10,000 workers), `GET /query` vs registered workers, watch fan-out vs watchers,
+    /// pd-proxy vs clients in flight and vs backends.
     Scale {
         /// Live request ids to load (repeatable sizes, comma-separated).
-        #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
+        #[arg(long, value_delimiter = ',', default_value = "100000,1000000,10000000")]
         ids: Vec<u64>,
         /// Registered workers for the `GET /query` curve (comma-separated).
         #[arg(
@@ -67,6 +69,13 @@ enum Suite {
         /// Watchers for the watch fan-out curve (comma-separated).
         #[arg(long, value_delimiter = ',', default_value = "10,100,500,2000")]
         watchers: Vec<usize>,
+        /// Clients in flight for pd-proxy's concurrency curve (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256,1024")]
+        proxy_concurrency: Vec<usize>,
+        /// Backends behind pd-proxy for its backends curve, half prefills and half decodes
+        /// (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "2,8,32,128,256")]
+        proxy_backends: Vec<usize>,
     },
     /// Completions through the proxy (and the peers) to instant mocks, against D directly.
     Proxy,
@@ -121,12 +130,14 @@ fn machine() -> String {
     format!("{cores} cores ({cpu}), load generator on the same machine")
 }
 
-async fn scale_section(settings: &Settings, ids: &[u64]) -> Result<String, String> {
-    let mut out = String::from("| live request ids | workers | RSS MiB | peak RSS MiB | lookup p50 / p99 ms (c=16) | lookup req/s | GET /query p50 / p99 ms | restart to first answer |\n|---|---|---|---|---|---|---|---|\n");
+/// Memory, lookups and restart time per number of live request ids: a table and two charts.
+async fn scale_section(out: &mut Output, settings: &Settings, ids: &[u64]) -> Result<(), String> {
+    let mut table = String::from("| live request ids | workers | RSS MiB | peak RSS MiB | lookup p50 / p99 ms (c=16) | lookup req/s | GET /query p50 / p99 ms | restart to first answer |\n|---|---|---|---|---|---|---|---|\n");
+    let mut reports = Vec::new();
     for &live in ids {
         let r = bootstrap::scale(settings, live).await?;
         let line = format!(
-            "| {} | {} | {:.0} | {:.0} | {:.3} / {:.3} | {:.0} | {:.3} / {:.3} | {} |\n",
+            "| {} | {} | {:.0} | {:.0} | {:.3} / {:.3} | {:.0} | {:.3} / {:.3} | {:.1} ms |\n",
             r.live_ids,
             r.workers,
             r.rss_mib,
@@ -136,12 +147,41 @@ async fn scale_section(settings: &Settings, ids: &[u64]) -> Result<String, Strin
             r.lookup.rps,
             r.topology.p50_ms,
             r.topology.p99_ms,
-            ms(r.restart)
+            r.restart_ms
         );
         eprint!("{line}");
-        out.push_str(&line);
+        table.push_str(&line);
+        reports.push(r);
     }
-    Ok(out)
+    let sizes: Vec<String> = reports
+        .iter()
+        .map(|r| format!("{} ids", r.live_ids))
+        .collect();
+    let series = |name: &str, value: fn(&bootstrap::ScaleReport) -> f64| Series {
+        name: name.to_owned(),
+        values: reports.iter().map(value).collect(),
+    };
+    let memory = grouped_bars(
+        "Bootstrap server memory vs live request ids (10,000 workers)",
+        "MiB",
+        &sizes,
+        &[
+            series("RSS", |r| r.rss_mib),
+            series("peak RSS", |r| r.peak_rss_mib),
+        ],
+    )?;
+    let restart = grouped_bars(
+        "Restart to first answer vs live request ids",
+        "seconds",
+        &sizes,
+        &[series("restart", |r| r.restart_ms / 1e3)],
+    )?;
+    out.section(
+        "ids-scale",
+        &table,
+        &reports,
+        vec![("ids-memory", memory), ("ids-restart", restart)],
+    )
 }
 
 async fn proxy_rows(settings: &Settings, peers_venv: Option<&Path>) -> Result<Vec<Row>, String> {
@@ -203,19 +243,29 @@ async fn run(args: &Args, settings: &Settings) -> Result<Output, String> {
     }
     if wants(|s| matches!(s, Suite::Scale { .. })) {
         heading(&mut out, all, "Bootstrap server at scale (10,000 workers)");
-        let (ids, workers, watchers) = match &args.suite {
+        let (ids, workers, watchers, proxy_levels, proxy_backends) = match &args.suite {
             Suite::Scale {
                 ids,
                 workers,
                 watchers,
-            } => (ids.clone(), workers.clone(), watchers.clone()),
+                proxy_concurrency,
+                proxy_backends,
+            } => (
+                ids.clone(),
+                workers.clone(),
+                watchers.clone(),
+                proxy_concurrency.clone(),
+                proxy_backends.clone(),
+            ),
             _ => (
-                vec![100_000, 1_000_000],
+                vec![100_000, 1_000_000, 10_000_000],
                 vec![10, 100, 1_000, 10_000, 100_000],
                 vec![10, 100, 500, 2_000],
+                vec![1, 4, 16, 64, 256, 1_024],
+                vec![2, 8, 32, 128, 256],
             ),
         };
-        out.text(&scale_section(settings, &ids).await?);
+        scale_section(&mut out, settings, &ids).await?;
         out.text("\n`GET /query` as the registry grows (concurrency 16):\n\n");
         let curve = bootstrap::query_curve(settings, &workers).await?;
         out.rows("query-curve", "GET /query as the registry grows", &curve)?;
@@ -228,6 +278,17 @@ async fn run(args: &Args, settings: &Settings) -> Result<Output, String> {
             &fanout,
             vec![("watch-fanout", chart)],
         )?;
+        let proxy_settings = proxy_scale::Settings {
+            bin_dir: settings.bin_dir.clone(),
+            run_dir: settings.work_dir.clone(),
+            duration: settings.duration,
+        };
+        out.text("\npd-proxy as clients in flight grow (1 P + 1 D, instant mocks):\n\n");
+        let rows = proxy_scale::concurrency_curve(&proxy_settings, &proxy_levels).await?;
+        out.rows("proxy-concurrency", "pd-proxy vs clients in flight", &rows)?;
+        out.text("\npd-proxy as backends grow (half P, half D, concurrency 64):\n\n");
+        let rows = proxy_scale::backends_curve(&proxy_settings, &proxy_backends).await?;
+        out.rows("proxy-backends", "pd-proxy vs backends", &rows)?;
     }
     if wants(|s| matches!(s, Suite::Proxy)) {
         heading(&mut out, all, "Proxy, to instant mock backends");
