@@ -106,6 +106,26 @@ impl WorkerChange {
     pub fn is_empty(&self) -> bool {
         self.remove.is_empty() && self.put.is_empty()
     }
+
+    /// How many slots the change touches.
+    pub fn len(&self) -> usize {
+        self.remove.len() + self.put.len()
+    }
+
+    /// This change followed by `next`, as one change: what applying both in order does.
+    pub fn then(mut self, next: WorkerChange) -> WorkerChange {
+        for slot in next.remove {
+            self.put.retain(|w| w.slot != slot);
+            if !self.remove.contains(&slot) {
+                self.remove.push(slot);
+            }
+        }
+        for worker in next.put {
+            self.put.retain(|w| w.slot != worker.slot);
+            self.put.push(worker);
+        }
+        self
+    }
 }
 
 /// A worker announcing itself under an engine id (vLLM's `POST /register`).
@@ -194,5 +214,51 @@ impl Readiness {
     /// True when a configured topology still misses workers.
     pub fn is_incomplete(&self) -> bool {
         self.expected.is_some() && self.missing > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(dp: Rank, addr: &str) -> WorkerRecord {
+        WorkerRecord {
+            slot: Slot {
+                dp,
+                cp: 0,
+                tp: 0,
+                pp: 0,
+            },
+            engine_id: Some(Arc::from("e")),
+            addr: addr.to_owned(),
+            lease: None,
+            incarnation: 1,
+            meta: Arc::default(),
+            extra: Arc::default(),
+            draining: false,
+        }
+    }
+
+    #[test]
+    fn changes_compose_like_applying_them_in_order() {
+        let (a, b, c) = (worker(0, "a"), worker(1, "b"), worker(2, "c"));
+        let first = WorkerChange {
+            remove: vec![c.slot],
+            put: vec![a.clone(), b.clone()],
+        };
+        let second = WorkerChange {
+            remove: vec![a.slot, c.slot],
+            put: vec![worker(1, "b2")],
+        };
+        let merged = first.then(second);
+        // a was written then removed, b overwritten, c removed once.
+        assert_eq!(merged.remove, vec![c.slot, a.slot]);
+        assert_eq!(merged.put, vec![worker(1, "b2")]);
+        assert_eq!(merged.len(), 3);
+        let put_again = merged.then(WorkerChange {
+            remove: Vec::new(),
+            put: vec![a.clone()],
+        });
+        assert_eq!(put_again.put, vec![worker(1, "b2"), a]);
     }
 }

@@ -33,6 +33,10 @@ pub(super) const QUEUE_CAPACITY: usize = 4096;
 /// How many waiting changes the writer takes at once.
 const BATCH: usize = 256;
 
+/// How many changes one merged commit holds at most (a registration is one or two slots; the
+/// merged change must also fit the store's limit, or its jobs are committed one by one).
+const MERGED_JOBS: usize = 32;
+
 /// A queued worker change: how to plan it against the table, and where its outcome goes.
 pub(super) trait Job: Send {
     /// Plans the change against `table` (a new incarnation is `next_incarnation`), keeping
@@ -126,18 +130,86 @@ impl Registry {
                 return;
             };
             let _gate = registry.write_gate.lock().await;
-            let mut durable_at = 0;
-            for mut job in batch.drain(..) {
-                let result = registry.commit(job.as_mut()).await;
-                if let Ok(revision) = result {
-                    durable_at = durable_at.max(revision);
-                }
-                committed.push((job, result));
-            }
+            registry.commit_batch(&mut batch, &mut committed).await;
+            let durable_at = committed
+                .iter()
+                .filter_map(|(_, result)| result.as_ref().ok())
+                .fold(0, |last, revision| last.max(*revision));
             let synced = registry.store.sync(durable_at).await;
             for (job, result) in committed.drain(..) {
                 let durable = synced.clone().map_err(RegistryError::from);
                 job.finish(result.and(durable));
+            }
+        }
+    }
+
+    /// Commits every job of `batch` into `committed`: one by one, or, where the store merges
+    /// (etcd), as merged commits of up to [`MERGED_JOBS`] jobs each.
+    async fn commit_batch(
+        &self,
+        batch: &mut Vec<Box<dyn Job>>,
+        committed: &mut Vec<(Box<dyn Job>, Result<Revision, RegistryError>)>,
+    ) {
+        let limit = self.store.merge_limit();
+        while !batch.is_empty() {
+            let take = if limit == 0 { 1 } else { MERGED_JOBS };
+            let mut group: Vec<Box<dyn Job>> = batch.drain(..take.min(batch.len())).collect();
+            if group.len() > 1 {
+                self.commit_merged(&mut group, limit, committed).await;
+            }
+            for mut job in group {
+                let result = self.commit(job.as_mut()).await;
+                committed.push((job, result));
+            }
+        }
+    }
+
+    /// Plans the jobs of `group` one after another on a copy of the table, each seeing the
+    /// ones before it, and commits them as one change (one round trip to the store instead of
+    /// one each). Jobs it settles go to `committed`; the ones it leaves in `group` are to be
+    /// committed one by one: all of them when the merged change is too large, refers to a
+    /// lease that has expired, or lost a race with another replica.
+    async fn commit_merged(
+        &self,
+        group: &mut Vec<Box<dyn Job>>,
+        limit: usize,
+        committed: &mut Vec<(Box<dyn Job>, Result<Revision, RegistryError>)>,
+    ) {
+        let (mut table, guard) = {
+            let state = self.read_workers();
+            (state.table.clone(), state.guard)
+        };
+        let mut merged = WorkerChange::default();
+        let mut planned = Vec::with_capacity(group.len());
+        for mut job in group.drain(..) {
+            // One commit, one new incarnation for all: an engine registered twice in the group
+            // keeps the first one's.
+            match job.plan(&table, guard + 1) {
+                Ok(change) => {
+                    table.apply(&change);
+                    merged = merged.then(change);
+                    planned.push(job);
+                }
+                Err(err) => committed.push((job, Err(err))),
+            }
+        }
+        let outcome = match merged.len() {
+            0 => Ok(self.revision()),
+            size if size > limit => Err(StoreError::Conflict),
+            _ => self.store.commit_workers(&merged, guard).await,
+        };
+        match outcome {
+            Ok(revision) => {
+                let applied = self.wait_applied(revision).await.map(|()| revision);
+                for job in planned {
+                    committed.push((job, applied.clone().map_err(RegistryError::from)));
+                }
+            }
+            Err(StoreError::Conflict | StoreError::LeaseNotFound(_)) => *group = planned,
+            Err(err) => {
+                for job in planned {
+                    committed.push((job, Err(err.clone().into())));
+                }
             }
         }
     }
@@ -173,16 +245,16 @@ impl Registry {
     }
 
     /// Waits until this replica has applied `revision`.
-    async fn wait_applied(&self, revision: Revision) -> Result<(), RegistryError> {
+    async fn wait_applied(&self, revision: Revision) -> Result<(), StoreError> {
         let mut applied = self.applied.subscribe();
         let reached = applied.wait_for(|r| *r >= revision);
         let in_time = matches!(tokio::time::timeout(APPLY_WAIT, reached).await, Ok(Ok(_)));
         if in_time {
             return Ok(());
         }
-        Err(RegistryError::Store(StoreError::Backend(format!(
+        Err(StoreError::Backend(format!(
             "the change was stored at revision {revision} but has not reached this replica yet"
-        ))))
+        )))
     }
 
     /// Waits (briefly) until a worker change newer than `guard` has been applied.

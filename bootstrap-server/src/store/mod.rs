@@ -113,6 +113,12 @@ pub trait Store: Send + Sync + 'static {
         change: &'a WorkerChange,
         guard: Revision,
     ) -> StoreFuture<'a, Revision>;
+    /// How many slots one commit may change when the registry merges changes that arrive
+    /// together into one: stores where a commit is a network round trip (etcd) merge; the
+    /// embedded store does not (0), as there one worker is one cheap insert.
+    fn merge_limit(&self) -> usize {
+        0
+    }
     /// Makes every worker change up to `revision` durable. Stores whose commits are durable
     /// when they return (etcd) have nothing to do; the embedded store flushes once for every
     /// change waiting (group commit).

@@ -139,6 +139,11 @@ impl Store for EtcdStore {
         receiver
     }
 
+    fn merge_limit(&self) -> usize {
+        // The guard key takes one operation of the transaction.
+        MAX_TXN_OPS - 1
+    }
+
     fn commit_workers<'a>(
         &'a self,
         change: &'a WorkerChange,
