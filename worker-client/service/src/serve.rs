@@ -127,6 +127,11 @@ pub struct ServeLimits {
     /// The most connections open at once; the next ones wait in the listen backlog until one
     /// closes. `None`: no cap.
     pub max_connections: Option<usize>,
+    /// Whether a handler may take its connection over (answer `101 Switching Protocols` and
+    /// use `hyper::upgrade::on`). hyper-util's graceful shutdown knows no upgradeable
+    /// connection, so such a server's connections are not drained at shutdown: for servers
+    /// that run until their process ends (the TCP KV exporter).
+    pub upgrades: bool,
 }
 
 impl Default for ServeLimits {
@@ -136,6 +141,7 @@ impl Default for ServeLimits {
             shutdown_grace: Duration::from_secs(30),
             wire_error_body: None,
             max_connections: None,
+            upgrades: false,
         }
     }
 }
@@ -196,6 +202,14 @@ pub async fn serve(
                 let io = TokioIo::new(JsonWireErrors::new(stream, render));
                 spawn_connection(
                     graceful.watch(http.serve_connection(io, service)),
+                    peer,
+                    slot,
+                );
+            }
+            None if limits.upgrades => {
+                let io = TokioIo::new(stream);
+                spawn_connection(
+                    http.serve_connection(io, service).with_upgrades(),
                     peer,
                     slot,
                 );

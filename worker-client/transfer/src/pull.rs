@@ -5,16 +5,17 @@
 
 use std::time::{Duration, Instant};
 
-use axum::http::header::CONTENT_LENGTH;
-use axum::http::{Method, Request, Response, StatusCode};
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, UPGRADE};
+use axum::http::{HeaderName, Method, Request, Response, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use pd_service::error_chain;
 use serde::Deserialize;
+use tokio::io::AsyncReadExt;
 
 use crate::TransferError;
 
@@ -30,6 +31,13 @@ pub(crate) fn pull_url(host_port: &str, transfer_id: &str, wait: Duration) -> St
     let id: String = url::form_urlencoded::byte_serialize(transfer_id.as_bytes()).collect();
     format!("http://{host_port}/kv/{id}?wait_ms={}", wait.as_millis())
 }
+
+/// The protocol a pull offers to switch to (`Upgrade: pd-kv`): after a `101`, the KV's bytes
+/// alone, [`KV_LENGTH`] of them.
+pub(crate) const RAW_PROTOCOL: &str = "pd-kv";
+
+/// The header of a `101` answer to a pull that gives the KV's length in bytes.
+pub(crate) const KV_LENGTH: HeaderName = HeaderName::from_static("x-kv-length");
 
 /// The largest answer a pull takes (KV of one request on one worker): 4 GiB.
 pub(crate) const MAX_PULL_BYTES: u64 = 4 << 30;
@@ -60,6 +68,9 @@ impl PullClient {
         let request = Request::builder()
             .method(method)
             .uri(url)
+            // A TCP exporter then sends large KV raw (see crate::tcp); others ignore it.
+            .header(CONNECTION, "upgrade")
+            .header(UPGRADE, RAW_PROTOCOL)
             .body(Empty::new())
             .map_err(|e| e.to_string())?;
         self.http
@@ -110,8 +121,40 @@ async fn read_body(
     Ok(out)
 }
 
-/// Sends `GET url` and returns the body of a 200 in `buffer` (see [`read_body`]), bounded by
-/// `deadline` (plus a second for the bytes); a 404 means P did not publish in time.
+/// The KV sent raw after a `101` (see [`crate::tcp`]): exactly `x-kv-length` bytes, at most
+/// `max`, read from the connection straight into `out` (emptied first, its allocation reused
+/// when large enough, never zero-filled).
+async fn read_raw(
+    response: Response<Incoming>,
+    max: u64,
+    mut out: Vec<u8>,
+) -> Result<Vec<u8>, String> {
+    let length = response
+        .headers()
+        .get(KV_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .ok_or("a 101 answer without a valid x-kv-length")?;
+    if length > max {
+        return Err(format!(
+            "the answer holds {length} bytes, more than the {max} a pull takes"
+        ));
+    }
+    let connection = hyper::upgrade::on(response)
+        .await
+        .map_err(|e| error_chain(&e))?;
+    let mut bytes = TokioIo::new(connection).take(length);
+    out.clear();
+    out.reserve_exact(length as usize);
+    while bytes.read_buf(&mut out).await.map_err(|e| e.to_string())? > 0 {}
+    if out.len() as u64 != length {
+        return Err(format!("the exporter sent {} of {length} bytes", out.len()));
+    }
+    Ok(out)
+}
+
+/// Sends `GET url` and returns the KV of a 200 (see [`read_body`]) or a 101 (see [`read_raw`])
+/// in `buffer`, bounded by `deadline` (plus a second for the bytes); a 404 means P did not
+/// publish in time.
 pub(crate) async fn held_get(
     http: &PullClient,
     url: &str,
@@ -135,6 +178,9 @@ pub(crate) async fn held_get(
         let response = http.send(Method::GET, url).await.map_err(unreachable)?;
         match response.status() {
             StatusCode::OK => read_body(response, MAX_PULL_BYTES, buffer)
+                .await
+                .map_err(unreachable),
+            StatusCode::SWITCHING_PROTOCOLS => read_raw(response, MAX_PULL_BYTES, buffer)
                 .await
                 .map_err(unreachable),
             StatusCode::NOT_FOUND => Err(not_published()),

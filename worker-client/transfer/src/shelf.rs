@@ -171,7 +171,11 @@ pub(crate) async fn listen(addr: SocketAddr, app: Router) -> Result<SocketAddr, 
     let bound = listener.local_addr().map_err(bind_error)?;
     tokio::spawn(async move {
         let forever = std::future::pending();
-        if let Err(err) = serve(listener, app, forever, ServeLimits::default()).await {
+        let limits = ServeLimits {
+            upgrades: true,
+            ..ServeLimits::default()
+        };
+        if let Err(err) = serve(listener, app, forever, limits).await {
             tracing::error!(error = %err, "KV exporter stopped");
         }
     });

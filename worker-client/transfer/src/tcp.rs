@@ -1,31 +1,77 @@
-//! The KV data path over TCP: the KV bytes themselves travel in the HTTP answer to
+//! The KV data path over TCP: the KV bytes themselves travel in the answer to
 //! `GET /kv/{transfer_id}?wait_ms=N` on the exporter's listener (`tcp://host:port`).
+//!
+//! A puller that asks for it (`Upgrade: pd-kv`) gets KV of [`RAW_MIN_BYTES`] or more as raw
+//! bytes on the connection after a `101 Switching Protocols` carrying their length in
+//! `x-kv-length`: D then reads them straight into its buffer, as a plain socket would, instead
+//! of through an HTTP body's frames and a copy out of each (a third of the pull's time for
+//! 64 MiB). Smaller KV, and pullers that do not ask, get an ordinary `200` body.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::header::{CONNECTION, UPGRADE};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
+use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWriteExt;
 
-use crate::pull::{held_get, pull_url, PullClient, PullParams};
+use crate::pull::{held_get, pull_url, PullClient, PullParams, KV_LENGTH, RAW_PROTOCOL};
 use crate::shelf::{listen, spawn_janitor, Shelf};
 use crate::{TransferError, TCP_SCHEME};
+
+/// KV at least this large is sent raw to a puller that asks for it.
+pub const RAW_MIN_BYTES: usize = 64 << 10;
+
+/// How long the exporter may take to write one KV to a puller on a raw connection (a stalled
+/// puller is dropped after it).
+const RAW_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 
 async fn serve_pull(
     State(shelf): State<Arc<Shelf<Bytes>>>,
     Path(transfer_id): Path<String>,
     Query(params): Query<PullParams>,
+    request: Request,
 ) -> Response {
     let wait = Duration::from_millis(params.wait_ms);
-    match shelf.take_within(&transfer_id, wait).await {
-        Some(kv) => kv.into_response(),
-        None => (StatusCode::NOT_FOUND, "not published").into_response(),
+    let Some(kv) = shelf.take_within(&transfer_id, wait).await else {
+        return (StatusCode::NOT_FOUND, "not published").into_response();
+    };
+    let wants_raw = request
+        .headers()
+        .get(UPGRADE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(RAW_PROTOCOL.as_bytes()));
+    if !wants_raw || kv.len() < RAW_MIN_BYTES {
+        return kv.into_response();
     }
+    let switched = hyper::upgrade::on(request);
+    let length = kv.len();
+    tokio::spawn(async move {
+        let send = async {
+            let mut io = TokioIo::new(switched.await.map_err(std::io::Error::other)?);
+            io.write_all(&kv).await?;
+            io.shutdown().await
+        };
+        match tokio::time::timeout(RAW_SEND_TIMEOUT, send).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::warn!(%transfer_id, error = %err, "raw KV send failed"),
+            Err(_) => tracing::warn!(%transfer_id, "raw KV send timed out"),
+        }
+    });
+    (
+        StatusCode::SWITCHING_PROTOCOLS,
+        [
+            (UPGRADE, RAW_PROTOCOL.to_owned()),
+            (CONNECTION, "upgrade".to_owned()),
+            (KV_LENGTH, length.to_string()),
+        ],
+    )
+        .into_response()
 }
 
 /// P side: holds KV bytes under transfer ids and serves them on a TCP listener.
@@ -141,6 +187,73 @@ mod tests {
             assert_eq!(buffer, kv);
             assert_eq!(buffer.as_ptr(), at, "the buffer was not reused");
         }
+    }
+
+    /// Sends `request` on a fresh connection to `exporter` and returns the answer's head and
+    /// everything after it until the exporter closes or `body_len` bytes have come.
+    async fn exchange(exporter: &KvExporter, request: &str, body_len: usize) -> (String, Vec<u8>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = exporter.transfer_addr().replace("tcp://", "");
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let mut chunk = vec![0u8; 1 << 16];
+        loop {
+            let head_end = answer.windows(4).position(|w| w == b"\r\n\r\n");
+            if head_end.is_some_and(|end| answer.len() >= end + 4 + body_len) {
+                break;
+            }
+            let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk));
+            match read.await.unwrap().unwrap() {
+                0 => break,
+                n => answer.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let end = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        let head = String::from_utf8(answer[..end].to_vec())
+            .unwrap()
+            .to_lowercase();
+        (head, answer[end + 4..].to_vec())
+    }
+
+    /// Large KV goes raw after a 101 to a puller that asks for it, as an ordinary body to one
+    /// that does not; small KV always as a body.
+    #[tokio::test]
+    async fn large_kv_is_sent_raw_only_when_asked() {
+        let exporter = exporter(Duration::from_secs(5)).await;
+        let large: Vec<u8> = (0..RAW_MIN_BYTES * 4).map(|i| (i % 251) as u8).collect();
+        let get = |id: &str, upgrade: bool| {
+            let upgrade = if upgrade {
+                "Connection: upgrade\r\nUpgrade: pd-kv\r\n"
+            } else {
+                ""
+            };
+            format!("GET /kv/{id}?wait_ms=1000 HTTP/1.1\r\nHost: p\r\n{upgrade}\r\n")
+        };
+
+        exporter.publish("raw", &large).unwrap();
+        let (head, bytes) = exchange(&exporter, &get("raw", true), large.len()).await;
+        assert!(head.starts_with("http/1.1 101"), "{head}");
+        assert!(
+            head.contains(&format!("x-kv-length: {}", large.len())),
+            "{head}"
+        );
+        assert!(head.contains("upgrade: pd-kv"), "{head}");
+        assert_eq!(bytes, large);
+
+        exporter.publish("plain", &large).unwrap();
+        let (head, bytes) = exchange(&exporter, &get("plain", false), large.len()).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(
+            head.contains(&format!("content-length: {}", large.len())),
+            "{head}"
+        );
+        assert_eq!(bytes, large);
+
+        exporter.publish("small", b"tiny kv").unwrap();
+        let (head, bytes) = exchange(&exporter, &get("small", true), 7).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert_eq!(bytes, b"tiny kv");
     }
 
     #[tokio::test]
