@@ -1,11 +1,22 @@
 //! The UCP context (one per exporter or puller) and memory it allocates for remote access.
 
+use std::ffi::CStr;
 use std::ptr;
 use std::sync::Arc;
 
 use ucx_sys::*;
 
 use super::status::{check, UcxError};
+
+/// UCX settings this crate changes from UCX's own defaults unless the environment sets them:
+/// (the environment variable, the name UCX's configuration knows it by, the value). The TCP
+/// transport's segments, 8 KiB to send and 64 KiB to receive by default, cut a 64 MiB KV into
+/// thousands of messages; with 1 MiB segments UCX over TCP pulls faster than a plain socket
+/// copy (`pd-bench transfer` on loopback: 1.1 -> 5.2 GB/s).
+pub const TUNED_DEFAULTS: &[(&str, &CStr, &CStr)] = &[
+    ("UCX_TCP_TX_SEG_SIZE", c"TX_SEG_SIZE", c"1m"),
+    ("UCX_TCP_RX_SEG_SIZE", c"RX_SEG_SIZE", c"1m"),
+];
 
 /// A UCP context with the RMA and wakeup features, shared by the threads of one exporter or
 /// puller. Cleaned up when the last worker and memory region using it are gone.
@@ -21,8 +32,35 @@ unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
 impl Context {
-    /// Initializes UCX (reading `UCX_*` environment variables such as `UCX_TLS`).
+    /// Initializes UCX (reading `UCX_*` environment variables such as `UCX_TLS`), with this
+    /// crate's [`TUNED_DEFAULTS`] for the settings the environment leaves alone.
     pub fn new() -> Result<Arc<Self>, UcxError> {
+        let mut config = ptr::null_mut();
+        // SAFETY: null prefix and file: the environment's `UCX_*`; config is writable.
+        check("ucp_config_read", unsafe {
+            ucp_config_read(ptr::null(), ptr::null(), &mut config)
+        })?;
+        let initialized = Self::tune(config).and_then(|()| Self::init(config));
+        // SAFETY: config came from ucp_config_read and is not used after this.
+        unsafe { ucp_config_release(config) };
+        initialized
+    }
+
+    /// Applies the [`TUNED_DEFAULTS`] whose variable is not set in the environment.
+    fn tune(config: *mut ucp_config_t) -> Result<(), UcxError> {
+        for (variable, name, value) in TUNED_DEFAULTS {
+            if std::env::var_os(variable).is_some() {
+                continue;
+            }
+            // SAFETY: config is live; name and value are NUL-terminated constants.
+            check("ucp_config_modify", unsafe {
+                ucp_config_modify(config, name.as_ptr(), value.as_ptr())
+            })?;
+        }
+        Ok(())
+    }
+
+    fn init(config: *const ucp_config_t) -> Result<Arc<Self>, UcxError> {
         let params = ucp_params_t {
             field_mask: u64::from(UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED),
             features: u64::from(UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP),
@@ -30,10 +68,10 @@ impl Context {
             ..Default::default()
         };
         let mut handle = ptr::null_mut();
-        // SAFETY: params is initialised for the fields its mask names; null config = defaults
-        // plus the environment; handle is writable.
+        // SAFETY: params is initialised for the fields its mask names; config came from
+        // ucp_config_read; handle is writable.
         check("ucp_init", unsafe {
-            ucp_init(&params, ptr::null(), &mut handle)
+            ucp_init(&params, config, &mut handle)
         })?;
         Ok(Arc::new(Context { handle }))
     }
