@@ -63,8 +63,9 @@ impl BenchServer {
             port.to_string(),
             "--data-dir".to_owned(),
             data_dir.display().to_string(),
+            // Room for the scale curve's largest size (10,000,000 live ids).
             "--max-requests".to_owned(),
-            "5000000".to_owned(),
+            "20000000".to_owned(),
         ];
         if let Some(store) = &settings.store {
             let folder = data_dir.file_name().unwrap_or_default().to_string_lossy();
@@ -380,7 +381,8 @@ pub async fn scale(settings: &Settings, live_ids: u64) -> Result<ScaleReport, St
     server.register_workers(workers).await?;
     server.register_request_ids(live_ids).await?;
     let usage = server.usage().ok_or("cannot read the server's usage")?;
-    let config = settings.config(settings.concurrency.iter().copied().max().unwrap_or(16));
+    let concurrency = settings.concurrency.iter().copied().max().unwrap_or(16);
+    let config = settings.config(concurrency);
     let before = server.usage();
     let report = loadgen::run(
         server.addr,
@@ -391,7 +393,7 @@ pub async fn scale(settings: &Settings, live_ids: u64) -> Result<ScaleReport, St
     let lookup = Row::new(
         "POST /query_requests (1 id) at scale",
         "pd-bootstrap",
-        16,
+        concurrency,
         &report,
         before,
         server.usage(),
@@ -401,7 +403,7 @@ pub async fn scale(settings: &Settings, live_ids: u64) -> Result<ScaleReport, St
     let topology = Row::new(
         "GET /query (10,000 workers) at scale",
         "pd-bootstrap",
-        16,
+        concurrency,
         &report,
         before,
         server.usage(),

@@ -130,9 +130,10 @@ fn machine() -> String {
     format!("{cores} cores ({cpu}), load generator on the same machine")
 }
 
-/// Memory, lookups and restart time per number of live request ids: a table and two charts.
+/// Memory, lookups (at the highest concurrency asked) and restart time per number of live
+/// request ids: a table and two charts.
 async fn scale_section(out: &mut Output, settings: &Settings, ids: &[u64]) -> Result<(), String> {
-    let mut table = String::from("| live request ids | workers | RSS MiB | peak RSS MiB | lookup p50 / p99 ms (c=16) | lookup req/s | GET /query p50 / p99 ms | restart to first answer |\n|---|---|---|---|---|---|---|---|\n");
+    let mut table = String::from("| live request ids | workers | RSS MiB | peak RSS MiB | lookup p50 / p99 ms | lookup req/s | GET /query p50 / p99 ms | restart to first answer |\n|---|---|---|---|---|---|---|---|\n");
     let mut reports = Vec::new();
     for &live in ids {
         let r = bootstrap::scale(settings, live).await?;
