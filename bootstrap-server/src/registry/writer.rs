@@ -50,6 +50,10 @@ pub(super) trait Job: Send {
     fn finish(self: Box<Self>, result: Result<(), RegistryError>);
 }
 
+/// Jobs of a batch whose commit is settled, each with the revision to make durable before
+/// it is answered, or why it failed.
+type Committed = Vec<(Box<dyn Job>, Result<Revision, RegistryError>)>;
+
 /// The queue's sending end, kept by the registry.
 pub(super) type JobQueue = mpsc::Sender<Box<dyn Job>>;
 
@@ -145,11 +149,7 @@ impl Registry {
 
     /// Commits every job of `batch` into `committed`: one by one, or, where the store merges
     /// (etcd), as merged commits of up to [`MERGED_JOBS`] jobs each.
-    async fn commit_batch(
-        &self,
-        batch: &mut Vec<Box<dyn Job>>,
-        committed: &mut Vec<(Box<dyn Job>, Result<Revision, RegistryError>)>,
-    ) {
+    async fn commit_batch(&self, batch: &mut Vec<Box<dyn Job>>, committed: &mut Committed) {
         let limit = self.store.merge_limit();
         while !batch.is_empty() {
             let take = if limit == 0 { 1 } else { MERGED_JOBS };
@@ -173,7 +173,7 @@ impl Registry {
         &self,
         group: &mut Vec<Box<dyn Job>>,
         limit: usize,
-        committed: &mut Vec<(Box<dyn Job>, Result<Revision, RegistryError>)>,
+        committed: &mut Committed,
     ) {
         let (mut table, guard) = {
             let state = self.read_workers();
