@@ -11,6 +11,16 @@ pub struct Series {
     pub values: Vec<f64>,
 }
 
+impl Series {
+    /// The series `name` of `value` read from each of `rows` (one row per category).
+    pub fn of<R>(name: &str, rows: &[R], value: impl Fn(&R) -> f64) -> Self {
+        Series {
+            name: name.to_owned(),
+            values: rows.iter().map(value).collect(),
+        }
+    }
+}
+
 const PALETTE: [RGBColor; 6] = [
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0xff, 0x7f, 0x0e),

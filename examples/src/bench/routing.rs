@@ -237,24 +237,20 @@ fn line(row: &RoutingRow) -> String {
 /// TTFT p50 and p99, and the prefix hit rate, per setup: two SVG charts, by name.
 pub fn charts(rows: &[RoutingRow]) -> Result<Vec<(&'static str, String)>, String> {
     let setups: Vec<String> = rows.iter().map(|r| r.setup.clone()).collect();
-    let series = |name: &str, value: fn(&RoutingRow) -> f64| Series {
-        name: name.to_owned(),
-        values: rows.iter().map(value).collect(),
-    };
     let ttft = grouped_bars(
         "TTFT on a multi-turn chat workload",
         "ms",
         &setups,
         &[
-            series("TTFT p50", |r| r.ttft_p50_ms),
-            series("TTFT p99", |r| r.ttft_p99_ms),
+            Series::of("TTFT p50", rows, |r| r.ttft_p50_ms),
+            Series::of("TTFT p99", rows, |r| r.ttft_p99_ms),
         ],
     )?;
     let hits = grouped_bars(
         "Prefix-cache hit rate on a multi-turn chat workload",
         "% of prompt tokens",
         &setups,
-        &[series("hit rate", |r| r.hit_rate * 100.0)],
+        &[Series::of("hit rate", rows, |r| r.hit_rate * 100.0)],
     )?;
     Ok(vec![("routing-ttft", ttft), ("routing-hit-rate", hits)])
 }

@@ -135,17 +135,13 @@ pub fn chart(rows: &[FanoutRow]) -> Result<String, String> {
         .iter()
         .map(|r| format!("{} watchers", r.watchers))
         .collect();
-    let series = |name: &str, value: fn(&FanoutRow) -> f64| Series {
-        name: name.to_owned(),
-        values: rows.iter().map(value).collect(),
-    };
     grouped_bars(
         "Watch fan-out: a registration's time to reach the watchers",
         "ms from the registration's start",
         &categories,
         &[
-            series("median watcher", |r| r.median_watcher_ms),
-            series("last watcher", |r| r.last_watcher_ms),
+            Series::of("median watcher", rows, |r| r.median_watcher_ms),
+            Series::of("last watcher", rows, |r| r.last_watcher_ms),
         ],
     )
 }

@@ -158,24 +158,20 @@ async fn scale_section(out: &mut Output, settings: &Settings, ids: &[u64]) -> Re
         .iter()
         .map(|r| format!("{} ids", r.live_ids))
         .collect();
-    let series = |name: &str, value: fn(&bootstrap::ScaleReport) -> f64| Series {
-        name: name.to_owned(),
-        values: reports.iter().map(value).collect(),
-    };
     let memory = grouped_bars(
         "Bootstrap server memory vs live request ids (10,000 workers)",
         "MiB",
         &sizes,
         &[
-            series("RSS", |r| r.rss_mib),
-            series("peak RSS", |r| r.peak_rss_mib),
+            Series::of("RSS", &reports, |r| r.rss_mib),
+            Series::of("peak RSS", &reports, |r| r.peak_rss_mib),
         ],
     )?;
     let restart = grouped_bars(
         "Restart to first answer vs live request ids",
         "seconds",
         &sizes,
-        &[series("restart", |r| r.restart_ms / 1e3)],
+        &[Series::of("restart", &reports, |r| r.restart_ms / 1e3)],
     )?;
     out.section(
         "ids-scale",
