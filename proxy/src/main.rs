@@ -4,11 +4,6 @@ use pd_proxy::config::{Args, PREFILL_ENV};
 use pd_proxy::Proxy;
 use pd_service::{init_logging, shutdown_signal};
 
-/// mimalloc: every proxied request allocates and frees its headers, bodies and futures on two
-/// worker threads; glibc's malloc spent about 10% of the proxy's CPU on it.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse_args();
