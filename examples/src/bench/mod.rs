@@ -4,6 +4,7 @@
 pub mod bootstrap;
 pub mod chart;
 pub mod loadgen;
+pub mod mocks;
 pub mod output;
 pub mod proxy;
 pub mod proxy_scale;

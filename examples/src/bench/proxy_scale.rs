@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::loadgen::{self, LoadConfig, ProcessUsage};
-use super::proxy::{completions, launch, mock_backend, mock_bootstrap};
+use super::mocks::{mock_backend, mock_bootstrap};
+use super::proxy::{completions, launch};
 use super::report::Row;
 use crate::cluster::free_port;
 
