@@ -50,6 +50,8 @@ const READ_BUFFER_BYTES: usize = 1 << 20;
 #[derive(Clone)]
 pub(crate) struct PullClient {
     http: Client<HttpConnector, Empty<Bytes>>,
+    /// Whether its GETs offer to take the KV raw (the TCP transport; see [`crate::tcp`]).
+    offers_raw: bool,
 }
 
 impl PullClient {
@@ -61,18 +63,28 @@ impl PullClient {
         let http = Client::builder(TokioExecutor::new())
             .http1_read_buf_exact_size(READ_BUFFER_BYTES)
             .build(connector);
-        PullClient { http }
+        PullClient {
+            http,
+            offers_raw: false,
+        }
+    }
+
+    /// The same client, its GETs offering `Upgrade: pd-kv` (the TCP transport's pulls).
+    pub(crate) fn offering_raw(self) -> Self {
+        PullClient {
+            offers_raw: true,
+            ..self
+        }
     }
 
     async fn send(&self, method: Method, url: &str) -> Result<Response<Incoming>, String> {
-        let request = Request::builder()
-            .method(method)
-            .uri(url)
-            // A TCP exporter then sends large KV raw (see crate::tcp); others ignore it.
-            .header(CONNECTION, "upgrade")
-            .header(UPGRADE, RAW_PROTOCOL)
-            .body(Empty::new())
-            .map_err(|e| e.to_string())?;
+        let mut request = Request::builder().method(method.clone()).uri(url);
+        if self.offers_raw && method == Method::GET {
+            request = request
+                .header(CONNECTION, "upgrade")
+                .header(UPGRADE, RAW_PROTOCOL);
+        }
+        let request = request.body(Empty::new()).map_err(|e| e.to_string())?;
         self.http
             .request(request)
             .await

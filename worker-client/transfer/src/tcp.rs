@@ -120,7 +120,7 @@ impl TcpPuller {
     /// A puller whose connections must open within `connect_timeout`.
     pub fn new(connect_timeout: Duration) -> Self {
         TcpPuller {
-            http: PullClient::new(connect_timeout),
+            http: PullClient::new(connect_timeout).offering_raw(),
         }
     }
 
