@@ -1,22 +1,22 @@
 //! What P and D receive: the client's JSON body with the few fields vLLM's Mooncake proxy changes,
 //! every other field passed through untouched.
 //!
-//! Only the top level of the body is parsed: each field's value is kept as its raw JSON text and
-//! written back as is, so a long prompt or message list is copied, not rebuilt and re-escaped.
+//! Only the top level of the body is parsed, and nothing is copied: each field's value stays the
+//! raw JSON text it is in the client's bytes and is written back as is, so a long prompt or
+//! message list is copied once into each upstream body, not rebuilt and re-escaped.
 
+use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
+use std::fmt;
 
 use pd_protocol::vllm::KvTransferParams;
-use serde::de::IgnoredAny;
+use serde::de::{Deserializer, IgnoredAny, Visitor};
+use serde::{Deserialize, Serialize};
 use serde_json::error::Category;
-use serde_json::value::{to_raw_value, RawValue};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::backend::Pair;
-
-/// A client's request body: a JSON object, field by field (in key order, as `serde_json::Map`
-/// writes them), each value as its raw JSON text.
-pub type Body = BTreeMap<String, Box<RawValue>>;
 
 /// The body field P and D read their transfer instructions from.
 pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
@@ -32,35 +32,176 @@ pub enum BodyError {
     NotObject,
 }
 
-/// Parses the client's body.
-pub fn parse(bytes: &[u8]) -> Result<Body, BodyError> {
-    serde_json::from_slice(bytes).map_err(|err| {
-        if err.classify() != Category::Data {
-            return BodyError::NotJson(err);
-        }
-        // Well-formed so far but not an object; still, broken JSON is told as such.
-        match serde_json::from_slice::<IgnoredAny>(bytes) {
-            Ok(_) => BodyError::NotObject,
-            Err(err) => BodyError::NotJson(err),
-        }
-    })
+/// A field name, borrowed from the client's bytes unless it had escapes to undo.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Key<'a>(Cow<'a, str>);
+
+impl Borrow<str> for Key<'_> {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
 }
 
-/// Whether the client asked for a streamed (SSE) answer.
-#[cfg(test)]
-fn is_stream(body: &Body) -> bool {
-    body.get("stream")
-        .and_then(|raw| serde_json::from_str(raw.get()).ok())
-        .unwrap_or(false)
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_borrowed_str<E>(self, key: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(key)))
+            }
+            fn visit_str<E>(self, key: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(key.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+/// A client's request body: a JSON object, field by field (the last of a repeated name wins),
+/// each value the raw JSON text it is in the bytes the body was parsed from.
+#[derive(Debug, Clone)]
+pub struct Body<'a> {
+    fields: BTreeMap<Key<'a>, &'a RawValue>,
+    /// The length of the client's bytes: what a rewritten body starts its buffer at.
+    len: usize,
+}
+
+/// One change [`Body::render`] makes to the client's fields.
+#[derive(Debug, Clone, Copy)]
+pub enum Edit<'e> {
+    /// The field set to this raw JSON, added when the client did not send it.
+    Set(&'e str, &'e str),
+    /// The field set to this raw JSON, only when the client sent it.
+    Replace(&'e str, &'e str),
+    /// The field left out.
+    Remove(&'e str),
+}
+
+impl Edit<'_> {
+    fn key(&self) -> &str {
+        match self {
+            Edit::Set(key, _) | Edit::Replace(key, _) | Edit::Remove(key) => key,
+        }
+    }
+
+    /// What the edit may add to a body.
+    fn extra_len(&self) -> usize {
+        match self {
+            Edit::Set(key, value) | Edit::Replace(key, value) => key.len() + value.len() + 4,
+            Edit::Remove(_) => 0,
+        }
+    }
+}
+
+impl<'a> Body<'a> {
+    /// Parses the client's body.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, BodyError> {
+        match serde_json::from_slice(bytes) {
+            Ok(fields) => Ok(Body {
+                fields,
+                len: bytes.len(),
+            }),
+            Err(err) if err.classify() != Category::Data => Err(BodyError::NotJson(err)),
+            // Well-formed so far but not an object; still, broken JSON is told as such.
+            Err(_) => match serde_json::from_slice::<IgnoredAny>(bytes) {
+                Ok(_) => Err(BodyError::NotObject),
+                Err(err) => Err(BodyError::NotJson(err)),
+            },
+        }
+    }
+
+    /// The raw JSON of the field `name`, when the client sent it.
+    pub fn get(&self, name: &str) -> Option<&'a RawValue> {
+        self.fields.get(name).copied()
+    }
+
+    /// The body with `edits` made, as bytes: the client's fields in name order (each as sent,
+    /// unless edited), then the fields the edits add.
+    pub fn render(&self, edits: &[Edit<'_>]) -> Vec<u8> {
+        let extra: usize = edits.iter().map(Edit::extra_len).sum();
+        let mut out = Vec::with_capacity(self.len + extra + 2);
+        out.push(b'{');
+        for (Key(key), value) in &self.fields {
+            let value = match edits.iter().find(|edit| edit.key() == key) {
+                None => value.get(),
+                Some(Edit::Set(_, value) | Edit::Replace(_, value)) => value,
+                Some(Edit::Remove(_)) => continue,
+            };
+            write_field(&mut out, key, value);
+        }
+        for edit in edits {
+            if let Edit::Set(key, value) = edit {
+                if !self.fields.contains_key(*key) {
+                    write_field(&mut out, key, value);
+                }
+            }
+        }
+        out.push(b'}');
+        out
+    }
+}
+
+/// Appends `"key":value` (after a comma unless it is the first field).
+fn write_field(out: &mut Vec<u8>, key: &str, raw: &str) {
+    if out.len() > 1 {
+        out.push(b',');
+    }
+    serde_json::to_writer(&mut *out, key).expect("a string serializes into memory");
+    out.push(b':');
+    out.extend_from_slice(raw.as_bytes());
 }
 
 /// The raw JSON text of `value`.
-fn raw(value: &impl serde::Serialize) -> Box<RawValue> {
-    to_raw_value(value).expect("a JSON value serializes")
+pub fn raw_json(value: &impl Serialize) -> String {
+    serde_json::to_string(value).expect("a JSON value serializes")
 }
 
-/// `kv_transfer_params` for P: compute the KV for a remote decoder.
-pub fn prefill_params(transfer_id: &str, sequential: bool) -> Value {
+/// What P is sent in place of the client's fields: an answer of one token, whole.
+const PREFILL_EDITS: [Edit<'static>; 4] = [
+    Edit::Set("stream", "false"),
+    Edit::Set("max_tokens", "1"),
+    Edit::Replace("max_completion_tokens", "1"),
+    Edit::Remove("stream_options"),
+];
+
+impl Body<'_> {
+    /// P's body: `stream: false`, `max_tokens: 1`, `max_completion_tokens: 1` when present, no
+    /// `stream_options`, and `kv_transfer_params` set to `params` (raw JSON).
+    pub fn prefill(&self, params: &str) -> Vec<u8> {
+        let [stream, max_tokens, max_completion_tokens, stream_options] = PREFILL_EDITS;
+        self.render(&[
+            stream,
+            max_tokens,
+            max_completion_tokens,
+            stream_options,
+            Edit::Set(KV_TRANSFER_PARAMS, params),
+        ])
+    }
+
+    /// D's body: the client's, with `kv_transfer_params` set to `params` (raw JSON).
+    pub fn decode(&self, params: &str) -> Vec<u8> {
+        self.render(&[Edit::Set(KV_TRANSFER_PARAMS, params)])
+    }
+
+    /// The body of a request D serves alone (no P, no KV to pull): the client's, without any
+    /// transfer instructions a client may have sent (`kv_transfer_params`, SGLang's bootstrap
+    /// fields).
+    pub fn alone(&self) -> Vec<u8> {
+        self.render(&[
+            Edit::Remove(KV_TRANSFER_PARAMS),
+            Edit::Remove("bootstrap_host"),
+            Edit::Remove("bootstrap_port"),
+            Edit::Remove("bootstrap_room"),
+        ])
+    }
+}
+
+/// `kv_transfer_params` for P, as raw JSON: compute the KV for a remote decoder.
+pub fn prefill_params(transfer_id: &str, sequential: bool) -> String {
     let mut params = KvTransferParams {
         do_remote_decode: true,
         do_remote_prefill: false,
@@ -78,12 +219,13 @@ pub fn prefill_params(transfer_id: &str, sequential: bool) -> Value {
             params.extra.insert(field.to_owned(), Value::Null);
         }
     }
-    serde_json::to_value(params).expect("KvTransferParams serializes")
+    raw_json(&params)
 }
 
-/// `kv_transfer_params` for D in concurrent mode: pull the KV of `transfer_id` from `pair`.
-pub fn decode_params(transfer_id: &str, pair: &Pair) -> Value {
-    serde_json::to_value(KvTransferParams {
+/// `kv_transfer_params` for D in concurrent mode, as raw JSON: pull the KV of `transfer_id`
+/// from `pair`.
+pub fn decode_params(transfer_id: &str, pair: &Pair) -> String {
+    raw_json(&KvTransferParams {
         do_remote_decode: false,
         do_remote_prefill: true,
         remote_bootstrap_addr: Some(pair.bootstrap_addr.to_string()),
@@ -91,42 +233,6 @@ pub fn decode_params(transfer_id: &str, pair: &Pair) -> Value {
         transfer_id: Some(transfer_id.to_owned()),
         extra: Map::new(),
     })
-    .expect("KvTransferParams serializes")
-}
-
-/// D's body: the client's, with `kv_transfer_params` set to `params`.
-pub fn decode_body(body: &mut Body, params: Value) -> Vec<u8> {
-    body.insert(KV_TRANSFER_PARAMS.to_owned(), raw(&params));
-    serde_json::to_vec(body).expect("a JSON map serializes")
-}
-
-/// The body of a request D serves alone (no P, no KV to pull): the client's, without any
-/// transfer instructions a client may have sent (`kv_transfer_params`, SGLang's bootstrap
-/// fields).
-pub fn alone_body(body: &mut Body) -> Vec<u8> {
-    for field in [
-        KV_TRANSFER_PARAMS,
-        "bootstrap_host",
-        "bootstrap_port",
-        "bootstrap_room",
-    ] {
-        body.remove(field);
-    }
-    serde_json::to_vec(body).expect("a JSON map serializes")
-}
-
-/// P's body, made by changing the client's in place: `stream: false`, `max_tokens: 1`,
-/// `max_completion_tokens: 1` when present, no `stream_options`, and `kv_transfer_params` set to
-/// `params`.
-pub fn prefill_body(body: &mut Body, params: Value) -> Vec<u8> {
-    body.insert("stream".to_owned(), raw(&false));
-    body.insert("max_tokens".to_owned(), raw(&1));
-    if let Some(value) = body.get_mut("max_completion_tokens") {
-        *value = raw(&1);
-    }
-    body.remove("stream_options");
-    body.insert(KV_TRANSFER_PARAMS.to_owned(), raw(&params));
-    serde_json::to_vec(body).expect("a JSON map serializes")
 }
 
 #[cfg(test)]
@@ -135,38 +241,43 @@ mod tests {
 
     use super::*;
 
+    fn sent(bytes: &[u8]) -> Value {
+        serde_json::from_slice(bytes).unwrap()
+    }
+
     #[test]
     fn prefill_body_changes_only_what_vllm_changes() {
-        let mut body = parse(
-            br#"{"model":"m","prompt":"hi","stream":true,"max_tokens":50,"max_completion_tokens":50,
-                 "stream_options":{"include_usage":true},"temperature":0.7,"extra_field":{"a":[1,2]}}"#,
-        )
-        .unwrap();
-        assert!(is_stream(&body));
-        let bytes = prefill_body(&mut body, prefill_params("xfer-1", false));
-        let sent: Value = serde_json::from_slice(&bytes).unwrap();
+        let bytes = br#"{"model":"m","prompt":"hi","stream":true,"max_tokens":50,"max_completion_tokens":50,
+                 "stream_options":{"include_usage":true},"temperature":0.7,"extra_field":{"a":[1,2]}}"#;
+        let body = Body::parse(bytes).unwrap();
+        assert_eq!(body.get("stream").unwrap().get(), "true");
         assert_eq!(
-            sent,
+            sent(&body.prefill(&prefill_params("xfer-1", false))),
             json!({"model":"m","prompt":"hi","stream":false,"max_tokens":1,"max_completion_tokens":1,
                    "temperature":0.7,"extra_field":{"a":[1,2]},
                    "kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"transfer_id":"xfer-1"}})
+        );
+        // The client's own body is left as it was, for D.
+        assert_eq!(
+            sent(&body.decode("{}"))["stream_options"],
+            json!({"include_usage": true})
         );
     }
 
     #[test]
     fn max_completion_tokens_is_added_only_when_present() {
-        let mut body = parse(br#"{"prompt":"hi"}"#).unwrap();
-        assert!(!is_stream(&body));
-        let sent: Value = serde_json::from_slice(&prefill_body(&mut body, Value::Null)).unwrap();
+        let body = Body::parse(br#"{"prompt":"hi"}"#).unwrap();
+        assert!(body.get("stream").is_none());
+        let sent = sent(&body.prefill("null"));
         assert_eq!(sent["max_tokens"], 1);
+        assert_eq!(sent["stream"], false);
         assert!(sent.get("max_completion_tokens").is_none());
     }
 
     #[test]
     fn sequential_prefill_params_carry_nixl_nulls() {
-        let params = prefill_params("xfer-2", true);
         assert_eq!(
-            params,
+            sent(prefill_params("xfer-2", true).as_bytes()),
             json!({"do_remote_decode":true,"do_remote_prefill":false,"transfer_id":"xfer-2",
                    "remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null})
         );
@@ -174,22 +285,39 @@ mod tests {
 
     #[test]
     fn bodies_must_be_objects() {
-        assert!(matches!(parse(b"[1]"), Err(BodyError::NotObject)));
-        assert!(matches!(parse(b"{"), Err(BodyError::NotJson(_))));
-        assert!(matches!(parse(b"[1,"), Err(BodyError::NotJson(_))));
-        assert!(matches!(parse(b"\"text\""), Err(BodyError::NotObject)));
+        assert!(matches!(Body::parse(b"[1]"), Err(BodyError::NotObject)));
+        assert!(matches!(Body::parse(b"{"), Err(BodyError::NotJson(_))));
+        assert!(matches!(Body::parse(b"[1,"), Err(BodyError::NotJson(_))));
+        assert!(matches!(
+            Body::parse(b"\"text\""),
+            Err(BodyError::NotObject)
+        ));
     }
 
     #[test]
     fn other_fields_pass_through_as_sent() {
-        let mut body = parse(
+        let body = Body::parse(
             br#"{"prompt":"caf\u00e9","messages":[{"role":"user","content":"hi"}],"n":1.50,"max_tokens":9}"#,
         )
         .unwrap();
-        let sent = String::from_utf8(decode_body(&mut body, json!({"a": 1}))).unwrap();
+        let sent = String::from_utf8(body.decode(r#"{"a":1}"#)).unwrap();
         assert_eq!(
             sent,
-            r#"{"kv_transfer_params":{"a":1},"max_tokens":9,"messages":[{"role":"user","content":"hi"}],"n":1.50,"prompt":"caf\u00e9"}"#
+            r#"{"max_tokens":9,"messages":[{"role":"user","content":"hi"}],"n":1.50,"prompt":"caf\u00e9","kv_transfer_params":{"a":1}}"#
         );
+    }
+
+    #[test]
+    fn field_names_are_unescaped_once_and_escaped_again() {
+        // An escaped name, a repeated one (the last wins) and an empty object.
+        let body = Body::parse(br#"{"a\"b":1,"x":1,"x":2,"\u00e9":true}"#).unwrap();
+        assert_eq!(body.get("a\"b").unwrap().get(), "1");
+        assert_eq!(
+            sent(&body.alone()),
+            json!({"a\"b": 1, "x": 2, "\u{e9}": true})
+        );
+        assert_eq!(Body::parse(b"{}").unwrap().alone(), b"{}");
+        let edited = Body::parse(br#"{"bootstrap_room":1,"kv_transfer_params":{}}"#).unwrap();
+        assert_eq!(edited.alone(), b"{}");
     }
 }

@@ -39,6 +39,14 @@ pub struct Intaken {
     _budget: Option<OwnedSemaphorePermit>,
 }
 
+impl Intaken {
+    /// The bytes, with their share of the budget given back: the budget bounds what slow
+    /// clients hold while their bodies arrive, and this one has arrived.
+    pub fn release(self) -> Bytes {
+        self.bytes
+    }
+}
+
 /// The reader of request bodies.
 pub struct Intake {
     budget: Arc<Semaphore>,

@@ -7,15 +7,9 @@ use super::{Call, Refusal, Started};
 use crate::body::{self, Body};
 
 /// Runs the concurrent flow.
-pub(super) async fn run(call: Call<'_>, mut body: Body) -> Result<Started, Refusal> {
-    let decode_body = Bytes::from(body::decode_body(
-        &mut body,
-        body::decode_params(&call.transfer_id, &call.pair),
-    ));
-    let prefill_body = Bytes::from(body::prefill_body(
-        &mut body,
-        body::prefill_params(&call.transfer_id, false),
-    ));
+pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refusal> {
+    let decode_body = Bytes::from(body.decode(&body::decode_params(&call.transfer_id, &call.pair)));
+    let prefill_body = Bytes::from(body.prefill(&body::prefill_params(&call.transfer_id, false)));
     let prefill = call.prefill(prefill_body);
     let overhead = call.start.elapsed();
     call.decode(&body, decode_body, Some(prefill), overhead)

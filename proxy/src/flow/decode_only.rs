@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use super::{retry, Refusal, Started};
 use crate::backend::Backend;
-use crate::body::{self, Body};
+use crate::body::Body;
 use crate::routing::RequestInfo;
 use crate::state::{AppState, Route};
 
@@ -18,11 +18,11 @@ pub(super) async fn run(
     route: Route,
     decode: std::sync::Arc<Backend>,
     common: &HeaderMap,
-    mut body: Body,
+    body: Body<'_>,
     headers: &HeaderMap,
     start: Instant,
 ) -> Result<Started, Refusal> {
-    let alone = Bytes::from(body::alone_body(&mut body));
+    let alone = Bytes::from(body.alone());
     let overhead = start.elapsed();
     let request = RequestInfo::new(&body, headers);
     let (decode, _) =

@@ -23,7 +23,7 @@ pub use failure::Refusal;
 use failure::{prefill_failure, refused, unavailable};
 
 use crate::backend::Pair;
-use crate::body::{self, Body};
+use crate::body::Body;
 use crate::config::Mode;
 use crate::ids::X_REQUEST_ID;
 use crate::intake::IntakeError;
@@ -95,7 +95,7 @@ impl Call<'_> {
     /// begun; `body` is the client's, for the decode policy should D be retried.
     async fn decode(
         &self,
-        body: &Body,
+        body: &Body<'_>,
         decode_body: Bytes,
         prefill: Option<PrefillCall>,
         overhead: Duration,
@@ -151,7 +151,9 @@ pub async fn start(
             Outcome::BadRequest,
         ),
     })?;
-    let body = body::parse(&raw.bytes).map_err(|err| {
+    // The parsed body borrows from these bytes.
+    let bytes = raw.release();
+    let body = Body::parse(&bytes).map_err(|err| {
         refused(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
@@ -159,7 +161,6 @@ pub async fn start(
             Outcome::BadRequest,
         )
     })?;
-    drop(raw);
     let pairs = state.pool.pairs();
     let request = RequestInfo::new(&body, headers);
     let early = decision::before_pick(&state.decode_only, &request, || {

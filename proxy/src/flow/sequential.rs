@@ -18,12 +18,8 @@ struct PrefillAnswer {
 }
 
 /// Runs the sequential flow.
-pub(super) async fn run(call: Call<'_>, mut body: Body) -> Result<Started, Refusal> {
-    let mut decode_map = body.clone();
-    let prefill_body = Bytes::from(body::prefill_body(
-        &mut body,
-        body::prefill_params(&call.transfer_id, true),
-    ));
+pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refusal> {
+    let prefill_body = Bytes::from(body.prefill(&body::prefill_params(&call.transfer_id, true)));
     let before_prefill = call.start.elapsed();
     let answer = call.prefill(prefill_body).await.map_err(Refusal::from)?;
     let answered = Instant::now();
@@ -43,7 +39,7 @@ pub(super) async fn run(call: Call<'_>, mut body: Body) -> Result<Started, Refus
                 Outcome::PrefillError,
             ))
         })?;
-    let decode_body = Bytes::from(body::decode_body(&mut decode_map, params));
+    let decode_body = Bytes::from(body.decode(&body::raw_json(&params)));
     let overhead = before_prefill + answered.elapsed();
     call.decode(&body, decode_body, None, overhead).await
 }

@@ -7,10 +7,9 @@
 use bytes::Bytes;
 use pd_protocol::sglang::BootstrapFields;
 use pd_protocol::Rank;
-use serde_json::value::to_raw_value;
 
 use super::{Call, Refusal, Started};
-use crate::body::Body;
+use crate::body::{raw_json, Body, Edit};
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 
@@ -32,7 +31,7 @@ fn bootstrap_of(addr: &str) -> Option<(String, u16)> {
 }
 
 /// Runs the SGLang flow.
-pub(super) async fn run(call: Call<'_>, mut body: Body) -> Result<Started, Refusal> {
+pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refusal> {
     let Some((host, port)) = bootstrap_of(&call.pair.bootstrap_addr) else {
         return Err(Refusal::from((
             ApiError::bad_gateway(format!(
@@ -49,23 +48,20 @@ pub(super) async fn run(call: Call<'_>, mut body: Body) -> Result<Started, Refus
         bootstrap_port: port,
         bootstrap_room: room(random, call.pair.dp_rank, call.pair.dp_size),
     };
-    for (key, value) in [
-        ("bootstrap_host", to_raw_value(&fields.bootstrap_host)),
-        ("bootstrap_port", to_raw_value(&fields.bootstrap_port)),
-        ("bootstrap_room", to_raw_value(&fields.bootstrap_room)),
-    ] {
-        body.insert(
-            key.to_owned(),
-            value.expect("strings and integers serialize"),
-        );
-    }
-    let decode_body = Bytes::from(serde_json::to_vec(&body).expect("a JSON map serializes"));
-    // P only computes the prompt: it answers whole.
-    body.insert(
-        "stream".to_owned(),
-        to_raw_value(&false).expect("a bool serializes"),
+    let (host, port, room) = (
+        raw_json(&fields.bootstrap_host),
+        fields.bootstrap_port.to_string(),
+        fields.bootstrap_room.to_string(),
     );
-    let prefill_body = Bytes::from(serde_json::to_vec(&body).expect("a JSON map serializes"));
+    let bootstrap = [
+        Edit::Set("bootstrap_host", &host),
+        Edit::Set("bootstrap_port", &port),
+        Edit::Set("bootstrap_room", &room),
+    ];
+    let decode_body = Bytes::from(body.render(&bootstrap));
+    // P only computes the prompt: it answers whole.
+    let [host, port, room] = bootstrap;
+    let prefill_body = Bytes::from(body.render(&[host, port, room, Edit::Set("stream", "false")]));
     let prefill = call.prefill(prefill_body);
     let overhead = call.start.elapsed();
     call.decode(&body, decode_body, Some(prefill), overhead)

@@ -136,7 +136,7 @@ mod tests {
     #[test]
     fn the_key_is_the_header_else_the_user() {
         let policy = policy();
-        let body = crate::body::parse(br#"{"user":"u1","prompt":"x"}"#).unwrap();
+        let body = crate::body::Body::parse(br#"{"user":"u1","prompt":"x"}"#).unwrap();
         let mut headers = HeaderMap::new();
         assert_eq!(
             policy.key(&RequestInfo::new(&body, &headers)).as_deref(),

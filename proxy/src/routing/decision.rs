@@ -155,7 +155,7 @@ mod tests {
 
     #[test]
     fn short_prompts_and_held_prefixes_skip_prefill() {
-        let body = crate::body::parse(br#"{"prompt":"hello there"}"#).unwrap();
+        let body = crate::body::Body::parse(br#"{"prompt":"hello there"}"#).unwrap();
         let headers = HeaderMap::new();
         let request = RequestInfo::new(&body, &headers);
         let short = before_pick(&rules(20, None, Fallback::None), &request, || None);

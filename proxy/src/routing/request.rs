@@ -15,14 +15,14 @@ pub const PREFIX_CHARS: usize = 256;
 /// The request being placed: its body (top-level fields as raw JSON) and headers. The prompt's
 /// text is gathered once, when a policy or rule first asks for it.
 pub struct RequestInfo<'a> {
-    body: Option<&'a Body>,
+    body: Option<&'a Body<'a>>,
     headers: Option<&'a HeaderMap>,
     prompt: OnceLock<String>,
 }
 
 impl<'a> RequestInfo<'a> {
     /// The request with this body and these headers.
-    pub fn new(body: &'a Body, headers: &'a HeaderMap) -> Self {
+    pub fn new(body: &'a Body<'a>, headers: &'a HeaderMap) -> Self {
         RequestInfo {
             body: Some(body),
             headers: Some(headers),
@@ -119,7 +119,7 @@ mod tests {
 
     #[test]
     fn fields_are_read_from_the_body() {
-        let body = crate::body::parse(
+        let body = crate::body::Body::parse(
             br#"{"model":"m","user":"u7","messages":[{"role":"system","content":"You are"},
                 {"role":"user","content":[{"type":"text","text":" kind"}]}]}"#,
         )
@@ -132,7 +132,7 @@ mod tests {
         assert_eq!(info.header("x-session-id"), Some("s1"));
         assert_eq!(info.prompt_text(), "You are kind");
         assert_eq!(info.prompt_chars(), 12);
-        let same = crate::body::parse(br#"{"prompt":"You are kind"}"#).unwrap();
+        let same = crate::body::Body::parse(br#"{"prompt":"You are kind"}"#).unwrap();
         assert_eq!(
             RequestInfo::new(&same, &headers).prefix_key(),
             info.prefix_key()
