@@ -4,9 +4,9 @@
 //! key.
 
 use axum::body::Body;
-use axum::extract::{Extension, State};
+use axum::extract::{Request, State};
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderMap, Uri};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use std::time::Instant;
 
@@ -19,29 +19,29 @@ use crate::routing::decision::X_PD_ROUTE;
 use crate::state::{AppState, Route};
 
 /// `POST /v1/completions`, `POST /v1/chat/completions` and `POST /generate`: the route is the
-/// request's path.
-pub async fn proxied(
-    State(state): State<AppState>,
-    Extension(id): Extension<RequestId>,
-    Extension(slot): Extension<TrackerSlot>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let route = Route::at(uri.path()).unwrap_or(Route::Completions);
-    serve(&state, route, id, slot, &headers, body).await
+/// request's path. The request is taken whole, so its headers are read where they are.
+pub async fn proxied(State(state): State<AppState>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let route = Route::at(parts.uri.path()).unwrap_or(Route::Completions);
+    let id = parts.extensions.get::<RequestId>().cloned();
+    let slot = parts.extensions.get::<TrackerSlot>();
+    let request_id = match id {
+        Some(RequestId(id)) => id,
+        None => state.ids.request_id(&parts.headers),
+    };
+    serve(&state, route, request_id, slot, &parts.headers, body).await
 }
 
 async fn serve(
     state: &AppState,
     route: Route,
-    RequestId(request_id): RequestId,
-    slot: TrackerSlot,
+    request_id: HeaderValue,
+    slot: Option<&TrackerSlot>,
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
     let mut tracker = slot
-        .take()
+        .and_then(TrackerSlot::take)
         .unwrap_or_else(|| Tracker::new(state.route_metrics(route).clone(), Instant::now()));
     let start = tracker.started();
     match flow::start(state, route, headers, &request_id, body, start).await {

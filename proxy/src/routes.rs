@@ -5,15 +5,17 @@ use std::collections::BTreeMap;
 
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
-use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use pd_protocol::Rank;
 use serde::Serialize;
+use tower::ServiceBuilder;
 
 use crate::error::ApiError;
-use crate::layers::{auth, request_id, track};
+use crate::layers::auth::RequireApiKeyLayer;
+use crate::layers::request_id::AssignRequestIdLayer;
+use crate::layers::track::TrackLayer;
 use crate::state::AppState;
 use crate::{admin, handler, models};
 
@@ -24,21 +26,16 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(handler::proxied))
         .route("/v1/chat/completions", post(handler::proxied))
         .route("/generate", post(handler::proxied))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_api_key,
-        ))
-        .route_layer(middleware::from_fn_with_state(state.clone(), track::track))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            request_id::assign,
-        ));
+        // One stack, outermost first, of concrete futures: no layer boxes what it wraps.
+        .route_layer(
+            ServiceBuilder::new()
+                .layer(AssignRequestIdLayer(state.clone()))
+                .layer(TrackLayer(state.clone()))
+                .layer(RequireApiKeyLayer(state.clone())),
+        );
     let models = Router::new()
         .route("/v1/models", get(models::models))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_api_key,
-        ));
+        .route_layer(RequireApiKeyLayer(state.clone()));
     completions
         .merge(models)
         .route("/health", get(health_route))

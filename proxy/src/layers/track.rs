@@ -3,11 +3,11 @@
 //! handler, or the relay at the end of a streamed answer).
 
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::Response;
+use axum::extract::Request;
+use tower::{Layer, Service};
 
 use crate::relay::Tracker;
 use crate::state::{AppState, Route};
@@ -23,13 +23,44 @@ impl TrackerSlot {
     }
 }
 
-/// Middleware: starts counting a request to a proxied route.
-pub async fn track(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    if let Some(route) = Route::at(request.uri().path()) {
-        let tracker = Tracker::new(state.route_metrics(route).clone(), Instant::now());
-        request
-            .extensions_mut()
-            .insert(TrackerSlot(Arc::new(Mutex::new(Some(tracker)))));
+/// Layer: starts counting each request to a proxied route.
+#[derive(Clone)]
+pub struct TrackLayer(pub AppState);
+
+impl<S> Layer<S> for TrackLayer {
+    type Service = Track<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Track {
+            inner,
+            state: self.0.clone(),
+        }
     }
-    next.run(request).await
+}
+
+/// The service of [`TrackLayer`].
+#[derive(Clone)]
+pub struct Track<S> {
+    inner: S,
+    state: AppState,
+}
+
+impl<S: Service<Request>> Service<Request> for Track<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request) -> Self::Future {
+        if let Some(route) = Route::at(request.uri().path()) {
+            let tracker = Tracker::new(self.state.route_metrics(route).clone(), Instant::now());
+            request
+                .extensions_mut()
+                .insert(TrackerSlot(Arc::new(Mutex::new(Some(tracker)))));
+        }
+        self.inner.call(request)
+    }
 }
