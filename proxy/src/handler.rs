@@ -23,12 +23,12 @@ use crate::state::{AppState, Route};
 pub async fn proxied(State(state): State<AppState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let route = Route::at(parts.uri.path()).unwrap_or(Route::Completions);
-    let id = parts.extensions.get::<RequestId>().cloned();
-    let slot = parts.extensions.get::<TrackerSlot>();
-    let request_id = match id {
-        Some(RequestId(id)) => id,
+    let request_id = match parts.extensions.get::<RequestId>() {
+        Some(RequestId(id)) => id.clone(),
+        // The layers in front always set it; without them the handler makes its own.
         None => state.ids.request_id(&parts.headers),
     };
+    let slot = parts.extensions.get::<TrackerSlot>();
     serve(&state, route, request_id, slot, &parts.headers, body).await
 }
 
