@@ -11,9 +11,13 @@ use pd_protocol::{LeaseId, Rank};
 use super::model::{Extra, Lease, Slot, WorkerChange, WorkerRecord};
 
 /// All registered workers, grouped by dp rank.
+///
+/// Each group is shared between copies of the table until one of them changes it, so a copy
+/// (a [`super::View`] after every write, a writer planning merged changes) costs a pointer per
+/// dp rank, and a change copies only the groups it touches.
 #[derive(Debug, Clone, Default)]
 pub struct WorkerTable {
-    groups: BTreeMap<Rank, Group>,
+    groups: BTreeMap<Rank, Arc<Group>>,
 }
 
 /// The workers of one dp rank.
@@ -171,12 +175,12 @@ impl WorkerTable {
 
     /// Every dp rank with workers, in rank order.
     pub fn groups(&self) -> impl Iterator<Item = (Rank, &Group)> {
-        self.groups.iter().map(|(dp, group)| (*dp, group))
+        self.groups.iter().map(|(dp, group)| (*dp, &**group))
     }
 
     /// The group of dp rank `dp`.
     pub(super) fn group(&self, dp: Rank) -> Option<&Group> {
-        self.groups.get(&dp)
+        self.groups.get(&dp).map(|group| &**group)
     }
 
     /// The dp ranks `engine_id` owns, with their groups.
@@ -209,14 +213,16 @@ impl WorkerTable {
     pub fn apply(&mut self, change: &WorkerChange) {
         for slot in &change.remove {
             if let Some(group) = self.groups.get_mut(&slot.dp) {
-                group.workers.remove(&(slot.cp, slot.tp, slot.pp));
+                Arc::make_mut(group)
+                    .workers
+                    .remove(&(slot.cp, slot.tp, slot.pp));
                 if group.workers.is_empty() {
                     self.groups.remove(&slot.dp);
                 }
             }
         }
         for record in &change.put {
-            let group = self.groups.entry(record.slot.dp).or_default();
+            let group = Arc::make_mut(self.groups.entry(record.slot.dp).or_default());
             if record.engine_id.is_some() {
                 group.engine_id.clone_from(&record.engine_id);
             }
