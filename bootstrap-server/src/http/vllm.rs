@@ -4,7 +4,7 @@
 //! calls and renders the answers and errors in vLLM's own words.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, RwLock};
 
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
@@ -24,7 +24,7 @@ use super::extract::JsonBody;
 use super::{rejected, AppState};
 use crate::registry::model::{Location, Readiness, Registration, Slot};
 use crate::registry::validate::{validate_id, FieldError};
-use crate::registry::{RegistryError, RequestConflict, WorkerConflict, WorkerTable};
+use crate::registry::{Group, RegistryError, RequestConflict, WorkerConflict, WorkerTable};
 
 /// The write routes (behind the bearer token when one is set).
 pub fn writes() -> Router<AppState> {
@@ -137,17 +137,51 @@ struct QueryParams {
     engine_id: Option<String>,
 }
 
-/// `GET /query`, rendered once per change of the table: every dp group, and each engine's.
+/// `GET /query`, rendered at most once per change of the table and question: every dp group
+/// when first asked for, each engine's when first asked for (one engine's answer reads only its
+/// groups, so a D polling its P while other engines register costs that P's size, not the
+/// table's).
+#[derive(Default)]
 struct Rendered {
-    all: Bytes,
-    by_engine: HashMap<String, Bytes>,
+    all: OnceLock<Bytes>,
+    /// Registered engines only: unknown ids are answered 404 and not kept.
+    by_engine: RwLock<HashMap<String, Bytes>>,
 }
 
-/// vLLM's view of the table. Dp ranks of workers registered without an engine id
+impl Rendered {
+    fn all(&self, table: &WorkerTable) -> Bytes {
+        self.all
+            .get_or_init(|| to_bytes(&topology(table.groups())))
+            .clone()
+    }
+
+    fn engine(&self, table: &WorkerTable, engine: &str) -> Option<Bytes> {
+        let by_engine = self.by_engine.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(rendered) = by_engine.get(engine) {
+            return Some(rendered.clone());
+        }
+        drop(by_engine);
+        let groups = topology(
+            table
+                .groups()
+                .filter(|(_, group)| group.engine_id() == Some(engine)),
+        );
+        if groups.is_empty() {
+            return None;
+        }
+        let rendered = to_bytes(&groups);
+        self.by_engine
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(engine.to_owned(), rendered.clone());
+        Some(rendered)
+    }
+}
+
+/// vLLM's view of `groups`. Dp ranks of workers registered without an engine id
 /// (`/register_worker`) are left out: vLLM's D reads `engine_id` from every entry.
-fn topology(table: &WorkerTable) -> Topology {
-    table
-        .groups()
+fn topology<'a>(groups: impl Iterator<Item = (Rank, &'a Group)>) -> Topology {
+    groups
         .filter(|(_, group)| group.engine_id().is_some())
         .map(|(dp, group)| {
             let mut worker_addr: BTreeMap<Rank, BTreeMap<Rank, String>> = BTreeMap::new();
@@ -174,23 +208,6 @@ fn to_bytes<T: serde::Serialize>(value: &T) -> Bytes {
     Bytes::from(serde_json::to_vec(value).expect("topology serializes"))
 }
 
-fn render(table: &WorkerTable) -> Rendered {
-    let topology = topology(table);
-    let mut engines: BTreeMap<&str, BTreeMap<Rank, &DpGroup>> = BTreeMap::new();
-    for (dp, group) in &topology {
-        if let Some(engine) = group.engine_id.as_deref() {
-            engines.entry(engine).or_default().insert(*dp, group);
-        }
-    }
-    Rendered {
-        by_engine: engines
-            .iter()
-            .map(|(engine, groups)| ((*engine).to_owned(), to_bytes(groups)))
-            .collect(),
-        all: to_bytes(&topology),
-    }
-}
-
 async fn query(
     State(state): State<AppState>,
     params: Result<Query<QueryParams>, axum::extract::rejection::QueryRejection>,
@@ -206,10 +223,10 @@ async fn query(
             not_ready(view.readiness()),
         ));
     }
-    let rendered: Arc<Rendered> = view.rendered(render);
+    let rendered: Arc<Rendered> = view.rendered(|_| Rendered::default());
     let body = match &params.engine_id {
-        None => rendered.all.clone(),
-        Some(engine) => rendered.by_engine.get(engine).cloned().ok_or_else(|| {
+        None => rendered.all(view.table()),
+        Some(engine) => rendered.engine(view.table(), engine).ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!("engine_id {engine:?} is not registered"),
