@@ -4,7 +4,7 @@
 //! calls and renders the answers and errors in vLLM's own words.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
@@ -141,14 +141,25 @@ struct QueryParams {
 /// when first asked for, each engine's when first asked for (one engine's answer reads only its
 /// groups, so a D polling its P while other engines register costs that P's size, not the
 /// table's).
-#[derive(Default)]
 struct Rendered {
     all: OnceLock<Bytes>,
-    /// Registered engines only: unknown ids are answered 404 and not kept.
-    by_engine: RwLock<HashMap<String, Bytes>>,
+    /// A slot per registered engine, made with the view: lookups take no lock, and unknown ids
+    /// (answered 404) take no room.
+    by_engine: HashMap<Arc<str>, OnceLock<Bytes>>,
 }
 
 impl Rendered {
+    fn new(table: &WorkerTable) -> Self {
+        Rendered {
+            all: OnceLock::new(),
+            by_engine: table
+                .groups()
+                .filter_map(|(_, group)| group.shared_engine_id())
+                .map(|engine| (engine.clone(), OnceLock::new()))
+                .collect(),
+        }
+    }
+
     fn all(&self, table: &WorkerTable) -> Bytes {
         self.all
             .get_or_init(|| to_bytes(&topology(table.groups())))
@@ -156,25 +167,15 @@ impl Rendered {
     }
 
     fn engine(&self, table: &WorkerTable, engine: &str) -> Option<Bytes> {
-        let by_engine = self.by_engine.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(rendered) = by_engine.get(engine) {
-            return Some(rendered.clone());
-        }
-        drop(by_engine);
-        let groups = topology(
-            table
-                .groups()
-                .filter(|(_, group)| group.engine_id() == Some(engine)),
-        );
-        if groups.is_empty() {
-            return None;
-        }
-        let rendered = to_bytes(&groups);
-        self.by_engine
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(engine.to_owned(), rendered.clone());
-        Some(rendered)
+        let slot = self.by_engine.get(engine)?;
+        let rendered = slot.get_or_init(|| {
+            to_bytes(&topology(
+                table
+                    .groups()
+                    .filter(|(_, group)| group.engine_id() == Some(engine)),
+            ))
+        });
+        Some(rendered.clone())
     }
 }
 
@@ -223,7 +224,7 @@ async fn query(
             not_ready(view.readiness()),
         ));
     }
-    let rendered: Arc<Rendered> = view.rendered(|_| Rendered::default());
+    let rendered: Arc<Rendered> = view.rendered(Rendered::new);
     let body = match &params.engine_id {
         None => rendered.all(view.table()),
         Some(engine) => rendered.engine(view.table(), engine).ok_or_else(|| {

@@ -45,6 +45,11 @@ impl Group {
         self.engine_id.as_deref()
     }
 
+    /// The same id, shared (for keys that outlive a borrow of the table).
+    pub fn shared_engine_id(&self) -> Option<&Arc<str>> {
+        self.engine_id.as_ref()
+    }
+
     /// `(tp rank, pp rank, address)` of every worker at cp rank 0 (all of vLLM's), in rank
     /// order.
     pub fn workers(&self) -> impl Iterator<Item = (Rank, Rank, &str)> {
