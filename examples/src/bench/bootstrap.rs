@@ -182,6 +182,23 @@ fn registration(addr: SocketAddr) -> RequestFactory {
     })
 }
 
+/// Even requests move the worker of engine `bench-churn` (dp rank `dp`) to a new address, odd
+/// ones are `read`'s.
+fn between_writes(addr: SocketAddr, dp: u32, read: RequestFactory) -> RequestFactory {
+    let host = addr.to_string();
+    Arc::new(move |seq| {
+        if seq % 2 == 1 {
+            return read(seq);
+        }
+        let body = serde_json::to_vec(&json!({
+            "engine_id": "bench-churn", "dp_rank": dp, "tp_rank": 0, "pp_rank": 0,
+            "addr": format!("tcp://10.2.0.1:{}", 1024 + seq / 2 % 60000)
+        }))
+        .expect("json");
+        loadgen::post_json(&host, "/register", body)
+    })
+}
+
 fn topology_query(addr: SocketAddr) -> RequestFactory {
     let host = addr.to_string();
     Arc::new(move |_| loadgen::get(&host, "/query"))
@@ -335,10 +352,12 @@ pub struct ScaleReport {
 }
 
 /// `GET /query` as the registry grows: for each size in `workers`, a fresh server with that many
-/// workers (64 per engine), then one engine's topology (what a D asks per engine) and the whole
-/// topology, each for the settings' duration at concurrency 16; the rows name the size, and
+/// workers (64 per engine), then one engine's topology (what a D asks per engine), the whole
+/// topology, and one engine's topology alternating with a registration (one more engine's worker
+/// moving to a new address on every call: each read follows a change, as while a prefill
+/// restarts), each for the settings' duration at concurrency 16; the rows name the size, and
 /// the server's RSS after registration is in each row. One engine's answer should stay flat as
-/// the registry grows; the whole topology grows with it.
+/// the registry grows, also between writes; the whole topology grows with it.
 pub async fn query_curve(settings: &Settings, workers: &[u32]) -> Result<Vec<Row>, String> {
     let mut rows = Vec::new();
     for &size in workers {
@@ -352,8 +371,12 @@ pub async fn query_curve(settings: &Settings, workers: &[u32]) -> Result<Vec<Row
             Arc::new(move |_| loadgen::get(&host, "/query?engine_id=bench-engine-0"))
         };
         for (what, factory) in [
-            ("GET /query?engine_id= (one engine)", one_engine),
+            ("GET /query?engine_id= (one engine)", one_engine.clone()),
             ("GET /query (every engine)", topology_query(server.addr)),
+            (
+                "POST /register and GET /query?engine_id= (one engine), alternating",
+                between_writes(server.addr, size / 64 + 1, one_engine),
+            ),
         ] {
             let before = server.usage();
             let report = loadgen::run(server.addr, factory, config).await;
