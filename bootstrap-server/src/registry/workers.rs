@@ -26,6 +26,8 @@ pub struct Group {
     engine_id: Option<Arc<str>>,
     /// Keyed by (cp, tp, pp).
     workers: BTreeMap<(Rank, Rank, Rank), Worker>,
+    /// How many distinct tp ranks `workers` has, kept with every change of the group.
+    tp_ranks: Rank,
 }
 
 /// One slot's registration.
@@ -139,16 +141,7 @@ impl WorkerTable {
     /// The largest number of tp ranks registered in one dp group: P's tp size as far as the
     /// registry can tell without a configured one.
     pub fn observed_tp_size(&self) -> Option<Rank> {
-        self.groups
-            .values()
-            .map(|g| {
-                g.workers
-                    .keys()
-                    .map(|(_, tp, _)| *tp)
-                    .collect::<BTreeSet<_>>()
-                    .len() as Rank
-            })
-            .max()
+        self.groups.values().map(|g| g.tp_ranks).max()
     }
 
     /// Whether dp rank `dp` has any workers.
@@ -216,6 +209,7 @@ impl WorkerTable {
 
     /// Applies a change (already made durable). A dp rank whose last worker goes is freed.
     pub fn apply(&mut self, change: &WorkerChange) {
+        let mut touched: Vec<Rank> = Vec::new();
         for slot in &change.remove {
             if let Some(group) = self.groups.get_mut(&slot.dp) {
                 Arc::make_mut(group)
@@ -223,10 +217,13 @@ impl WorkerTable {
                     .remove(&(slot.cp, slot.tp, slot.pp));
                 if group.workers.is_empty() {
                     self.groups.remove(&slot.dp);
+                } else {
+                    touched.push(slot.dp);
                 }
             }
         }
         for record in &change.put {
+            touched.push(record.slot.dp);
             let group = Arc::make_mut(self.groups.entry(record.slot.dp).or_default());
             if record.engine_id.is_some() {
                 group.engine_id.clone_from(&record.engine_id);
@@ -242,6 +239,21 @@ impl WorkerTable {
                     draining: record.draining,
                 },
             );
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for dp in touched {
+            if let Some(group) = self.groups.get_mut(&dp) {
+                let tp_ranks = group
+                    .workers
+                    .keys()
+                    .map(|(_, tp, _)| *tp)
+                    .collect::<BTreeSet<_>>()
+                    .len() as Rank;
+                if group.tp_ranks != tp_ranks {
+                    Arc::make_mut(group).tp_ranks = tp_ranks;
+                }
+            }
         }
     }
 
