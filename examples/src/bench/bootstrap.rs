@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use pd_protocol::vllm::RegisterWorker;
@@ -29,8 +29,8 @@ pub trait Measured {
 /// A bootstrap server started for one scenario.
 pub struct BenchServer {
     process: Process,
-    addr: SocketAddr,
-    client: BootstrapClient,
+    pub(super) addr: SocketAddr,
+    pub(super) client: BootstrapClient,
     subject: &'static str,
 }
 
@@ -153,7 +153,8 @@ fn request_registration(addr: SocketAddr, prefix: &'static str) -> RequestFactor
     })
 }
 
-fn query_requests(addr: SocketAddr, ids_per_call: u64, live_ids: u64) -> RequestFactory {
+/// `POST /query_requests` of `ids_per_call` of `live_ids` live ids.
+pub(super) fn query_requests(addr: SocketAddr, ids_per_call: u64, live_ids: u64) -> RequestFactory {
     let host = addr.to_string();
     Arc::new(move |seq| {
         let ids: Vec<String> = (0..ids_per_call)
@@ -182,24 +183,8 @@ fn registration(addr: SocketAddr) -> RequestFactory {
     })
 }
 
-/// Even requests move the worker of engine `bench-churn` (dp rank `dp`) to a new address, odd
-/// ones are `read`'s.
-fn between_writes(addr: SocketAddr, dp: u32, read: RequestFactory) -> RequestFactory {
-    let host = addr.to_string();
-    Arc::new(move |seq| {
-        if seq % 2 == 1 {
-            return read(seq);
-        }
-        let body = serde_json::to_vec(&json!({
-            "engine_id": "bench-churn", "dp_rank": dp, "tp_rank": 0, "pp_rank": 0,
-            "addr": format!("tcp://10.2.0.1:{}", 1024 + seq / 2 % 60000)
-        }))
-        .expect("json");
-        loadgen::post_json(&host, "/register", body)
-    })
-}
-
-fn topology_query(addr: SocketAddr) -> RequestFactory {
+/// `GET /query`: the whole topology.
+pub(super) fn topology_query(addr: SocketAddr) -> RequestFactory {
     let host = addr.to_string();
     Arc::new(move |_| loadgen::get(&host, "/query"))
 }
@@ -330,133 +315,4 @@ pub async fn routes(settings: &Settings) -> Result<Vec<Row>, String> {
     }
     server.stop().await;
     Ok(rows)
-}
-
-/// What the scale scenario found.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ScaleReport {
-    /// Live request ids.
-    pub live_ids: u64,
-    /// Registered workers.
-    pub workers: u32,
-    /// Server RSS with all of it loaded.
-    pub rss_mib: f64,
-    /// Peak RSS while loading it.
-    pub peak_rss_mib: f64,
-    /// `POST /query_requests` (1 id) at this size, at the highest concurrency asked.
-    pub lookup: Row,
-    /// `GET /query` at this size, at the highest concurrency asked.
-    pub topology: Row,
-    /// Milliseconds from process start to a served `/health`, after a graceful restart.
-    pub restart_ms: f64,
-}
-
-/// `GET /query` as the registry grows: for each size in `workers`, a fresh server with that many
-/// workers (64 per engine), then one engine's topology (what a D asks per engine), the whole
-/// topology, and one engine's topology alternating with a registration (one more engine's worker
-/// moving to a new address on every call: each read follows a change, as while a prefill
-/// restarts), each for the settings' duration at concurrency 16; the rows name the size, and
-/// the server's RSS after registration is in each row. One engine's answer should stay flat as
-/// the registry grows, also between writes; the whole topology grows with it.
-pub async fn query_curve(settings: &Settings, workers: &[u32]) -> Result<Vec<Row>, String> {
-    let mut rows = Vec::new();
-    for &size in workers {
-        let data_dir = settings.data_dir(&format!("curve-{size}"));
-        let server =
-            BenchServer::start(settings, &data_dir, &format!("bench-curve-{size}")).await?;
-        server.register_workers(size).await?;
-        let config = settings.config(16);
-        let one_engine: RequestFactory = {
-            let host = server.addr.to_string();
-            Arc::new(move |_| loadgen::get(&host, "/query?engine_id=bench-engine-0"))
-        };
-        for (what, factory) in [
-            ("GET /query?engine_id= (one engine)", one_engine.clone()),
-            ("GET /query (every engine)", topology_query(server.addr)),
-            (
-                "POST /register and GET /query?engine_id= (one engine), alternating",
-                between_writes(server.addr, size / 64 + 1, one_engine),
-            ),
-        ] {
-            let before = server.usage();
-            let report = loadgen::run(server.addr, factory, config).await;
-            let scenario = format!("{what}, {size} workers");
-            rows.push(Row::new(
-                &scenario,
-                server.system(),
-                16,
-                &report,
-                before,
-                server.usage(),
-            ));
-        }
-        server.stop().await;
-    }
-    Ok(rows)
-}
-
-/// 10,000 workers and `live_ids` live request ids: memory, lookup latency, restart time.
-pub async fn scale(settings: &Settings, live_ids: u64) -> Result<ScaleReport, String> {
-    let data_dir = settings.data_dir(&format!("scale-{live_ids}"));
-    let name = format!("bench-scale-{live_ids}");
-    let server = BenchServer::start(settings, &data_dir, &name).await?;
-    let workers = 10_000;
-    server.register_workers(workers).await?;
-    server.register_request_ids(live_ids).await?;
-    let usage = server.usage().ok_or("cannot read the server's usage")?;
-    let concurrency = settings.concurrency.iter().copied().max().unwrap_or(16);
-    let config = settings.config(concurrency);
-    let before = server.usage();
-    let report = loadgen::run(
-        server.addr,
-        query_requests(server.addr, 1, live_ids),
-        config,
-    )
-    .await;
-    let lookup = Row::new(
-        "POST /query_requests (1 id) at scale",
-        "pd-bootstrap",
-        concurrency,
-        &report,
-        before,
-        server.usage(),
-    );
-    let before = server.usage();
-    let report = loadgen::run(server.addr, topology_query(server.addr), config).await;
-    let topology = Row::new(
-        "GET /query (10,000 workers) at scale",
-        "pd-bootstrap",
-        concurrency,
-        &report,
-        before,
-        server.usage(),
-    );
-    server.stop().await;
-
-    let started = Instant::now();
-    let restarted = BenchServer::start(settings, &data_dir, &format!("{name}-restart")).await?;
-    let restart = started.elapsed();
-    let reloaded = restarted
-        .client
-        .query_requests_once(&["req-0".to_owned()], 0, 64)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !matches!(
-        reloaded.results.get("req-0"),
-        Some(pd_protocol::vllm::RequestLocation::Ok(_))
-    ) {
-        return Err(format!(
-            "request ids were not reloaded after the restart: {reloaded:?}"
-        ));
-    }
-    restarted.stop().await;
-    Ok(ScaleReport {
-        live_ids,
-        workers,
-        rss_mib: usage.rss as f64 / (1024.0 * 1024.0),
-        peak_rss_mib: usage.peak_rss as f64 / (1024.0 * 1024.0),
-        lookup,
-        topology,
-        restart_ms: restart.as_secs_f64() * 1e3,
-    })
 }

@@ -2,6 +2,7 @@
 //! data plane), and the Markdown report.
 
 pub mod bootstrap;
+pub mod bootstrap_scale;
 pub mod chart;
 pub mod loadgen;
 pub mod mocks;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use pd_examples::bench::bootstrap::{self, Settings};
+use pd_examples::bench::bootstrap_scale;
 use pd_examples::bench::chart::{grouped_bars, Series};
 use pd_examples::bench::output::Output;
 use pd_examples::bench::proxy::{self, ProxyCommand};
@@ -136,7 +137,7 @@ async fn scale_section(out: &mut Output, settings: &Settings, ids: &[u64]) -> Re
     let mut table = String::from("| live request ids | workers | RSS MiB | peak RSS MiB | lookup p50 / p99 ms | lookup req/s | GET /query p50 / p99 ms | restart to first answer |\n|---|---|---|---|---|---|---|---|\n");
     let mut reports = Vec::new();
     for &live in ids {
-        let r = bootstrap::scale(settings, live).await?;
+        let r = bootstrap_scale::scale(settings, live).await?;
         let line = format!(
             "| {} | {} | {:.0} | {:.0} | {:.3} / {:.3} | {:.0} | {:.3} / {:.3} | {:.1} ms |\n",
             r.live_ids,
@@ -264,7 +265,7 @@ async fn run(args: &Args, settings: &Settings) -> Result<Output, String> {
         };
         scale_section(&mut out, settings, &ids).await?;
         out.text("\n`GET /query` as the registry grows (concurrency 16):\n\n");
-        let curve = bootstrap::query_curve(settings, &workers).await?;
+        let curve = bootstrap_scale::query_curve(settings, &workers).await?;
         out.rows("query-curve", "GET /query as the registry grows", &curve)?;
         out.text("\nWatch fan-out (a registration's time to reach every watcher):\n\n");
         let fanout = watch::fanout(settings, &watchers).await?;
