@@ -8,12 +8,12 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures_util::stream::{BoxStream, Stream};
 use futures_util::StreamExt;
-use hyper::body::{Body as _, Incoming};
 use pd_service::error_chain;
 use reqwest::header::HeaderValue;
 use reqwest::StatusCode;
 use tokio::time::Sleep;
 
+use super::connections::PooledBody;
 use super::error::{UpstreamError, MAX_ERROR_BODY};
 
 /// The body of a backend's answer, read under the call's time limit.
@@ -23,9 +23,9 @@ pub struct Answer {
     pub(super) timeout: Duration,
 }
 
-/// Where the body's bytes come from: hyper for plain HTTP, reqwest for HTTPS.
+/// Where the body's bytes come from: a pooled connection for plain HTTP, reqwest for HTTPS.
 pub(super) enum Source {
-    Plain(Incoming),
+    Plain(PooledBody),
     Tls(BoxStream<'static, reqwest::Result<Bytes>>),
 }
 
@@ -37,7 +37,7 @@ impl Stream for Answer {
         let timeout = this.timeout;
         let polled = match &mut this.source {
             Source::Plain(body) => loop {
-                match Pin::new(&mut *body).poll_frame(cx) {
+                match body.poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                         Ok(data) => break Poll::Ready(Some(Ok(data))),
                         // Trailers carry nothing to relay.

@@ -1,24 +1,22 @@
 //! Calling P and D: one shared HTTP client, each call counted on its backend until it ends.
 
 mod answer;
+mod connections;
 mod error;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http_body_util::Full;
-use hyper::body::Body as _;
 use hyper::{Method, Request};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use pd_service::error_chain;
-use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE, HOST};
 use reqwest::StatusCode;
 
 pub use self::answer::Answer;
 use self::answer::{Head, Source};
+use self::connections::Connections;
 pub use self::error::UpstreamError;
 use crate::backend::Call;
 use crate::config::Config;
@@ -46,15 +44,13 @@ pub struct DecodeStart {
     pub call: Call,
 }
 
-/// The HTTP/1 client plain-HTTP calls to P and D use.
-type PlainClient = Client<HttpConnector, Full<Bytes>>;
-
 /// The shared clients and the time limits.
 #[derive(Clone)]
 pub struct Upstream {
     /// The pooled HTTP client of health checks, discovery, `/v1/models` and HTTPS backends.
     pub client: reqwest::Client,
-    plain: PlainClient,
+    /// The kept-alive connections of plain-HTTP calls to P and D.
+    connections: Arc<Connections>,
     /// Time limit of a call to P.
     pub prefill_timeout: Duration,
     /// Time limit of a call to D, streaming included.
@@ -63,7 +59,8 @@ pub struct Upstream {
 
 impl Upstream {
     /// Builds the clients: pooled keep-alive connections (idle ones closed after 60 s),
-    /// TCP_NODELAY, the connect timeout, no system proxy.
+    /// TCP_NODELAY, the connect timeout, no system proxy. Starts the task that closes idle
+    /// connections (it ends when the last clone of this is dropped).
     pub fn new(config: &Config) -> reqwest::Result<Self> {
         let client = reqwest::Client::builder()
             .no_proxy()
@@ -71,16 +68,14 @@ impl Upstream {
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .tcp_nodelay(true)
             .build()?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        let plain = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_timer(TokioTimer::new())
-            .build(connector);
+        let connections = Connections::new(config.connect_timeout, POOL_IDLE_TIMEOUT);
+        tokio::spawn(Connections::sweep_forever(
+            Arc::downgrade(&connections),
+            POOL_IDLE_TIMEOUT / 4,
+        ));
         Ok(Upstream {
             client,
-            plain,
+            connections,
             prefill_timeout: config.prefill_timeout,
             request_timeout: config.request_timeout,
         })
@@ -98,22 +93,17 @@ impl Upstream {
         let mut deadline = Box::pin(tokio::time::sleep(timeout));
         let sending = async {
             match &endpoint.plain {
-                Some(uri) => {
+                Some(target) => {
                     let mut request = Request::new(Full::new(body));
                     *request.method_mut() = Method::POST;
-                    *request.uri_mut() = uri.clone();
+                    *request.uri_mut() = target.origin.clone();
                     *request.headers_mut() = headers;
-                    let response = self.plain.request(request).await.map_err(|err| {
-                        if err.is_connect() {
-                            UpstreamError::Connect(error_chain(&err))
-                        } else {
-                            UpstreamError::Broken(error_chain(&err))
-                        }
-                    })?;
+                    request.headers_mut().insert(HOST, target.host.clone());
+                    let response = self.connections.send(&target.authority, request).await?;
                     let status = response.status();
                     let content_type = response.headers().get(CONTENT_TYPE).cloned();
                     let body = response.into_body();
-                    let content_length = body.size_hint().exact();
+                    let content_length = body.exact_length();
                     Ok((status, content_type, content_length, Source::Plain(body)))
                 }
                 None => {

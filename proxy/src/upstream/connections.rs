@@ -1,0 +1,268 @@
+//! Kept-alive HTTP/1 connections to plain-HTTP backends, each driven by the call using it.
+//!
+//! A hyper connection does nothing unless it is polled. hyper-util's pooled client polls each
+//! one on a task of its own, so every answer wakes that task, which hands the bytes over a
+//! channel and wakes the caller's task in turn. Here a call takes a connection out of the pool
+//! and polls it itself, along with the answer it waits for: the bytes that arrive wake the one
+//! task that wants them. When the answer's body has ended, the connection goes back to the
+//! pool, ready for the next call to the same backend.
+//!
+//! Nothing polls a connection while it waits in the pool, so a backend that closed it is only
+//! noticed when it is taken out again (it is then dropped and the next one tried), or by the
+//! sweep that closes connections idle for too long.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::{Body as _, Frame, Incoming};
+use hyper::client::conn::http1;
+use hyper::http::uri::Authority;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use pd_service::error_chain;
+use tokio::net::TcpStream;
+
+use super::error::UpstreamError;
+
+/// The most idle connections kept per backend; more are closed when their call ends.
+const MAX_IDLE_PER_BACKEND: usize = 512;
+
+/// The connection itself: polling it writes requests and reads answers.
+type Driver = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+
+/// One HTTP/1 connection: the handle requests are sent through, and the connection to poll
+/// (large, so it is kept boxed and moved as a pointer).
+struct Connection {
+    sender: http1::SendRequest<Full<Bytes>>,
+    driver: Driver,
+}
+
+impl Connection {
+    /// Polls the connection; `true` when it has ended (closed or failed) and must be dropped.
+    fn poll_ended(&mut self, cx: &mut Context<'_>) -> bool {
+        Pin::new(&mut self.driver).poll(cx).is_ready()
+    }
+
+    /// Whether a new request can be sent now (polls the connection first, so a close that
+    /// arrived while it waited is seen).
+    fn ready(&mut self, cx: &mut Context<'_>) -> bool {
+        !self.poll_ended(cx) && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
+    }
+}
+
+/// A connection waiting in the pool, and since when.
+struct Idle {
+    connection: Box<Connection>,
+    since: Instant,
+}
+
+/// The pool of idle connections, per backend (`host:port`).
+pub(super) struct Connections {
+    idle: Mutex<HashMap<Authority, VecDeque<Idle>>>,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+impl Connections {
+    /// An empty pool; new connections get `connect_timeout`, and idle ones are closed by
+    /// [`sweep`](Connections::sweep) after `idle_timeout`.
+    pub(super) fn new(connect_timeout: Duration, idle_timeout: Duration) -> Arc<Self> {
+        Arc::new(Connections {
+            idle: Mutex::new(HashMap::new()),
+            connect_timeout,
+            idle_timeout,
+        })
+    }
+
+    /// Sends `request` (origin-form URI, `Host` set) to the backend at `authority` and waits
+    /// for the head of its answer. A kept-alive connection is used when one is ready; one that
+    /// turns out closed before the request was written is dropped and the request goes on the
+    /// next (each idle connection is tried at most once, then a new one is made).
+    pub(super) async fn send(
+        self: &Arc<Self>,
+        authority: &Authority,
+        mut request: Request<Full<Bytes>>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
+        loop {
+            let pooled = poll_fn(|cx| Poll::Ready(self.checkout(authority, cx))).await;
+            let (mut connection, reused) = match pooled {
+                Some(connection) => (connection, true),
+                None => (self.connect(authority).await?, false),
+            };
+            let mut ended = false;
+            let answer = {
+                let Connection { sender, driver } = &mut *connection;
+                let mut answer = pin!(sender.try_send_request(request));
+                poll_fn(|cx| {
+                    // Once ended, any error reaches the answer through hyper.
+                    ended = ended || Pin::new(&mut *driver).poll(cx).is_ready();
+                    answer.as_mut().poll(cx)
+                })
+                .await
+            };
+            match answer {
+                Ok(response) => {
+                    let home = Home {
+                        pool: self.clone(),
+                        authority: authority.clone(),
+                    };
+                    return Ok(response.map(|body| PooledBody {
+                        body,
+                        connection: (!ended).then_some(connection),
+                        home,
+                    }));
+                }
+                Err(mut failed) => match failed.take_message() {
+                    Some(unsent) if reused => request = unsent,
+                    _ => return Err(UpstreamError::Broken(error_chain(failed.error()))),
+                },
+            }
+        }
+    }
+
+    /// Takes the most recently used idle connection to `authority` that is still ready,
+    /// dropping those that are not (closed by the backend, or idle too long).
+    fn checkout(&self, authority: &Authority, cx: &mut Context<'_>) -> Option<Box<Connection>> {
+        loop {
+            // The most recent first: the one least likely to have been closed.
+            let Idle {
+                mut connection,
+                since,
+            } = self
+                .idle
+                .lock()
+                .expect("connection pool lock")
+                .get_mut(authority)?
+                .pop_back()?;
+            if since.elapsed() < self.idle_timeout && connection.ready(cx) {
+                return Some(connection);
+            }
+        }
+    }
+
+    /// Opens a new connection to `authority` (within the connect timeout, `TCP_NODELAY` set).
+    async fn connect(&self, authority: &Authority) -> Result<Box<Connection>, UpstreamError> {
+        let connecting = TcpStream::connect(authority.as_str());
+        let stream = match tokio::time::timeout(self.connect_timeout, connecting).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(err)) => return Err(UpstreamError::Connect(format!("{authority}: {err}"))),
+            Err(_) => {
+                return Err(UpstreamError::Connect(format!(
+                    "{authority}: no connection within {:?}",
+                    self.connect_timeout
+                )))
+            }
+        };
+        stream
+            .set_nodelay(true)
+            .map_err(|err| UpstreamError::Connect(format!("{authority}: {err}")))?;
+        let (sender, driver) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|err| UpstreamError::Connect(error_chain(&err)))?;
+        Ok(Box::new(Connection { sender, driver }))
+    }
+
+    /// Puts a connection whose answer has ended back, if it can take another request.
+    fn release(&self, authority: Authority, mut connection: Box<Connection>, cx: &mut Context<'_>) {
+        if !connection.ready(cx) {
+            return;
+        }
+        let mut idle = self.idle.lock().expect("connection pool lock");
+        let queue = idle.entry(authority).or_default();
+        if queue.len() < MAX_IDLE_PER_BACKEND {
+            queue.push_back(Idle {
+                connection,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// Closes the connections idle longer than the idle timeout and those the backend closed.
+    pub(super) fn sweep(&self) {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut idle = self.idle.lock().expect("connection pool lock");
+        for queue in idle.values_mut() {
+            queue.retain_mut(|waiting| {
+                waiting.since.elapsed() < self.idle_timeout
+                    && !waiting.connection.poll_ended(&mut cx)
+            });
+        }
+        idle.retain(|_, queue| !queue.is_empty());
+    }
+
+    /// Sweeps every `period`, for as long as the pool is used elsewhere.
+    pub(super) async fn sweep_forever(pool: std::sync::Weak<Self>, period: Duration) {
+        let mut ticks = tokio::time::interval(period);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            match pool.upgrade() {
+                Some(pool) => pool.sweep(),
+                None => return,
+            }
+        }
+    }
+}
+
+/// Where a connection goes back to.
+struct Home {
+    pool: Arc<Connections>,
+    authority: Authority,
+}
+
+/// The body of an answer, with the connection it arrives on: reading the body polls the
+/// connection, and the end of the body puts the connection back in the pool. Dropped before
+/// its end, it closes the connection (HTTP/1 cannot abandon an answer halfway).
+pub(super) struct PooledBody {
+    body: Incoming,
+    connection: Option<Box<Connection>>,
+    home: Home,
+}
+
+impl PooledBody {
+    /// The length the backend announced, if it did.
+    pub(super) fn exact_length(&self) -> Option<u64> {
+        self.body.size_hint().exact()
+    }
+
+    /// The next frame of the body, as [`hyper::body::Body::poll_frame`].
+    pub(super) fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(connection) = self.connection.as_mut() {
+            if connection.poll_ended(cx) {
+                self.connection = None;
+            }
+        }
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            if let Some(connection) = self.connection.take() {
+                self.home
+                    .pool
+                    .release(self.home.authority.clone(), connection, cx);
+            }
+        }
+        polled
+    }
+}
+
+impl Drop for PooledBody {
+    /// A body read to its announced length without its end being polled (a whole answer in
+    /// one chunk) still leaves a reusable connection.
+    fn drop(&mut self) {
+        if self.body.is_end_stream() {
+            if let Some(connection) = self.connection.take() {
+                let mut cx = Context::from_waker(Waker::noop());
+                let Home { pool, authority } = &self.home;
+                pool.release(authority.clone(), connection, &mut cx);
+            }
+        }
+    }
+}
