@@ -208,9 +208,12 @@ async fn measure(settings: &Settings, run: Run<'_>, rows: &mut Vec<Row>) {
 pub async fn throughput(settings: &Settings, proxies: &[ProxyCommand]) -> Result<Vec<Row>, String> {
     let mocks = Mocks::start().await;
     let mut rows = Vec::new();
-    // The first-chunk latency needs no high concurrency: at most 16 in flight.
+    // The first-chunk latency needs no high concurrency: at most 16 in flight, each level once.
+    let mut capped: Vec<usize> = settings.concurrency.iter().map(|c| (*c).min(16)).collect();
+    capped.sort_unstable();
+    capped.dedup();
     let first_chunk = Settings {
-        concurrency: settings.concurrency.iter().map(|c| (*c).min(16)).collect(),
+        concurrency: capped,
         ..settings.clone()
     };
     let workloads = [
