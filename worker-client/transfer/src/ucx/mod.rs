@@ -15,6 +15,7 @@
 
 mod context;
 mod descriptor;
+mod engine;
 mod exporter;
 mod pool;
 mod puller;
