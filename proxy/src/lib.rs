@@ -37,6 +37,7 @@ pub mod routes;
 pub mod routing;
 pub mod server;
 pub mod state;
+mod sync;
 pub mod upstream;
 
 pub use config::Config;

@@ -15,7 +15,7 @@ pub use pool::Pool;
 pub use prefill::Prefill;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use reqwest::Url;
 
@@ -276,10 +276,4 @@ impl Drop for Call {
             pair.outstanding.fetch_sub(1, Ordering::Relaxed);
         }
     }
-}
-
-/// The lock, also when a panic poisoned it (the data stays consistent: writers replace whole
-/// values).
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use reqwest::header::HeaderValue;
 use tokio::sync::Notify;
 
-use super::{lock, Backend, DiscoveredRank, Pair, Prefill, Role};
+use super::{Backend, DiscoveredRank, Pair, Prefill, Role};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::sync::lock;
 
 /// Every backend, and the snapshot of (prefill, dp rank) pairs requests choose from.
 pub struct Pool {

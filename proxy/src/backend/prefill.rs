@@ -9,8 +9,9 @@ use pd_protocol::native::WorkerInfo;
 use pd_protocol::Rank;
 use tokio::sync::Notify;
 
-use super::{lock, Backend, Pair};
+use super::{Backend, Pair};
 use crate::metrics::DiscoveryMetrics;
+use crate::sync::lock;
 
 /// One prefill server and what discovery learnt about it.
 pub struct Prefill {

@@ -11,6 +11,7 @@ use tower::{Layer, Service};
 
 use crate::relay::Tracker;
 use crate::state::{AppState, Route};
+use crate::sync::lock;
 
 /// The request's tracker, until someone takes it to finish it.
 #[derive(Clone)]
@@ -19,7 +20,7 @@ pub struct TrackerSlot(Arc<Mutex<Option<Tracker>>>);
 impl TrackerSlot {
     /// Takes the tracker (only the first caller gets it).
     pub fn take(&self) -> Option<Tracker> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+        lock(&self.0).take()
     }
 }
 

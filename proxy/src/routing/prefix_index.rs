@@ -14,6 +14,8 @@ use std::sync::Mutex;
 
 use lru::LruCache;
 
+use crate::sync::lock;
+
 /// Bytes per block: a few dozen tokens, the granularity of engines' prefix caches.
 pub const BLOCK_BYTES: usize = 64;
 
@@ -50,7 +52,7 @@ impl PrefixIndex {
     }
 
     fn pairs(&self) -> std::sync::MutexGuard<'_, LruCache<(u64, u64), ()>> {
-        self.pairs.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.pairs)
     }
 
     /// For each of `backends`, how many leading blocks of `blocks` it served.

@@ -29,6 +29,7 @@ use pd_service::error_chain;
 use tokio::net::TcpStream;
 
 use super::error::UpstreamError;
+use crate::sync::lock;
 
 /// The most idle connections kept per backend; more are closed when their call ends.
 const MAX_IDLE_PER_BACKEND: usize = 512;
@@ -134,12 +135,7 @@ impl Connections {
             let Idle {
                 mut connection,
                 since,
-            } = self
-                .idle
-                .lock()
-                .expect("connection pool lock")
-                .get_mut(authority)?
-                .pop_back()?;
+            } = lock(&self.idle).get_mut(authority)?.pop_back()?;
             if since.elapsed() < self.idle_timeout && connection.ready(cx) {
                 return Some(connection);
             }
@@ -173,7 +169,7 @@ impl Connections {
         if !connection.ready(cx) {
             return;
         }
-        let mut idle = self.idle.lock().expect("connection pool lock");
+        let mut idle = lock(&self.idle);
         let queue = idle.entry(authority).or_default();
         if queue.len() < MAX_IDLE_PER_BACKEND {
             queue.push_back(Idle {
@@ -186,7 +182,7 @@ impl Connections {
     /// Closes the connections idle longer than the idle timeout and those the backend closed.
     pub(super) fn sweep(&self) {
         let mut cx = Context::from_waker(Waker::noop());
-        let mut idle = self.idle.lock().expect("connection pool lock");
+        let mut idle = lock(&self.idle);
         for queue in idle.values_mut() {
             queue.retain_mut(|waiting| {
                 waiting.since.elapsed() < self.idle_timeout
