@@ -3,21 +3,22 @@
 //!
 //! The prefill and decode flags are vLLM's Mooncake proxy's: `--prefill URL [BOOTSTRAP_PORT|none]`
 //! (repeatable; `none` or no port means 8998, the bootstrap host is the prefill URL's host) and
-//! `--decode URL` (repeatable).
+//! `--decode URL` (repeatable); `targets.rs` checks them.
+
+mod targets;
 
 use std::time::Duration;
 
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use pd_service::{parse_seconds, LogFormat};
-use reqwest::Url;
 
+use self::targets::base_url;
+
+pub use self::targets::{
+    parse_backend_url, parse_prefill, parse_prefill_env, PrefillTarget, DEFAULT_BOOTSTRAP_PORT,
+    PREFILL_ENV,
+};
 pub use crate::routing::settings::{Policy, RoutingArgs, RoutingConfig};
-
-/// vLLM's default bootstrap port (`VLLM_MOONCAKE_BOOTSTRAP_PORT`).
-pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
-
-/// The environment variable read when no `--prefill` flag is given.
-pub const PREFILL_ENV: &str = "PD_PROXY_PREFILL";
 
 /// How P and D are called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
@@ -122,15 +123,6 @@ pub struct Args {
     /// Log format.
     #[arg(long, env = "PD_PROXY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-}
-
-/// One prefill server, as configured.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PrefillTarget {
-    /// Its base URL, without a trailing slash, e.g. `http://10.0.0.5:8100`.
-    pub url: String,
-    /// Its bootstrap server, e.g. `http://10.0.0.5:8998` (what D receives as `remote_bootstrap_addr`).
-    pub bootstrap_addr: String,
 }
 
 /// What one client may cost the proxy: time to send a request, bytes held while it arrives,
@@ -294,74 +286,6 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
         return Ok(Duration::ZERO);
     }
     parse_seconds(text)
-}
-
-/// Checks a backend URL and returns it without a trailing slash.
-pub fn parse_backend_url(flag: &'static str, text: &str) -> Result<Url, ConfigError> {
-    let bad = |reason: &str| ConfigError::BadUrl {
-        flag,
-        url: text.to_owned(),
-        reason: reason.to_owned(),
-    };
-    let url = Url::parse(text.trim()).map_err(|err| bad(&err.to_string()))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(bad("the scheme must be http or https"));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(bad("it has no host"));
-    }
-    if url.query().is_some() || url.fragment().is_some() {
-        return Err(bad("it must not have a query or a fragment"));
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(bad("it must not carry credentials"));
-    }
-    Ok(url)
-}
-
-fn base_url(url: &Url) -> String {
-    url.as_str().trim_end_matches('/').to_owned()
-}
-
-/// Turns one `--prefill URL [BOOTSTRAP_PORT|none]` into a target, as vLLM's proxy does: the
-/// bootstrap host is the URL's host (IPv6 stays bracketed), the port defaults to 8998.
-pub fn parse_prefill(url_text: &str, port: Option<&str>) -> Result<PrefillTarget, ConfigError> {
-    let url = parse_backend_url("--prefill", url_text)?;
-    let port = match port.map(str::trim) {
-        None => DEFAULT_BOOTSTRAP_PORT,
-        Some(text) if text.eq_ignore_ascii_case("none") => DEFAULT_BOOTSTRAP_PORT,
-        Some(text) => match text.parse::<u16>() {
-            Ok(port) if port != 0 => port,
-            _ => {
-                return Err(ConfigError::BadBootstrapPort {
-                    url: url_text.to_owned(),
-                    port: text.to_owned(),
-                })
-            }
-        },
-    };
-    // `host_str` keeps the brackets of an IPv6 literal, which is what a URL needs.
-    let host = url.host_str().expect("checked by parse_backend_url");
-    Ok(PrefillTarget {
-        url: base_url(&url),
-        bootstrap_addr: format!("http://{host}:{port}"),
-    })
-}
-
-/// Parses [`PREFILL_ENV`]: comma-separated entries, each `URL` or `URL BOOTSTRAP_PORT`.
-pub fn parse_prefill_env(text: &str) -> Result<Vec<PrefillTarget>, ConfigError> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|entry| !entry.is_empty())
-        .map(|entry| {
-            let words: Vec<&str> = entry.split_whitespace().collect();
-            match words.as_slice() {
-                [url] => parse_prefill(url, None),
-                [url, port] => parse_prefill(url, Some(port)),
-                _ => Err(ConfigError::BadPrefillEntry(entry.to_owned())),
-            }
-        })
-        .collect()
 }
 
 impl Args {
