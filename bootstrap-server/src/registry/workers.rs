@@ -26,8 +26,11 @@ pub struct Group {
     engine_id: Option<Arc<str>>,
     /// Keyed by (cp, tp, pp).
     workers: BTreeMap<(Rank, Rank, Rank), Worker>,
-    /// How many distinct tp ranks `workers` has, kept with every change of the group.
-    tp_ranks: Rank,
+    /// How many workers each tp rank has (its length is the group's tp rank count), kept with
+    /// every change of the group.
+    tp_counts: BTreeMap<Rank, usize>,
+    /// The highest incarnation of `workers`, kept with every change of the group.
+    incarnation: u64,
 }
 
 /// One slot's registration.
@@ -79,6 +82,44 @@ impl Group {
     /// The worker at `slot` (its dp rank is this group's).
     pub(super) fn worker(&self, slot: Slot) -> Option<&Worker> {
         self.workers.get(&(slot.cp, slot.tp, slot.pp))
+    }
+
+    /// Adds or replaces the worker at `key`; true when the group's incarnation must be
+    /// recomputed (a replaced worker held it).
+    fn put(&mut self, key: (Rank, Rank, Rank), worker: Worker) -> bool {
+        let incarnation = worker.incarnation;
+        let replaced = self.workers.insert(key, worker);
+        if replaced.is_none() {
+            *self.tp_counts.entry(key.1).or_default() += 1;
+        }
+        let stale = replaced.is_some_and(|old| old.incarnation == self.incarnation);
+        self.incarnation = self.incarnation.max(incarnation);
+        stale && incarnation < self.incarnation
+    }
+
+    /// Removes the worker at `key`; true when the group's incarnation must be recomputed (the
+    /// removed worker held it).
+    fn remove(&mut self, key: (Rank, Rank, Rank)) -> bool {
+        let Some(old) = self.workers.remove(&key) else {
+            return false;
+        };
+        if let Some(count) = self.tp_counts.get_mut(&key.1) {
+            *count -= 1;
+            if *count == 0 {
+                self.tp_counts.remove(&key.1);
+            }
+        }
+        old.incarnation == self.incarnation
+    }
+
+    /// Recomputes the highest incarnation from the workers (after the one holding it left).
+    fn recompute_incarnation(&mut self) {
+        self.incarnation = self
+            .workers
+            .values()
+            .map(|w| w.incarnation)
+            .max()
+            .unwrap_or(0);
     }
 
     /// Every slot of dp rank `dp` with a worker.
@@ -141,7 +182,10 @@ impl WorkerTable {
     /// The largest number of tp ranks registered in one dp group: P's tp size as far as the
     /// registry can tell without a configured one.
     pub fn observed_tp_size(&self) -> Option<Rank> {
-        self.groups.values().map(|g| g.tp_ranks).max()
+        self.groups
+            .values()
+            .map(|g| g.tp_counts.len() as Rank)
+            .max()
     }
 
     /// Whether dp rank `dp` has any workers.
@@ -196,7 +240,8 @@ impl WorkerTable {
     /// SGLang deployment is one engine of up to thousands of ranks, written one rank at a time.
     pub fn incarnation(&self, engine_id: &str) -> Option<u64> {
         self.engine_groups(engine_id)
-            .find_map(|(_, group)| group.workers.values().map(|w| w.incarnation).max())
+            .next()
+            .map(|(_, group)| group.incarnation)
     }
 
     /// Whether an operator marked `engine_id` draining (every worker of an engine carries the
@@ -207,52 +252,44 @@ impl WorkerTable {
             .unwrap_or(false)
     }
 
-    /// Applies a change (already made durable). A dp rank whose last worker goes is freed.
+    /// Applies a change (already made durable). A dp rank whose last worker goes is freed. The
+    /// work is a lookup per slot changed, whatever the size of its group or of the table.
     pub fn apply(&mut self, change: &WorkerChange) {
-        let mut touched: Vec<Rank> = Vec::new();
+        let mut stale: Vec<Rank> = Vec::new();
         for slot in &change.remove {
-            if let Some(group) = self.groups.get_mut(&slot.dp) {
-                Arc::make_mut(group)
-                    .workers
-                    .remove(&(slot.cp, slot.tp, slot.pp));
-                if group.workers.is_empty() {
-                    self.groups.remove(&slot.dp);
-                } else {
-                    touched.push(slot.dp);
-                }
+            let Some(group) = self.groups.get_mut(&slot.dp) else {
+                continue;
+            };
+            let group = Arc::make_mut(group);
+            if group.remove((slot.cp, slot.tp, slot.pp)) {
+                stale.push(slot.dp);
+            }
+            if group.workers.is_empty() {
+                self.groups.remove(&slot.dp);
             }
         }
         for record in &change.put {
-            touched.push(record.slot.dp);
             let group = Arc::make_mut(self.groups.entry(record.slot.dp).or_default());
             if record.engine_id.is_some() {
                 group.engine_id.clone_from(&record.engine_id);
             }
-            group.workers.insert(
-                (record.slot.cp, record.slot.tp, record.slot.pp),
-                Worker {
-                    addr: record.addr.clone(),
-                    lease: record.lease,
-                    incarnation: record.incarnation,
-                    meta: record.meta.clone(),
-                    extra: record.extra.clone(),
-                    draining: record.draining,
-                },
-            );
+            let worker = Worker {
+                addr: record.addr.clone(),
+                lease: record.lease,
+                incarnation: record.incarnation,
+                meta: record.meta.clone(),
+                extra: record.extra.clone(),
+                draining: record.draining,
+            };
+            if group.put((record.slot.cp, record.slot.tp, record.slot.pp), worker) {
+                stale.push(record.slot.dp);
+            }
         }
-        touched.sort_unstable();
-        touched.dedup();
-        for dp in touched {
+        stale.sort_unstable();
+        stale.dedup();
+        for dp in stale {
             if let Some(group) = self.groups.get_mut(&dp) {
-                let tp_ranks = group
-                    .workers
-                    .keys()
-                    .map(|(_, tp, _)| *tp)
-                    .collect::<BTreeSet<_>>()
-                    .len() as Rank;
-                if group.tp_ranks != tp_ranks {
-                    Arc::make_mut(group).tp_ranks = tp_ranks;
-                }
+                Arc::make_mut(group).recompute_incarnation();
             }
         }
     }
@@ -286,5 +323,90 @@ impl WorkerTable {
             .values()
             .flat_map(|g| g.workers.values())
             .any(|w| w.lease.is_some_and(|l| l.id == id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(dp: Rank, tp: Rank, incarnation: u64) -> WorkerRecord {
+        WorkerRecord {
+            slot: Slot {
+                dp,
+                cp: 0,
+                tp,
+                pp: 0,
+            },
+            engine_id: Some(Arc::from(format!("e{dp}").as_str())),
+            addr: format!("tcp://h:{tp}"),
+            lease: None,
+            incarnation,
+            meta: Arc::default(),
+            extra: Arc::default(),
+            draining: false,
+        }
+    }
+
+    /// What the kept counts must equal: the group's workers counted again.
+    fn recounted(table: &WorkerTable, dp: Rank) -> (usize, u64) {
+        let group = table.group(dp).expect("the group exists");
+        let tp_ranks: BTreeSet<Rank> = group.workers.keys().map(|(_, tp, _)| *tp).collect();
+        let incarnation = group.workers.values().map(|w| w.incarnation).max();
+        (tp_ranks.len(), incarnation.expect("a group has workers"))
+    }
+
+    fn kept(table: &WorkerTable, dp: Rank) -> (usize, u64) {
+        let group = table.group(dp).expect("the group exists");
+        (group.tp_counts.len(), group.incarnation)
+    }
+
+    #[test]
+    fn tp_ranks_and_incarnation_are_kept_through_puts_replacements_and_removals() {
+        let mut table = WorkerTable::default();
+        let steps: Vec<WorkerChange> = vec![
+            // Four tp ranks, the last with a newer incarnation.
+            WorkerChange {
+                remove: Vec::new(),
+                put: vec![
+                    worker(0, 0, 1),
+                    worker(0, 1, 1),
+                    worker(0, 2, 1),
+                    worker(0, 3, 2),
+                ],
+            },
+            // The newest worker replaced by an older incarnation (a stale write).
+            WorkerChange {
+                remove: Vec::new(),
+                put: vec![worker(0, 3, 1)],
+            },
+            // A replacement at a tp rank already counted.
+            WorkerChange {
+                remove: Vec::new(),
+                put: vec![worker(0, 1, 5)],
+            },
+            // The holder of the highest incarnation leaves, then a tp rank does.
+            WorkerChange {
+                remove: vec![worker(0, 1, 5).slot],
+                put: Vec::new(),
+            },
+            WorkerChange {
+                remove: vec![worker(0, 2, 1).slot, worker(0, 9, 1).slot],
+                put: Vec::new(),
+            },
+        ];
+        for change in &steps {
+            table.apply(change);
+            assert_eq!(kept(&table, 0), recounted(&table, 0), "after {change:?}");
+        }
+        assert_eq!(kept(&table, 0), (2, 1));
+        assert_eq!(table.observed_tp_size(), Some(2));
+        assert_eq!(table.incarnation("e0"), Some(1));
+        table.apply(&WorkerChange {
+            remove: vec![worker(0, 0, 1).slot, worker(0, 3, 1).slot],
+            put: Vec::new(),
+        });
+        assert!(!table.has_dp_group(0), "an emptied dp rank is freed");
+        assert_eq!(table.observed_tp_size(), None);
     }
 }
