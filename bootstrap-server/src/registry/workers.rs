@@ -253,7 +253,8 @@ impl WorkerTable {
     }
 
     /// Applies a change (already made durable). A dp rank whose last worker goes is freed. The
-    /// work is a lookup per slot changed, whatever the size of its group or of the table.
+    /// work is a lookup per slot changed, whatever the size of its group or of the table, plus
+    /// one pass over a group that the holder of its highest incarnation left.
     pub fn apply(&mut self, change: &WorkerChange) {
         let mut stale: Vec<Rank> = Vec::new();
         for slot in &change.remove {
