@@ -2,7 +2,7 @@
 //! with each worker's lease, incarnation and engine metadata. Changes are planned elsewhere
 //! ([`super::plan`]) and applied here once durable.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use pd_protocol::native::EngineMeta;
@@ -15,9 +15,14 @@ use super::model::{Extra, Lease, Slot, WorkerChange, WorkerRecord};
 /// Each group is shared between copies of the table until one of them changes it, so a copy
 /// (a [`super::View`] after every write, a writer planning merged changes) costs a pointer per
 /// dp rank, and a change copies only the groups it touches.
+///
+/// The dp ranks of each engine are indexed, so what a registration asks about its engine
+/// (incarnation, drain mark, ranks) costs that engine's ranks, not the table's.
 #[derive(Debug, Clone, Default)]
 pub struct WorkerTable {
     groups: BTreeMap<Rank, Arc<Group>>,
+    /// The dp ranks each engine owns (shared between copies until one changes it).
+    owners: Arc<HashMap<Arc<str>, BTreeSet<Rank>>>,
 }
 
 /// The workers of one dp rank.
@@ -172,11 +177,7 @@ impl WorkerTable {
 
     /// How many distinct engines own at least one dp rank.
     pub fn engine_count(&self) -> usize {
-        self.groups
-            .values()
-            .filter_map(|g| g.engine_id.as_deref())
-            .collect::<BTreeSet<_>>()
-            .len()
+        self.owners.len()
     }
 
     /// The largest number of tp ranks registered in one dp group: P's tp size as far as the
@@ -230,8 +231,30 @@ impl WorkerTable {
         &'a self,
         engine_id: &'a str,
     ) -> impl Iterator<Item = (Rank, &'a Group)> + 'a {
-        self.groups()
-            .filter(move |(_, group)| group.engine_id() == Some(engine_id))
+        self.owners
+            .get(engine_id)
+            .into_iter()
+            .flatten()
+            .filter_map(|dp| Some((*dp, self.group(*dp)?)))
+    }
+
+    /// Records that `dp` is owned by `new` instead of `old` in the engines' index.
+    fn reindex(&mut self, dp: Rank, old: Option<&Arc<str>>, new: Option<&Arc<str>>) {
+        if old == new {
+            return;
+        }
+        let owners = Arc::make_mut(&mut self.owners);
+        if let Some(old) = old {
+            if let Some(ranks) = owners.get_mut(old) {
+                ranks.remove(&dp);
+                if ranks.is_empty() {
+                    owners.remove(old);
+                }
+            }
+        }
+        if let Some(new) = new {
+            owners.entry(new.clone()).or_default().insert(dp);
+        }
     }
 
     /// The incarnation of `engine_id`'s registration, if it has workers. Every worker of an
@@ -266,14 +289,21 @@ impl WorkerTable {
                 stale.push(slot.dp);
             }
             if group.workers.is_empty() {
+                let owner = group.engine_id.clone();
                 self.groups.remove(&slot.dp);
+                self.reindex(slot.dp, owner.as_ref(), None);
             }
         }
         for record in &change.put {
-            let group = Arc::make_mut(self.groups.entry(record.slot.dp).or_default());
-            if record.engine_id.is_some() {
-                group.engine_id.clone_from(&record.engine_id);
-            }
+            let dp = record.slot.dp;
+            let group = Arc::make_mut(self.groups.entry(dp).or_default());
+            // A worker with an engine id makes its engine the dp rank's owner.
+            let moved = match &record.engine_id {
+                Some(new) if group.engine_id.as_ref() != Some(new) => {
+                    Some(group.engine_id.replace(new.clone()))
+                }
+                _ => None,
+            };
             let worker = Worker {
                 addr: record.addr.clone(),
                 lease: record.lease,
@@ -283,7 +313,10 @@ impl WorkerTable {
                 draining: record.draining,
             };
             if group.put((record.slot.cp, record.slot.tp, record.slot.pp), worker) {
-                stale.push(record.slot.dp);
+                stale.push(dp);
+            }
+            if let Some(old) = moved {
+                self.reindex(dp, old.as_ref(), record.engine_id.as_ref());
             }
         }
         stale.sort_unstable();
@@ -409,5 +442,80 @@ mod tests {
         });
         assert!(!table.has_dp_group(0), "an emptied dp rank is freed");
         assert_eq!(table.observed_tp_size(), None);
+    }
+
+    /// What the engines' index must equal: every group's owner, found by a scan.
+    fn scanned(table: &WorkerTable) -> BTreeMap<String, Vec<Rank>> {
+        let mut owners: BTreeMap<String, Vec<Rank>> = BTreeMap::new();
+        for (dp, group) in table.groups() {
+            if let Some(engine) = group.engine_id() {
+                owners.entry(engine.to_owned()).or_default().push(dp);
+            }
+        }
+        owners
+    }
+
+    fn indexed(table: &WorkerTable) -> BTreeMap<String, Vec<Rank>> {
+        table
+            .owners
+            .keys()
+            .map(|engine| {
+                let ranks = table.engine_groups(engine).map(|(dp, _)| dp).collect();
+                (engine.to_string(), ranks)
+            })
+            .collect()
+    }
+
+    fn owned_by(engine: Option<&str>, dp: Rank, tp: Rank) -> WorkerRecord {
+        WorkerRecord {
+            engine_id: engine.map(Arc::from),
+            ..worker(dp, tp, 1)
+        }
+    }
+
+    #[test]
+    fn the_engines_index_follows_owners_through_every_kind_of_change() {
+        let mut table = WorkerTable::default();
+        let steps: Vec<WorkerChange> = vec![
+            // Two engines, and a worker without an engine id.
+            WorkerChange {
+                remove: Vec::new(),
+                put: vec![
+                    owned_by(Some("A"), 0, 0),
+                    owned_by(Some("A"), 1, 0),
+                    owned_by(Some("B"), 2, 0),
+                    owned_by(None, 3, 0),
+                ],
+            },
+            // B takes dp rank 1 over from A; A's worker at dp 0 is joined by an unowned one
+            // (which keeps the rank's owner); dp rank 3 is claimed by A.
+            WorkerChange {
+                remove: vec![owned_by(None, 1, 0).slot],
+                put: vec![
+                    owned_by(Some("B"), 1, 1),
+                    owned_by(None, 0, 1),
+                    owned_by(Some("A"), 3, 1),
+                ],
+            },
+            // B's ranks empty out one slot at a time.
+            WorkerChange {
+                remove: vec![owned_by(None, 1, 1).slot],
+                put: Vec::new(),
+            },
+            WorkerChange {
+                remove: vec![owned_by(None, 2, 0).slot],
+                put: Vec::new(),
+            },
+        ];
+        for change in &steps {
+            table.apply(change);
+            assert_eq!(indexed(&table), scanned(&table), "after {change:?}");
+            assert_eq!(table.engine_count(), scanned(&table).len());
+        }
+        assert_eq!(
+            indexed(&table),
+            BTreeMap::from([("A".to_owned(), vec![0, 3])])
+        );
+        assert_eq!(table.engine_groups("B").count(), 0);
     }
 }
