@@ -86,9 +86,7 @@ fn rank_info(addr: &str) -> Option<RankInfo> {
 
 /// The SGLang deployment's groups (dp ranks) in `table`.
 fn groups(table: &WorkerTable) -> impl Iterator<Item = (Rank, &Group)> {
-    table
-        .groups()
-        .filter(|(_, group)| group.engine_id() == Some(ENGINE_ID))
+    table.engine_groups(ENGINE_ID)
 }
 
 /// The topology the deployment's first row fixed (every row carries it); reads one row.

@@ -4,7 +4,7 @@
 //! calls and renders the answers and errors in vLLM's own words.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
@@ -138,28 +138,17 @@ struct QueryParams {
 }
 
 /// `GET /query`, rendered at most once per change of the table and question: every dp group
-/// when first asked for, each engine's when first asked for (one engine's answer reads only its
-/// groups, so a D polling its P while other engines register costs that P's size, not the
-/// table's).
+/// when first asked for, each engine's when first asked for. One engine's answer reads only its
+/// groups (the table indexes them), so a D polling its P while other engines register costs
+/// that P's size, not the table's.
+#[derive(Default)]
 struct Rendered {
     all: OnceLock<Bytes>,
-    /// A slot per registered engine, made with the view: lookups take no lock, and unknown ids
-    /// (answered 404) take no room.
-    by_engine: HashMap<Arc<str>, OnceLock<Bytes>>,
+    /// The engines asked about so far (unknown ids, answered 404, take no room).
+    by_engine: RwLock<HashMap<Arc<str>, Bytes>>,
 }
 
 impl Rendered {
-    fn new(table: &WorkerTable) -> Self {
-        Rendered {
-            all: OnceLock::new(),
-            by_engine: table
-                .groups()
-                .filter_map(|(_, group)| group.shared_engine_id())
-                .map(|engine| (engine.clone(), OnceLock::new()))
-                .collect(),
-        }
-    }
-
     fn all(&self, table: &WorkerTable) -> Bytes {
         self.all
             .get_or_init(|| to_bytes(&topology(table.groups())))
@@ -167,15 +156,16 @@ impl Rendered {
     }
 
     fn engine(&self, table: &WorkerTable, engine: &str) -> Option<Bytes> {
-        let slot = self.by_engine.get(engine)?;
-        let rendered = slot.get_or_init(|| {
-            to_bytes(&topology(
-                table
-                    .groups()
-                    .filter(|(_, group)| group.engine_id() == Some(engine)),
-            ))
-        });
-        Some(rendered.clone())
+        let read = self.by_engine.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(rendered) = read.get(engine) {
+            return Some(rendered.clone());
+        }
+        drop(read);
+        let (_, first) = table.engine_groups(engine).next()?;
+        let key = first.shared_engine_id()?.clone();
+        let rendered = to_bytes(&topology(table.engine_groups(engine)));
+        let mut write = self.by_engine.write().unwrap_or_else(|e| e.into_inner());
+        Some(write.entry(key).or_insert(rendered).clone())
     }
 }
 
@@ -224,7 +214,7 @@ async fn query(
             not_ready(view.readiness()),
         ));
     }
-    let rendered: Arc<Rendered> = view.rendered(Rendered::new);
+    let rendered: Arc<Rendered> = view.rendered(|_| Rendered::default());
     let body = match &params.engine_id {
         None => rendered.all(view.table()),
         Some(engine) => rendered.engine(view.table(), engine).ok_or_else(|| {

@@ -2,7 +2,7 @@
 //! the wire modules render from it.
 
 use std::any::{Any, TypeId};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use pd_protocol::Rank;
 
@@ -11,41 +11,24 @@ use super::{ExpectedTopology, WorkerTable};
 
 /// The worker table as of one change, its readiness, and the renderings made from it.
 ///
+/// Making one costs the same whatever the table's size (the table is a persistent map), so a
+/// read after every write stays cheap; what needs a pass over the table is made on first use.
 /// A wire module that answers reads from the table (vLLM's `GET /query`) renders once per
 /// change with [`View::rendered`] and hands out the same bytes until the table changes.
 pub struct View {
     table: WorkerTable,
-    readiness: Readiness,
-    engines: usize,
-    observed_tp_size: Option<Rank>,
+    expected: Option<ExpectedTopology>,
+    readiness: OnceLock<Readiness>,
     renderings: RwLock<Vec<(TypeId, Arc<dyn Any + Send + Sync>)>>,
 }
 
 impl View {
     /// A snapshot of `table`, complete or not against `expected`.
     pub(super) fn new(table: &WorkerTable, expected: Option<ExpectedTopology>) -> Self {
-        let registered = table.worker_count();
-        let readiness = match expected {
-            Some(expected) => Readiness {
-                registered,
-                expected: Some(expected.worker_count()),
-                missing: expected.worker_count().saturating_sub(table.count_within(
-                    expected.dp_size,
-                    expected.tp_size,
-                    expected.pp_size,
-                )),
-            },
-            None => Readiness {
-                registered,
-                expected: None,
-                missing: 0,
-            },
-        };
         View {
-            engines: table.engine_count(),
-            observed_tp_size: table.observed_tp_size(),
             table: table.clone(),
-            readiness,
+            expected,
+            readiness: OnceLock::new(),
             renderings: RwLock::new(Vec::new()),
         }
     }
@@ -55,20 +38,40 @@ impl View {
         &self.table
     }
 
-    /// How complete the topology is.
+    /// How complete the topology is (against an expected topology, counted on first use).
     pub fn readiness(&self) -> Readiness {
-        self.readiness
+        *self.readiness.get_or_init(|| {
+            let registered = self.table.worker_count();
+            match self.expected {
+                Some(expected) => Readiness {
+                    registered,
+                    expected: Some(expected.worker_count()),
+                    missing: expected
+                        .worker_count()
+                        .saturating_sub(self.table.count_within(
+                            expected.dp_size,
+                            expected.tp_size,
+                            expected.pp_size,
+                        )),
+                },
+                None => Readiness {
+                    registered,
+                    expected: None,
+                    missing: 0,
+                },
+            }
+        })
     }
 
     /// The largest number of tp ranks registered in one dp group: P's tp size as far as the
     /// table tells without a configured one.
     pub fn observed_tp_size(&self) -> Option<Rank> {
-        self.observed_tp_size
+        self.table.observed_tp_size()
     }
 
     /// Engines owning at least one dp rank.
     pub fn engines(&self) -> usize {
-        self.engines
+        self.table.engine_count()
     }
 
     /// The rendering of type `T` made from this snapshot: made by `render` on first use, the

@@ -2,7 +2,7 @@
 //! with each worker's lease, incarnation and engine metadata. Changes are planned elsewhere
 //! ([`super::plan`]) and applied here once durable.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use pd_protocol::native::EngineMeta;
@@ -12,17 +12,48 @@ use super::model::{Extra, Lease, Slot, WorkerChange, WorkerRecord};
 
 /// All registered workers, grouped by dp rank.
 ///
-/// Each group is shared between copies of the table until one of them changes it, so a copy
-/// (a [`super::View`] after every write, a writer planning merged changes) costs a pointer per
-/// dp rank, and a change copies only the groups it touches.
+/// The maps are persistent (`imbl`): a copy of the table (a [`super::View`] after every write,
+/// a writer planning merged changes) shares everything with the original and costs the same
+/// whatever the table's size, and a change copies only the path to what it touches and the
+/// groups it changes.
 ///
 /// The dp ranks of each engine are indexed, so what a registration asks about its engine
-/// (incarnation, drain mark, ranks) costs that engine's ranks, not the table's.
+/// (incarnation, drain mark, ranks) costs that engine's ranks, not the table's; the totals a
+/// view reports are kept with every change.
 #[derive(Debug, Clone, Default)]
 pub struct WorkerTable {
-    groups: BTreeMap<Rank, Arc<Group>>,
-    /// The dp ranks each engine owns (shared between copies until one changes it).
-    owners: Arc<HashMap<Arc<str>, BTreeSet<Rank>>>,
+    groups: imbl::OrdMap<Rank, Arc<Group>>,
+    /// The dp ranks each engine owns.
+    owners: imbl::HashMap<Arc<str>, imbl::OrdSet<Rank>>,
+    totals: Totals,
+}
+
+/// What the table reports without a pass over its groups, kept with every change.
+#[derive(Debug, Clone, Default)]
+struct Totals {
+    /// Registered worker slots.
+    workers: usize,
+    /// How many groups have each number of tp ranks (groups with none are not counted).
+    tp_sizes: BTreeMap<usize, usize>,
+}
+
+impl Totals {
+    /// Accounts for a group going from `before` to `after`, each `(workers, tp ranks)`.
+    fn update(&mut self, before: (usize, usize), after: (usize, usize)) {
+        self.workers = self.workers + after.0 - before.0;
+        if before.1 == after.1 {
+            return;
+        }
+        if let Some(count) = self.tp_sizes.get_mut(&before.1) {
+            *count -= 1;
+            if *count == 0 {
+                self.tp_sizes.remove(&before.1);
+            }
+        }
+        if after.1 > 0 {
+            *self.tp_sizes.entry(after.1).or_default() += 1;
+        }
+    }
 }
 
 /// The workers of one dp rank.
@@ -117,6 +148,11 @@ impl Group {
         old.incarnation == self.incarnation
     }
 
+    /// `(workers, tp ranks)`, what [`Totals`] counts of a group.
+    fn size(&self) -> (usize, usize) {
+        (self.workers.len(), self.tp_counts.len())
+    }
+
     /// Recomputes the highest incarnation from the workers (after the one holding it left).
     fn recompute_incarnation(&mut self) {
         self.incarnation = self
@@ -172,7 +208,7 @@ impl WorkerTable {
 
     /// How many worker slots are registered.
     pub fn worker_count(&self) -> usize {
-        self.groups.values().map(|g| g.workers.len()).sum()
+        self.totals.workers
     }
 
     /// How many distinct engines own at least one dp rank.
@@ -183,10 +219,8 @@ impl WorkerTable {
     /// The largest number of tp ranks registered in one dp group: P's tp size as far as the
     /// registry can tell without a configured one.
     pub fn observed_tp_size(&self) -> Option<Rank> {
-        self.groups
-            .values()
-            .map(|g| g.tp_counts.len() as Rank)
-            .max()
+        let (largest, _) = self.totals.tp_sizes.last_key_value()?;
+        Some(*largest as Rank)
     }
 
     /// Whether dp rank `dp` has any workers.
@@ -226,8 +260,8 @@ impl WorkerTable {
         self.groups.get(&dp).map(|group| &**group)
     }
 
-    /// The dp ranks `engine_id` owns, with their groups.
-    pub(super) fn engine_groups<'a>(
+    /// The dp ranks `engine_id` owns, with their groups, in rank order.
+    pub fn engine_groups<'a>(
         &'a self,
         engine_id: &'a str,
     ) -> impl Iterator<Item = (Rank, &'a Group)> + 'a {
@@ -243,17 +277,16 @@ impl WorkerTable {
         if old == new {
             return;
         }
-        let owners = Arc::make_mut(&mut self.owners);
         if let Some(old) = old {
-            if let Some(ranks) = owners.get_mut(old) {
+            if let Some(ranks) = self.owners.get_mut(old) {
                 ranks.remove(&dp);
                 if ranks.is_empty() {
-                    owners.remove(old);
+                    self.owners.remove(old);
                 }
             }
         }
         if let Some(new) = new {
-            owners.entry(new.clone()).or_default().insert(dp);
+            self.owners.entry(new.clone()).or_default().insert(dp);
         }
     }
 
@@ -285,9 +318,11 @@ impl WorkerTable {
                 continue;
             };
             let group = Arc::make_mut(group);
+            let before = group.size();
             if group.remove((slot.cp, slot.tp, slot.pp)) {
                 stale.push(slot.dp);
             }
+            self.totals.update(before, group.size());
             if group.workers.is_empty() {
                 let owner = group.engine_id.clone();
                 self.groups.remove(&slot.dp);
@@ -297,6 +332,7 @@ impl WorkerTable {
         for record in &change.put {
             let dp = record.slot.dp;
             let group = Arc::make_mut(self.groups.entry(dp).or_default());
+            let before = group.size();
             // A worker with an engine id makes its engine the dp rank's owner.
             let moved = match &record.engine_id {
                 Some(new) if group.engine_id.as_ref() != Some(new) => {
@@ -315,6 +351,7 @@ impl WorkerTable {
             if group.put((record.slot.cp, record.slot.tp, record.slot.pp), worker) {
                 stale.push(dp);
             }
+            self.totals.update(before, group.size());
             if let Some(old) = moved {
                 self.reindex(dp, old.as_ref(), record.engine_id.as_ref());
             }
@@ -362,6 +399,8 @@ impl WorkerTable {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     fn worker(dp: Rank, tp: Rank, incarnation: u64) -> WorkerRecord {
@@ -388,6 +427,13 @@ mod tests {
         let tp_ranks: BTreeSet<Rank> = group.workers.keys().map(|(_, tp, _)| *tp).collect();
         let incarnation = group.workers.values().map(|w| w.incarnation).max();
         (tp_ranks.len(), incarnation.expect("a group has workers"))
+    }
+
+    /// What the kept totals must equal: the workers and the largest tp rank count, by a scan.
+    fn totals_by_scan(table: &WorkerTable) -> (usize, Option<Rank>) {
+        let workers = table.records().count();
+        let largest = table.groups().map(|(_, g)| g.tp_counts.len() as Rank).max();
+        (workers, largest)
     }
 
     fn kept(table: &WorkerTable, dp: Rank) -> (usize, u64) {
@@ -432,6 +478,8 @@ mod tests {
         for change in &steps {
             table.apply(change);
             assert_eq!(kept(&table, 0), recounted(&table, 0), "after {change:?}");
+            let totals = (table.worker_count(), table.observed_tp_size());
+            assert_eq!(totals, totals_by_scan(&table), "after {change:?}");
         }
         assert_eq!(kept(&table, 0), (2, 1));
         assert_eq!(table.observed_tp_size(), Some(2));
@@ -510,6 +558,8 @@ mod tests {
         for change in &steps {
             table.apply(change);
             assert_eq!(indexed(&table), scanned(&table), "after {change:?}");
+            let totals = (table.worker_count(), table.observed_tp_size());
+            assert_eq!(totals, totals_by_scan(&table), "after {change:?}");
             assert_eq!(table.engine_count(), scanned(&table).len());
         }
         assert_eq!(
