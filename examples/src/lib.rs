@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod cpus;
 pub mod openai_client;
 pub mod process;
 pub mod sim;

@@ -113,15 +113,19 @@ pub fn spawn_with_env(
         source,
     })?;
     let mut command = Command::new(program);
+    let cpus = crate::cpus::child_cpus();
     // SAFETY: the hook runs in the child between fork and exec and only calls async-signal-safe
-    // functions (prctl, getppid, _exit).
+    // functions (prctl, getppid, _exit, sched_setaffinity).
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
             // The child dies with the launcher, also when it is killed with SIGKILL.
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             if libc::getppid() == 1 {
                 // The launcher died before the line above: do not outlive it.
                 libc::_exit(1);
+            }
+            if let Some(cpus) = cpus {
+                crate::cpus::set_affinity(cpus)?;
             }
             Ok(())
         });

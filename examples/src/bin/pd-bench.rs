@@ -43,6 +43,11 @@ struct Args {
     /// under its own cluster name) instead of the embedded store.
     #[arg(long)]
     store: Option<String>,
+    /// Run the benchmark itself (load generator, mock engines) on the first CPU it may use and
+    /// every system it starts on the others, so that each system is measured on the same
+    /// dedicated CPUs instead of sharing them with the load (needs two CPUs or more).
+    #[arg(long)]
+    pin: bool,
     #[command(subcommand)]
     suite: Suite,
 }
@@ -129,6 +134,17 @@ fn machine() -> String {
         .unwrap_or_else(|| "unknown CPU".to_owned());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     format!("{cores} cores ({cpu}), load generator on the same machine")
+}
+
+/// Where the benchmark and the systems it starts run.
+fn placement(split: Option<&pd_examples::cpus::Split>) -> String {
+    match split {
+        None => "every process on every CPU".to_owned(),
+        Some(split) => format!(
+            "pd-bench (load generator, mock engines) on CPU {}, the systems it starts on CPUs {:?} (`--pin`)",
+            split.own, split.children
+        ),
+    }
 }
 
 /// Memory, lookups (at the highest concurrency asked) and restart time per number of live
@@ -222,8 +238,8 @@ async fn transfer_section(settings: &Settings, mib: usize, pulls: usize) -> Resu
     Ok(out)
 }
 
-async fn run(args: &Args, settings: &Settings) -> Result<Output, String> {
-    let mut out = Output::new(&format!("Machine: {}\n\n", machine()));
+async fn run(args: &Args, settings: &Settings, machine: &str) -> Result<Output, String> {
+    let mut out = Output::new(&format!("Machine: {machine}\n\n"));
     let all = matches!(args.suite, Suite::All);
     let wants = |suite: fn(&Suite) -> bool| all || suite(&args.suite);
     if wants(|s| matches!(s, Suite::Bootstrap)) {
@@ -345,9 +361,38 @@ fn heading(out: &mut Output, all: bool, title: &str) {
     }
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    // Read before a split narrows what this process may use.
+    let mut machine = machine();
+    if args.pin {
+        // Before the runtime starts, so that its threads inherit the CPU.
+        match pd_examples::cpus::split() {
+            Ok(split) => machine = format!("{machine}; {}", placement(Some(&split))),
+            Err(err) => {
+                eprintln!("error: --pin: {err}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    } else {
+        machine = format!("{machine}; {}", placement(None));
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the runtime: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(measure(args, machine))
+}
+
+/// Runs the suite asked for on `machine` (what the report says of it) and prints (and writes)
+/// its report.
+async fn measure(args: Args, machine: String) -> std::process::ExitCode {
     let bin_dir = args.bin_dir.clone().unwrap_or_else(|| {
         std::env::current_exe()
             .ok()
@@ -368,7 +413,7 @@ async fn main() -> std::process::ExitCode {
         concurrency: args.concurrency.clone(),
         store: args.store.clone(),
     };
-    match run(&args, &settings).await {
+    match run(&args, &settings, &machine).await {
         Ok(report) => {
             println!("{}", report.markdown());
             if let Some(path) = &args.out {
