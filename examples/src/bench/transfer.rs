@@ -28,8 +28,19 @@ pub struct TransferRow {
     pub best_gb_s: f64,
     /// memcpy of the same size in D's process, GB/s (best of 5).
     pub memcpy_gb_s: f64,
-    /// The same bytes through a plain loopback TCP socket, GB/s (best of 5, same run).
-    pub socket_gb_s: f64,
+    /// The same bytes through a plain loopback TCP socket (same run).
+    pub socket: SocketFloor,
+}
+
+/// What a plain loopback TCP socket moves on this machine, measured like the pulls: the median
+/// and the best of several rounds, so that each statistic of a pull is compared with the same
+/// one of the socket.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SocketFloor {
+    /// Median round, GB/s.
+    pub median_gb_s: f64,
+    /// Best round, GB/s.
+    pub best_gb_s: f64,
 }
 
 /// The transports measured: (scheme, UCX_TLS).
@@ -116,39 +127,45 @@ async fn measure(
         median_gb_s,
         best_gb_s: rates.last().copied().unwrap_or_default(),
         memcpy_gb_s,
-        socket_gb_s: 0.0,
+        socket: SocketFloor::default(),
     })
 }
 
+/// Rounds of the socket floor (as many as the pulls measured, plus one).
+const SOCKET_ROUNDS: usize = 9;
+
 /// `bytes` written through a loopback TCP socket by one thread and read into a reused buffer by
-/// another, best of 5: what any TCP transport on this machine can at most reach.
-pub fn loopback_socket_gb_s(bytes: usize) -> Result<f64, String> {
+/// another, [`SOCKET_ROUNDS`] times: what any TCP transport on this machine can at most reach.
+pub fn loopback_socket(bytes: usize) -> Result<SocketFloor, String> {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let rounds = 5;
     let writer = std::thread::spawn(move || -> std::io::Result<()> {
         let data = vec![7u8; bytes];
         let mut stream = std::net::TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
-        for _ in 0..rounds {
+        for _ in 0..SOCKET_ROUNDS {
             stream.write_all(&data)?;
         }
         Ok(())
     });
     let (mut stream, _) = listener.accept().map_err(|e| e.to_string())?;
     let mut buffer = vec![0u8; bytes];
-    let mut best = 0.0_f64;
-    for _ in 0..rounds {
+    let mut rates = Vec::with_capacity(SOCKET_ROUNDS);
+    for _ in 0..SOCKET_ROUNDS {
         let started = std::time::Instant::now();
         stream.read_exact(&mut buffer).map_err(|e| e.to_string())?;
-        best = best.max(bytes as f64 / started.elapsed().as_secs_f64() / 1e9);
+        rates.push(bytes as f64 / started.elapsed().as_secs_f64() / 1e9);
     }
     writer
         .join()
         .map_err(|_| "the socket writer panicked".to_owned())?
         .map_err(|e| e.to_string())?;
-    Ok(best)
+    rates.sort_by(f64::total_cmp);
+    Ok(SocketFloor {
+        median_gb_s: rates[SOCKET_ROUNDS / 2],
+        best_gb_s: rates[SOCKET_ROUNDS - 1],
+    })
 }
 
 /// Measures every transport with `kv-transfer` from `bin_dir`.
@@ -164,23 +181,24 @@ pub async fn bandwidth(
             kv_transfer.display()
         ));
     }
-    let socket_gb_s = tokio::task::spawn_blocking(move || loopback_socket_gb_s(bytes))
+    let socket = tokio::task::spawn_blocking(move || loopback_socket(bytes))
         .await
         .map_err(|e| e.to_string())??;
     let mut rows = Vec::new();
     for (transport, ucx_tls) in CASES {
         let row = measure(&kv_transfer, transport, ucx_tls, bytes, pulls.max(1)).await?;
-        rows.push(TransferRow { socket_gb_s, ..row });
+        rows.push(TransferRow { socket, ..row });
     }
     Ok(rows)
 }
 
 /// The rows as a Markdown table.
 pub fn table(rows: &[TransferRow]) -> String {
-    let mut out = String::from("| transport | UCX_TLS | MiB per pull | pulls | pull GB/s (median) | best | memcpy GB/s (same run) | median / memcpy | loopback socket GB/s (same run) | median / socket |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut out = String::from("| transport | UCX_TLS | MiB per pull | pulls | pull GB/s (median) | best | memcpy GB/s (same run) | median / memcpy | loopback socket GB/s, median / best (same run) | pull / socket, median / best |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    let share = |part: f64, whole: f64| 100.0 * part / whole.max(f64::MIN_POSITIVE);
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.0}% | {:.2} | {:.0}% |\n",
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.0}% | {:.2} / {:.2} | {:.0}% / {:.0}% |\n",
             r.transport,
             if r.ucx_tls.is_empty() { "-" } else { r.ucx_tls },
             r.bytes >> 20,
@@ -188,9 +206,11 @@ pub fn table(rows: &[TransferRow]) -> String {
             r.median_gb_s,
             r.best_gb_s,
             r.memcpy_gb_s,
-            100.0 * r.median_gb_s / r.memcpy_gb_s,
-            r.socket_gb_s,
-            100.0 * r.median_gb_s / r.socket_gb_s.max(f64::MIN_POSITIVE),
+            share(r.median_gb_s, r.memcpy_gb_s),
+            r.socket.median_gb_s,
+            r.socket.best_gb_s,
+            share(r.median_gb_s, r.socket.median_gb_s),
+            share(r.best_gb_s, r.socket.best_gb_s),
         ));
     }
     out
