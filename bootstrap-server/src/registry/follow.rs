@@ -85,7 +85,10 @@ impl Registry {
                 if guard {
                     state.guard = revision;
                 }
-                state.view = None;
+                state.unpublished = true;
+                if !state.holding {
+                    state.publish();
+                }
                 state.history.extend(events);
                 self.revision.fetch_max(revision, Ordering::Release);
                 revision

@@ -58,13 +58,15 @@ impl History {
         }
     }
 
-    /// The events after `since`, or [`Compacted`] when some of them are no longer kept.
-    pub fn since(&self, since: Revision) -> Result<Vec<Change>, Compacted> {
+    /// The events after `since` up to `until` (both revisions), or [`Compacted`] when some of
+    /// them are no longer kept.
+    pub fn between(&self, since: Revision, until: Revision) -> Result<Vec<Change>, Compacted> {
         if since < self.floor {
             return Err(Compacted { floor: self.floor });
         }
         let start = self.events.partition_point(|e| e.revision <= since);
-        Ok(self.events.range(start..).cloned().collect())
+        let end = self.events.partition_point(|e| e.revision <= until);
+        Ok(self.events.range(start..end.max(start)).cloned().collect())
     }
 }
 
@@ -98,17 +100,20 @@ mod tests {
     #[test]
     fn serves_what_it_keeps_and_refuses_what_it_dropped() {
         let mut history = History::new(5, 3);
-        assert_eq!(history.since(5), Ok(vec![]));
-        assert_eq!(history.since(4), Err(Compacted { floor: 5 }));
+        assert_eq!(history.between(5, 99), Ok(vec![]));
+        assert_eq!(history.between(4, 99), Err(Compacted { floor: 5 }));
         history.extend([event(6, 0), event(6, 1), event(8, 2)]);
-        assert_eq!(history.since(6), Ok(vec![event(8, 2)]));
-        assert_eq!(history.since(5).unwrap().len(), 3);
+        assert_eq!(history.between(6, 99), Ok(vec![event(8, 2)]));
+        assert_eq!(history.between(5, 99).unwrap().len(), 3);
+        // Nothing after the bound, however many events are kept.
+        assert_eq!(history.between(5, 7).unwrap().len(), 2);
+        assert_eq!(history.between(6, 7), Ok(vec![]));
         // A fourth event pushes revision 6 (both of its events) out.
         history.extend([event(9, 3)]);
-        assert_eq!(history.since(5), Err(Compacted { floor: 6 }));
-        assert_eq!(history.since(6), Ok(vec![event(8, 2), event(9, 3)]));
+        assert_eq!(history.between(5, 99), Err(Compacted { floor: 6 }));
+        assert_eq!(history.between(6, 99), Ok(vec![event(8, 2), event(9, 3)]));
         history.reset(20);
-        assert_eq!(history.since(9), Err(Compacted { floor: 20 }));
-        assert_eq!(history.since(25), Ok(vec![]));
+        assert_eq!(history.between(9, 99), Err(Compacted { floor: 20 }));
+        assert_eq!(history.between(25, 99), Ok(vec![]));
     }
 }

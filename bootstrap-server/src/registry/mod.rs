@@ -65,10 +65,25 @@ pub struct Stats {
     pub store_connected: bool,
 }
 
+/// The worker table as the writer plans on it, and as readers see it.
+///
+/// A change lands in `table` as soon as the store reports it (the next change is planned on
+/// it), but readers (views, `GET /workers`, watchers) see `published`: while the writer holds
+/// its batch, the changes applied meanwhile wait until its flush, so nothing is seen that a
+/// crash could still take back. Publishing is a copy of `table`, which costs the same at any
+/// size ([`WorkerTable`] is a persistent map).
 struct WorkerState {
     table: WorkerTable,
     /// The revision of the last committed worker change (what the next commit is guarded by).
     guard: Revision,
+    /// What readers see.
+    published: WorkerTable,
+    /// Set while the writer's batch is not durable yet: changes are then held back.
+    holding: bool,
+    /// Whether `table` has changes `published` does not.
+    unpublished: bool,
+    /// The revision readers are current at while changes are held back.
+    published_at: Revision,
     view: Option<Arc<View>>,
     history: History,
 }
@@ -77,10 +92,23 @@ impl WorkerState {
     fn new(snapshot_workers: Vec<WorkerRecord>, revision: Revision, guard: Revision) -> Self {
         let table = WorkerTable::from_records(snapshot_workers);
         WorkerState {
+            published: table.clone(),
             table,
             guard,
+            holding: false,
+            unpublished: false,
+            published_at: revision,
             view: None,
             history: History::new(revision, HISTORY_CAPACITY),
+        }
+    }
+
+    /// Shows readers the table as it stands.
+    fn publish(&mut self) {
+        if self.unpublished {
+            self.published = self.table.clone();
+            self.unpublished = false;
+            self.view = None;
         }
     }
 }
@@ -300,21 +328,51 @@ impl Registry {
         self.workers.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reads the worker table as it stands without taking a [`View`] of it: for a writer's
-    /// checks, where a view would copy the table after every write.
+    /// Reads the worker table as it stands, including changes not yet durable, without taking
+    /// a [`View`] of it: for a writer's checks, which must see every change planned before.
     pub fn inspect<R>(&self, read: impl FnOnce(&WorkerTable) -> R) -> R {
         read(&self.read_workers().table)
     }
 
-    /// The worker table as it stands, with its readiness; the same snapshot until the next
-    /// change, so what a wire module renders from it can be kept with it ([`View::rendered`]).
+    /// Holds worker changes back from readers until [`Registry::publish`] (the writer, for the
+    /// length of a batch that is not durable yet).
+    fn hold(&self) {
+        let mut state = self.write_workers();
+        if !state.holding {
+            state.holding = true;
+            state.published_at = self.revision();
+        }
+    }
+
+    /// Shows readers every change applied so far and wakes the watchers (the writer, once its
+    /// batch is durable).
+    fn publish(&self) {
+        let mut state = self.write_workers();
+        state.holding = false;
+        state.publish();
+        drop(state);
+        self.applied.send_modify(|_| ());
+    }
+
+    /// The revision readers are current at: the tables' own, unless changes are held back.
+    fn visible_revision(&self, state: &WorkerState) -> Revision {
+        if state.holding {
+            state.published_at
+        } else {
+            self.revision()
+        }
+    }
+
+    /// The worker table as far as it is durable, with its readiness; the same snapshot until
+    /// the next change, so what a wire module renders from it can be kept with it
+    /// ([`View::rendered`]).
     pub fn view(&self) -> Arc<View> {
         if let Some(view) = &self.read_workers().view {
             return view.clone();
         }
         let mut state = self.write_workers();
         if state.view.is_none() {
-            state.view = Some(Arc::new(View::new(&state.table, self.config.expected)));
+            state.view = Some(Arc::new(View::new(&state.published, self.config.expected)));
         }
         state.view.clone().expect("the view was just made")
     }
@@ -328,7 +386,7 @@ impl Registry {
     pub fn stats(&self) -> Stats {
         // Lock order everywhere: workers before requests (and never both through temporaries).
         let view = self.view();
-        let revision = self.revision();
+        let revision = self.visible_revision(&self.read_workers());
         let live_requests = lock(&self.requests).len();
         Stats {
             workers: view.readiness().registered,

@@ -18,11 +18,12 @@ pub struct Changes {
 }
 
 impl Registry {
-    /// Every registered worker, with the revision to watch from.
+    /// Every registered worker (as far as durable), with the revision to watch from.
     pub fn list(&self) -> (Revision, Vec<WorkerRecord>) {
         let state = self.read_workers();
         // Read under the lock: no worker change can land between the table and the number.
-        (self.revision(), state.table.records().collect())
+        let revision = self.visible_revision(&state);
+        (revision, state.published.records().collect())
     }
 
     /// The worker changes after `since`, waiting up to `wait` for the
@@ -37,14 +38,17 @@ impl Registry {
             applied.borrow_and_update();
             let current = {
                 let state = self.read_workers();
-                let revision = self.revision();
-                let events = state.history.since(since).map_err(|Compacted { floor }| {
-                    RegistryError::Compacted {
-                        since,
-                        floor,
-                        revision,
-                    }
-                })?;
+                // Changes held back until their flush are not shown yet.
+                let revision = self.visible_revision(&state);
+                let events =
+                    state
+                        .history
+                        .between(since, revision)
+                        .map_err(|Compacted { floor }| RegistryError::Compacted {
+                            since,
+                            floor,
+                            revision,
+                        })?;
                 if !events.is_empty() {
                     return Ok(Changes {
                         revision,

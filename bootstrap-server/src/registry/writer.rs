@@ -134,12 +134,18 @@ impl Registry {
                 return;
             };
             let _gate = registry.write_gate.lock().await;
+            // Readers see the batch's changes only once they are durable.
+            registry.hold();
             registry.commit_batch(&mut batch, &mut committed).await;
             let durable_at = committed
                 .iter()
                 .filter_map(|(_, result)| result.as_ref().ok())
                 .fold(0, |last, revision| last.max(*revision));
             let synced = registry.store.sync(durable_at).await;
+            // Published also when the flush failed (each caller is told it failed): the table
+            // holds the changes either way, later changes are planned on them, and the next
+            // batch would show them.
+            registry.publish();
             for (job, result) in committed.drain(..) {
                 let durable = synced.clone().map_err(RegistryError::from);
                 job.finish(result.and(durable));
@@ -268,4 +274,130 @@ impl Registry {
 /// A new queue for a registry's writer.
 pub(super) fn queue() -> (JobQueue, mpsc::Receiver<Box<dyn Job>>) {
     mpsc::channel(QUEUE_CAPACITY)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use pd_protocol::LeaseId;
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::registry::model::{Lease, Registration, RequestRecord, Slot};
+    use crate::registry::RegistryConfig;
+    use crate::store::{SledStore, Snapshot, Store, StoreEvents, StoreFuture};
+
+    /// The embedded store, whose flushes wait until the test lets them go.
+    struct HeldFlush {
+        inner: SledStore,
+        flushing: Notify,
+        release: Notify,
+    }
+
+    impl Store for HeldFlush {
+        fn load(&self) -> StoreFuture<'_, Snapshot> {
+            self.inner.load()
+        }
+        fn subscribe(&self, after: Revision) -> StoreEvents {
+            self.inner.subscribe(after)
+        }
+        fn commit_workers<'a>(
+            &'a self,
+            change: &'a WorkerChange,
+            guard: Revision,
+        ) -> StoreFuture<'a, Revision> {
+            self.inner.commit_workers(change, guard)
+        }
+        fn sync(&self, revision: Revision) -> StoreFuture<'_, ()> {
+            Box::pin(async move {
+                self.flushing.notify_one();
+                self.release.notified().await;
+                self.inner.sync(revision).await
+            })
+        }
+        fn grant_lease(&self, ttl: u32) -> StoreFuture<'_, Lease> {
+            self.inner.grant_lease(ttl)
+        }
+        fn keep_alive(&self, lease: LeaseId) -> StoreFuture<'_, Option<u32>> {
+            self.inner.keep_alive(lease)
+        }
+        fn revoke_lease(&self, lease: LeaseId) -> StoreFuture<'_, bool> {
+            self.inner.revoke_lease(lease)
+        }
+        fn put_request<'a>(
+            &'a self,
+            req_id: &'a str,
+            record: RequestRecord,
+        ) -> StoreFuture<'a, ()> {
+            self.inner.put_request(req_id, record)
+        }
+        fn remove_requests<'a>(&'a self, req_ids: &'a [Arc<str>]) -> StoreFuture<'a, ()> {
+            self.inner.remove_requests(req_ids)
+        }
+        fn close(&self) -> StoreFuture<'_, ()> {
+            self.inner.close()
+        }
+    }
+
+    #[tokio::test]
+    async fn readers_and_watchers_see_a_change_only_once_it_is_durable() {
+        let dir = tempfile::tempdir().expect("a data folder");
+        let store = Arc::new(HeldFlush {
+            inner: SledStore::open(dir.path()).expect("open sled"),
+            flushing: Notify::new(),
+            release: Notify::new(),
+        });
+        let registry = Registry::open(store.clone(), RegistryConfig::default())
+            .await
+            .expect("open the registry");
+        let (since, workers) = registry.list();
+        assert!(workers.is_empty());
+        let slot = Slot {
+            dp: 0,
+            cp: 0,
+            tp: 0,
+            pp: 0,
+        };
+        let registration = Registration {
+            engine_id: "engine-a".to_owned(),
+            slot,
+            addr: "tcp://10.0.0.1:7000".to_owned(),
+            replace: None,
+            lease_ttl: None,
+            meta: Default::default(),
+            extra: Default::default(),
+        };
+        let registering = tokio::spawn({
+            let registry = registry.clone();
+            async move { registry.register(&registration).await }
+        });
+
+        // Committed and applied, its flush not done: the writer plans on it, readers do not
+        // see it yet.
+        store.flushing.notified().await;
+        assert!(registry.inspect(|table| table.get(slot).is_some()));
+        assert_eq!(registry.list(), (since, Vec::new()));
+        assert_eq!(registry.view().table().worker_count(), 0);
+        let watched = registry
+            .watch(since, Duration::from_millis(50))
+            .await
+            .expect("watch");
+        assert_eq!((watched.revision, watched.changes.len()), (since, 0));
+
+        store.release.notify_one();
+        registering
+            .await
+            .expect("the registration task")
+            .expect("registered");
+        let (revision, workers) = registry.list();
+        assert!(revision > since);
+        assert_eq!(workers.len(), 1);
+        assert_eq!(registry.view().table().worker_count(), 1);
+        let watched = registry
+            .watch(since, Duration::from_millis(50))
+            .await
+            .expect("watch");
+        assert_eq!((watched.revision, watched.changes.len()), (revision, 1));
+    }
 }
