@@ -86,11 +86,13 @@ impl Registry {
                     state.guard = revision;
                 }
                 state.unpublished = true;
-                if !state.holding {
-                    state.publish();
-                }
+                let shown = !state.holding && state.publish();
                 state.history.extend(events);
                 self.revision.fetch_max(revision, Ordering::Release);
+                drop(state);
+                if shown {
+                    self.shown.send_replace(());
+                }
                 revision
             }
             StoreEvent::Requests {
@@ -128,6 +130,8 @@ impl Registry {
                 *state = workers;
                 *lock(&self.requests) = requests;
                 self.revision.fetch_max(revision, Ordering::Release);
+                drop(state);
+                self.shown.send_replace(());
                 tracing::warn!(revision, "registry reloaded from the store");
                 revision
             }

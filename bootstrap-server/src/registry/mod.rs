@@ -103,13 +103,15 @@ impl WorkerState {
         }
     }
 
-    /// Shows readers the table as it stands.
-    fn publish(&mut self) {
-        if self.unpublished {
-            self.published = self.table.clone();
-            self.unpublished = false;
-            self.view = None;
+    /// Shows readers the table as it stands; false when they already saw it.
+    fn publish(&mut self) -> bool {
+        if !self.unpublished {
+            return false;
         }
+        self.published = self.table.clone();
+        self.unpublished = false;
+        self.view = None;
+        true
     }
 }
 
@@ -129,8 +131,10 @@ pub struct Registry {
     events: Mutex<StoreEvents>,
     workers: RwLock<WorkerState>,
     requests: Mutex<IdTables>,
-    /// The revision of the last worker change applied; writers and watchers wait on it.
+    /// The revision of the last worker change applied; writers wait on it.
     applied: tokio::sync::watch::Sender<Revision>,
+    /// Told whenever readers are shown new worker changes; watchers wait on it.
+    shown: tokio::sync::watch::Sender<()>,
     /// The store revision the tables are current at: worker changes, and with etcd also request
     /// ids and progress reports, so that every replica in sync reports the same revision. It
     /// only moves past a worker change while the workers lock is held for writing.
@@ -169,6 +173,7 @@ impl Registry {
             workers: RwLock::new(workers),
             requests: Mutex::new(requests),
             applied: tokio::sync::watch::Sender::new(revision),
+            shown: tokio::sync::watch::Sender::new(()),
             revision: AtomicU64::new(revision),
         });
         tokio::spawn(Self::follow(Arc::downgrade(&registry)));
@@ -349,9 +354,11 @@ impl Registry {
     fn publish(&self) {
         let mut state = self.write_workers();
         state.holding = false;
-        state.publish();
+        let published = state.publish();
         drop(state);
-        self.applied.send_modify(|_| ());
+        if published {
+            self.shown.send_replace(());
+        }
     }
 
     /// The revision readers are current at: the tables' own, unless changes are held back.

@@ -31,11 +31,11 @@ impl Registry {
     /// waited for (another replica may be a little ahead) and refused if it is still ahead when
     /// the wait runs out.
     pub async fn watch(&self, since: Revision, wait: Duration) -> Result<Changes, RegistryError> {
-        let mut applied = self.applied.subscribe();
+        let mut shown = self.shown.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             // Marked seen before the history is read, so no change can slip in between.
-            applied.borrow_and_update();
+            shown.borrow_and_update();
             let current = {
                 let state = self.read_workers();
                 // Changes held back until their flush are not shown yet.
@@ -57,7 +57,7 @@ impl Registry {
                 }
                 revision
             };
-            match tokio::time::timeout_at(deadline, applied.changed()).await {
+            match tokio::time::timeout_at(deadline, shown.changed()).await {
                 Ok(Ok(())) => continue,
                 // Out of time (or the registry is going away): nothing new.
                 _ if current < since => {
