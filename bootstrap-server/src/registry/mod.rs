@@ -115,6 +115,17 @@ impl WorkerState {
     }
 }
 
+/// Worker changes held back from readers; dropping it publishes them ([`Registry::hold`]).
+struct Hold<'a> {
+    registry: &'a Registry,
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.registry.publish();
+    }
+}
+
 /// The P/D registry shared by the HTTP routes and the storage backend.
 ///
 /// Its tables are a cache of the store: they change only through [`StoreEvent`](crate::store::StoreEvent)s, in revision
@@ -339,14 +350,16 @@ impl Registry {
         read(&self.read_workers().table)
     }
 
-    /// Holds worker changes back from readers until [`Registry::publish`] (the writer, for the
-    /// length of a batch that is not durable yet).
-    fn hold(&self) {
+    /// Holds worker changes back from readers until the returned guard is dropped (the
+    /// writer, for the length of a batch that is not durable yet). Dropped however the batch
+    /// ends, so readers are never left on an old table.
+    fn hold(&self) -> Hold<'_> {
         let mut state = self.write_workers();
         if !state.holding {
             state.holding = true;
             state.published_at = self.revision();
         }
+        Hold { registry: self }
     }
 
     /// Shows readers every change applied so far and wakes the watchers (the writer, once its

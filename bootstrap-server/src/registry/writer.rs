@@ -135,7 +135,7 @@ impl Registry {
             };
             let _gate = registry.write_gate.lock().await;
             // Readers see the batch's changes only once they are durable.
-            registry.hold();
+            let held = registry.hold();
             registry.commit_batch(&mut batch, &mut committed).await;
             let durable_at = committed
                 .iter()
@@ -145,7 +145,7 @@ impl Registry {
             // Published also when the flush failed (each caller is told it failed): the table
             // holds the changes either way, later changes are planned on them, and the next
             // batch would show them.
-            registry.publish();
+            drop(held);
             for (job, result) in committed.drain(..) {
                 let durable = synced.clone().map_err(RegistryError::from);
                 job.finish(result.and(durable));
