@@ -57,14 +57,19 @@ impl Totals {
 }
 
 /// The workers of one dp rank.
+///
+/// Its maps are persistent too: the table readers are shown shares its groups with the one
+/// the writer changes, so the first change to a group after each publication copies it, and
+/// that copy must not cost a group of a thousand ranks a thousand allocations.
 #[derive(Debug, Clone, Default)]
 pub struct Group {
     engine_id: Option<Arc<str>>,
-    /// Keyed by (cp, tp, pp).
-    workers: BTreeMap<(Rank, Rank, Rank), Worker>,
+    /// Keyed by (cp, tp, pp); each worker shared, so copying a node of the map copies
+    /// pointers, not addresses.
+    workers: imbl::OrdMap<(Rank, Rank, Rank), Arc<Worker>>,
     /// How many workers each tp rank has (its length is the group's tp rank count), kept with
     /// every change of the group.
-    tp_counts: BTreeMap<Rank, usize>,
+    tp_counts: imbl::OrdMap<Rank, usize>,
     /// The highest incarnation of `workers`, kept with every change of the group.
     incarnation: u64,
 }
@@ -117,14 +122,14 @@ impl Group {
 
     /// The worker at `slot` (its dp rank is this group's).
     pub(super) fn worker(&self, slot: Slot) -> Option<&Worker> {
-        self.workers.get(&(slot.cp, slot.tp, slot.pp))
+        self.workers.get(&(slot.cp, slot.tp, slot.pp)).map(|w| &**w)
     }
 
     /// Adds or replaces the worker at `key`; true when the group's incarnation must be
     /// recomputed (a replaced worker held it).
     fn put(&mut self, key: (Rank, Rank, Rank), worker: Worker) -> bool {
         let incarnation = worker.incarnation;
-        let replaced = self.workers.insert(key, worker);
+        let replaced = self.workers.insert(key, Arc::new(worker));
         if replaced.is_none() {
             *self.tp_counts.entry(key.1).or_default() += 1;
         }
