@@ -12,9 +12,33 @@ use tokio::sync::oneshot;
 
 use super::context::Context;
 use super::descriptor::Chunk;
-use super::puller::PullConfig;
 use super::worker::{Endpoint, RemoteKey, Request, Worker};
 use super::UcxError;
+
+/// How pulls are cut and batched.
+#[derive(Debug, Clone, Copy)]
+pub struct PullConfig {
+    /// Bytes per get.
+    pub chunk_bytes: usize,
+    /// Gets in flight per pull.
+    pub window: usize,
+    /// How long the HTTP connection to P's listener may take to open.
+    pub connect_timeout: Duration,
+    /// The largest transfer a descriptor may announce: D allocates that much before pulling,
+    /// so a wrong or hostile descriptor must not be able to ask for more.
+    pub max_bytes: u64,
+}
+
+impl Default for PullConfig {
+    fn default() -> Self {
+        PullConfig {
+            chunk_bytes: 4 << 20,
+            window: 8,
+            connect_timeout: Duration::from_secs(3),
+            max_bytes: 4 << 30,
+        }
+    }
+}
 
 /// How often an idle engine progresses its worker (keep-alives, endpoint errors).
 const IDLE_TICK: Duration = Duration::from_millis(10);

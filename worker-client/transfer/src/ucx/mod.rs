@@ -24,8 +24,9 @@ mod worker;
 
 pub use context::{Context, MemRegion};
 pub use descriptor::{Chunk, KvDescriptor};
+pub use engine::PullConfig;
 pub use exporter::UcxExporter;
 pub use pool::{BlockPool, BlockRange, Lease};
-pub use puller::{PullConfig, UcxPuller};
+pub use puller::UcxPuller;
 pub use status::UcxError;
 pub use worker::{Endpoint, RemoteKey, Request, Worker};

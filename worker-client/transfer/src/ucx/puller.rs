@@ -8,38 +8,13 @@ use tokio::sync::oneshot;
 
 use super::context::Context;
 use super::descriptor::{from_hex, KvDescriptor};
-use super::engine::{self, EngineHandle, PullFailure, PullJob};
+use super::engine::{self, EngineHandle, PullConfig, PullFailure, PullJob};
 use super::UcxError;
 use crate::pull::{held_get, pull_url, PullClient};
 use crate::{TransferError, Transport};
 
 /// How long the release of a pulled transfer at P may take.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// How pulls are cut and batched.
-#[derive(Debug, Clone, Copy)]
-pub struct PullConfig {
-    /// Bytes per get.
-    pub chunk_bytes: usize,
-    /// Gets in flight per pull.
-    pub window: usize,
-    /// How long the HTTP connection to P's listener may take to open.
-    pub connect_timeout: Duration,
-    /// The largest transfer a descriptor may announce: D allocates that much before pulling,
-    /// so a wrong or hostile descriptor must not be able to ask for more.
-    pub max_bytes: u64,
-}
-
-impl Default for PullConfig {
-    fn default() -> Self {
-        PullConfig {
-            chunk_bytes: 4 << 20,
-            window: 8,
-            connect_timeout: Duration::from_secs(3),
-            max_bytes: 4 << 30,
-        }
-    }
-}
 
 /// D side: pulls KV from `ucx://` exporters. Cheap to clone; share one per process (it owns a
 /// UCX context and one engine thread).
