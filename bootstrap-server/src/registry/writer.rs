@@ -340,6 +340,15 @@ mod tests {
         }
     }
 
+    /// Where a watcher from `since` stands after a short wait, and how many changes it got.
+    async fn watched(registry: &Registry, since: Revision) -> (Revision, usize) {
+        let changes = registry
+            .watch(since, Duration::from_millis(50))
+            .await
+            .expect("watch");
+        (changes.revision, changes.changes.len())
+    }
+
     #[tokio::test]
     async fn readers_and_watchers_see_a_change_only_once_it_is_durable() {
         let dir = tempfile::tempdir().expect("a data folder");
@@ -379,11 +388,7 @@ mod tests {
         assert!(registry.inspect(|table| table.get(slot).is_some()));
         assert_eq!(registry.list(), (since, Vec::new()));
         assert_eq!(registry.view().table().worker_count(), 0);
-        let watched = registry
-            .watch(since, Duration::from_millis(50))
-            .await
-            .expect("watch");
-        assert_eq!((watched.revision, watched.changes.len()), (since, 0));
+        assert_eq!(watched(&registry, since).await, (since, 0));
 
         store.release.notify_one();
         registering
@@ -394,10 +399,6 @@ mod tests {
         assert!(revision > since);
         assert_eq!(workers.len(), 1);
         assert_eq!(registry.view().table().worker_count(), 1);
-        let watched = registry
-            .watch(since, Duration::from_millis(50))
-            .await
-            .expect("watch");
-        assert_eq!((watched.revision, watched.changes.len()), (revision, 1));
+        assert_eq!(watched(&registry, since).await, (revision, 1));
     }
 }
