@@ -14,7 +14,7 @@ use serde::de::{Deserializer, IgnoredAny, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::error::Category;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::backend::Pair;
 
@@ -70,7 +70,8 @@ pub struct Body<'a> {
     len: usize,
 }
 
-/// One change [`Body::render`] makes to the client's fields.
+/// One change [`Body::render`] makes to the client's fields. Field names are the proxy's own:
+/// plain text, nothing in them for JSON to escape.
 #[derive(Debug, Clone, Copy)]
 pub enum Edit<'e> {
     /// The field set to this raw JSON, added when the client did not send it.
@@ -125,8 +126,8 @@ impl<'a> Body<'a> {
         let extra: usize = edits.iter().map(Edit::extra_len).sum();
         let mut out = Vec::with_capacity(self.len + extra + 2);
         out.push(b'{');
-        for (Key(key), value) in &self.fields {
-            let value = match edits.iter().find(|edit| edit.key() == key) {
+        for (key, value) in &self.fields {
+            let value = match edits.iter().find(|edit| edit.key() == key.0) {
                 None => value.get(),
                 Some(Edit::Set(_, value) | Edit::Replace(_, value)) => value,
                 Some(Edit::Remove(_)) => continue,
@@ -136,7 +137,7 @@ impl<'a> Body<'a> {
         for edit in edits {
             if let Edit::Set(key, value) = edit {
                 if !self.fields.contains_key(*key) {
-                    write_field(&mut out, key, value);
+                    write_field(&mut out, &Key::own(key), value);
                 }
             }
         }
@@ -146,13 +147,40 @@ impl<'a> Body<'a> {
 }
 
 /// Appends `"key":value` (after a comma unless it is the first field).
-fn write_field(out: &mut Vec<u8>, key: &str, raw: &str) {
+fn write_field(out: &mut Vec<u8>, key: &Key<'_>, raw: &str) {
     if out.len() > 1 {
         out.push(b',');
     }
-    serde_json::to_writer(&mut *out, key).expect("a string serializes into memory");
+    key.write(out);
     out.push(b':');
     out.extend_from_slice(raw.as_bytes());
+}
+
+impl<'k> Key<'k> {
+    /// A name the proxy sets (the fields of [`Edit`]): plain text, with nothing JSON escapes.
+    fn own(name: &'k str) -> Self {
+        debug_assert!(
+            name.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\'),
+            "{name:?} needs escaping"
+        );
+        Key(Cow::Borrowed(name))
+    }
+
+    /// Appends the name as a JSON string. A borrowed name had no escapes in the client's JSON
+    /// (serde_json lends the text only then, and a JSON string holds no bare quote, backslash or
+    /// control character), so it goes back as it came; a name that had escapes is escaped again.
+    fn write(&self, out: &mut Vec<u8>) {
+        match &self.0 {
+            Cow::Borrowed(name) => {
+                out.push(b'"');
+                out.extend_from_slice(name.as_bytes());
+                out.push(b'"');
+            }
+            Cow::Owned(name) => {
+                serde_json::to_writer(&mut *out, name).expect("a string serializes into memory")
+            }
+        }
+    }
 }
 
 /// The raw JSON text of `value`.
@@ -200,24 +228,57 @@ impl Body<'_> {
     }
 }
 
+/// The fields of D's `kv_transfer_params` that name where the KV is (`remote_bootstrap_addr`,
+/// `remote_engine_id`), as raw JSON: written once per (prefill, dp rank) pair, not per request.
+pub fn kv_source(bootstrap_addr: &str, engine_id: &str) -> Box<str> {
+    format!(
+        r#""remote_bootstrap_addr":{},"remote_engine_id":{}"#,
+        raw_json(&bootstrap_addr),
+        raw_json(&engine_id)
+    )
+    .into()
+}
+
+/// `kv_transfer_params` as raw JSON, the fields in [`KvTransferParams`]' order: for P, or for
+/// D (`remote_prefill`) with the [`kv_source`] of the pair it pulls from. Written directly:
+/// serde's way, through the type's pass-through map and each string escaped anew, cost
+/// several times the instructions.
+fn sent_params(remote_prefill: bool, kv_source: Option<&str>, transfer_id: &str) -> String {
+    let mut params = Vec::with_capacity(96 + kv_source.map_or(0, str::len) + transfer_id.len());
+    params.extend_from_slice(if remote_prefill {
+        br#"{"do_remote_decode":false,"do_remote_prefill":true,"#
+    } else {
+        br#"{"do_remote_decode":true,"do_remote_prefill":false,"#
+    });
+    if let Some(kv_source) = kv_source {
+        params.extend_from_slice(kv_source.as_bytes());
+        params.push(b',');
+    }
+    params.extend_from_slice(br#""transfer_id":"#);
+    serde_json::to_writer(&mut params, transfer_id).expect("a string serializes into memory");
+    params.push(b'}');
+    String::from_utf8(params).expect("JSON text is UTF-8")
+}
+
 /// `kv_transfer_params` for P, as raw JSON: compute the KV for a remote decoder.
 pub fn prefill_params(transfer_id: &str, sequential: bool) -> String {
+    if !sequential {
+        return sent_params(false, None, transfer_id);
+    }
     let mut params = KvTransferParams {
         do_remote_decode: true,
         do_remote_prefill: false,
         transfer_id: Some(transfer_id.to_owned()),
         ..KvTransferParams::default()
     };
-    if sequential {
-        // What vLLM's NIXL proxy sends P: the fields P fills in, as nulls.
-        for field in [
-            "remote_engine_id",
-            "remote_block_ids",
-            "remote_host",
-            "remote_port",
-        ] {
-            params.extra.insert(field.to_owned(), Value::Null);
-        }
+    // What vLLM's NIXL proxy sends P: the fields P fills in, as nulls.
+    for field in [
+        "remote_engine_id",
+        "remote_block_ids",
+        "remote_host",
+        "remote_port",
+    ] {
+        params.extra.insert(field.to_owned(), Value::Null);
     }
     raw_json(&params)
 }
@@ -225,14 +286,7 @@ pub fn prefill_params(transfer_id: &str, sequential: bool) -> String {
 /// `kv_transfer_params` for D in concurrent mode, as raw JSON: pull the KV of `transfer_id`
 /// from `pair`.
 pub fn decode_params(transfer_id: &str, pair: &Pair) -> String {
-    raw_json(&KvTransferParams {
-        do_remote_decode: false,
-        do_remote_prefill: true,
-        remote_bootstrap_addr: Some(pair.bootstrap_addr.to_string()),
-        remote_engine_id: Some(pair.engine_id.to_string()),
-        transfer_id: Some(transfer_id.to_owned()),
-        extra: Map::new(),
-    })
+    sent_params(true, Some(&pair.kv_source), transfer_id)
 }
 
 #[cfg(test)]
@@ -275,6 +329,25 @@ mod tests {
     }
 
     #[test]
+    fn sent_params_are_written_as_kv_transfer_params_are() {
+        let full = KvTransferParams {
+            do_remote_prefill: true,
+            remote_bootstrap_addr: Some("http://10.0.0.5:8998".into()),
+            remote_engine_id: Some("engine \"0\"".into()),
+            transfer_id: Some("xfer-3".into()),
+            ..KvTransferParams::default()
+        };
+        let source = kv_source("http://10.0.0.5:8998", "engine \"0\"");
+        assert_eq!(sent_params(true, Some(&source), "xfer-3"), raw_json(&full));
+        let prefill = KvTransferParams {
+            do_remote_decode: true,
+            transfer_id: Some("xfer-4".into()),
+            ..KvTransferParams::default()
+        };
+        assert_eq!(prefill_params("xfer-4", false), raw_json(&prefill));
+    }
+
+    #[test]
     fn sequential_prefill_params_carry_nixl_nulls() {
         assert_eq!(
             sent(prefill_params("xfer-2", true).as_bytes()),
@@ -310,11 +383,11 @@ mod tests {
     #[test]
     fn field_names_are_unescaped_once_and_escaped_again() {
         // An escaped name, a repeated one (the last wins) and an empty object.
-        let body = Body::parse(br#"{"a\"b":1,"x":1,"x":2,"\u00e9":true}"#).unwrap();
+        let body = Body::parse(br#"{"a\"b":1,"x":1,"x":2,"\u00e9":true,"c\\d\u0001":0}"#).unwrap();
         assert_eq!(body.get("a\"b").unwrap().get(), "1");
         assert_eq!(
             sent(&body.alone()),
-            json!({"a\"b": 1, "x": 2, "\u{e9}": true})
+            json!({"a\"b": 1, "x": 2, "\u{e9}": true, "c\\d\u{1}": 0})
         );
         assert_eq!(Body::parse(b"{}").unwrap().alone(), b"{}");
         let edited = Body::parse(br#"{"bootstrap_room":1,"kv_transfer_params":{}}"#).unwrap();

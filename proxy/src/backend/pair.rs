@@ -22,6 +22,9 @@ pub struct Pair {
     pub rank_header: HeaderValue,
     /// The engine id of that dp rank (`remote_engine_id`).
     pub engine_id: Arc<str>,
+    /// `remote_bootstrap_addr` and `remote_engine_id` as D's `kv_transfer_params` carry them
+    /// ([`crate::body::kv_source`]).
+    pub kv_source: Box<str>,
     /// The model the engine registered (`None` when its registration or its server does not
     /// say): only decodes that serve it are paired with it.
     pub model: Option<Arc<str>>,

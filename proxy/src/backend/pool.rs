@@ -93,6 +93,10 @@ impl Pool {
                                 dp_rank: rank.rank,
                                 rank_header: HeaderValue::from(rank.rank),
                                 engine_id: Arc::from(rank.engine_id),
+                                kv_source: crate::body::kv_source(
+                                    &prefill.bootstrap_addr,
+                                    rank.engine_id,
+                                ),
                                 model: rank.model.map(Arc::from),
                                 dp_size: rank.dp_size,
                                 outstanding: AtomicUsize::new(0),
