@@ -7,7 +7,7 @@ use bootstrap_server::Server;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    init_logging(args.log_format);
+    let _logging = init_logging(args.log_format);
     let server = match Server::bind(args.server_config()).await {
         Ok(server) => server,
         Err(err) => {

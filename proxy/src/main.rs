@@ -26,7 +26,7 @@ fn disable_transparent_huge_pages() {
 async fn main() -> ExitCode {
     disable_transparent_huge_pages();
     let args = Args::parse_args();
-    init_logging(args.log_format);
+    let _logging = init_logging(args.log_format);
     let prefill_env = std::env::var(PREFILL_ENV).ok();
     let config = match args.into_config(prefill_env.as_deref()) {
         Ok(config) => config,

@@ -5,12 +5,23 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStderr, Command};
+
+/// The server's stderr, read line by line.
+pub type LogLines = Lines<BufReader<ChildStderr>>;
 
 /// Starts `bootstrap-server` on an ephemeral port with `--data-dir DIR` (one argument) or the
 /// given flags, and returns it with its base URL.
 pub async fn start_binary(args: &[&OsStr]) -> (Child, String) {
+    let (child, url, mut lines) = start_binary_unread(args).await;
+    // Keep draining stderr so the server never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, url)
+}
+
+/// [`start_binary`], leaving the rest of its stderr unread: the caller drains it or not.
+pub async fn start_binary_unread(args: &[&OsStr]) -> (Child, String, LogLines) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_bootstrap-server"));
     command.args(["--host", "127.0.0.1", "--port", "0", "--log-format", "json"]);
     match args {
@@ -35,9 +46,7 @@ pub async fn start_binary(args: &[&OsStr]) -> (Child, String) {
     })
     .await
     .expect("the server listens within 30 s");
-    // Keep draining stderr so the server never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, format!("http://{addr}"))
+    (child, format!("http://{addr}"), lines)
 }
 
 /// `GET url` as JSON.

@@ -134,7 +134,7 @@ async fn demo(proxy: &str, dialect: Dialect) -> Result<(), String> {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    init_logging(LogFormat::Text);
+    let _logging = init_logging(LogFormat::Text);
     if !args.transfer.is_built() {
         eprintln!(
             "error: --transfer {} needs pd-cluster and sim-engine built with `--features ucx` \

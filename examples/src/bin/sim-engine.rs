@@ -5,7 +5,7 @@ use pd_service::{init_logging, shutdown_signal};
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = SimArgs::parse();
-    init_logging(args.log_format);
+    let _logging = init_logging(args.log_format);
     let engine = match SimEngine::start(args).await {
         Ok(engine) => engine,
         Err(err) => {

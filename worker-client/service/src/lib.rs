@@ -12,7 +12,7 @@ mod text;
 mod wire_errors;
 
 pub use bearer::BearerToken;
-pub use logging::{init_logging, LogFormat};
+pub use logging::{init_logging, LogFormat, Logging};
 pub use serve::{bind, serve, Background, BindError, ServeLimits};
 pub use shutdown::shutdown_signal;
 pub use text::{error_chain, parse_seconds, parse_seconds_or_zero};

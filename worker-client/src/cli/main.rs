@@ -370,7 +370,7 @@ async fn keep_registered(keeper: LeaseKeeper) -> Result<(), Failure> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(LogFormat::Text);
+    let _logging = init_logging(LogFormat::Text);
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {

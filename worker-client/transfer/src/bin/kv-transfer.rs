@@ -260,7 +260,7 @@ async fn pull(args: PullArgs) -> Result<(), String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(LogFormat::Text);
+    let _logging = init_logging(LogFormat::Text);
     let outcome = match args.role {
         Role::Export(args) => export(args).await,
         Role::Pull(args) => pull(args).await,
