@@ -22,8 +22,14 @@ where
         let bytes = Bytes::from_request(request, state)
             .await
             .map_err(|rejection| ApiError::new(rejection.status(), rejection.body_text()))?;
-        axum::Json::<T>::from_bytes(&bytes)
-            .map(|axum::Json(value)| JsonBody(value))
-            .map_err(|rejection| ApiError::new(rejection.status(), rejection.body_text()))
+        // serde_json alone first: axum's extractor tracks every field's path as it goes (5% of
+        // a registration's instructions), which only a rejection needs.
+        if let Ok(value) = serde_json::from_slice(&bytes) {
+            return Ok(JsonBody(value));
+        }
+        match axum::Json::<T>::from_bytes(&bytes) {
+            Ok(axum::Json(value)) => Ok(JsonBody(value)),
+            Err(rejection) => Err(ApiError::new(rejection.status(), rejection.body_text())),
+        }
     }
 }
