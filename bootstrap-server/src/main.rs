@@ -1,11 +1,18 @@
 use clap::Parser;
-use pd_service::{init_logging, shutdown_signal};
+use pd_service::{disable_transparent_huge_pages, init_logging, shutdown_signal};
 
 use bootstrap_server::config::Args;
 use bootstrap_server::Server;
 
+/// mimalloc: glibc's malloc and free were about a quarter of a durable registration's
+/// instructions (callgrind; sled copies a node's items on every change), mimalloc's take 16%
+/// fewer in all. Without transparent huge pages (see [`disable_transparent_huge_pages`]).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    disable_transparent_huge_pages();
     let args = Args::parse();
     let _logging = init_logging(args.log_format);
     let server = match Server::bind(args.server_config()).await {

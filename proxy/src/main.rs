@@ -2,25 +2,13 @@ use std::process::ExitCode;
 
 use pd_proxy::config::{Args, PREFILL_ENV};
 use pd_proxy::Proxy;
-use pd_service::{init_logging, shutdown_signal};
+use pd_service::{disable_transparent_huge_pages, init_logging, shutdown_signal};
 
 /// mimalloc: glibc's malloc and free were a tenth of the proxy's CPU (every request's headers,
 /// bodies and futures, often freed on another worker thread than the one that allocated them).
 /// Without transparent huge pages (see [`disable_transparent_huge_pages`]).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Turns transparent huge pages off for this process. mimalloc's arenas are 2 MiB aligned, so
-/// where THP is on (`always`, or `madvise` and mimalloc's own advice, which the `no_thp` build
-/// drops) every arena touched costs a whole 2 MiB page: with 100 stalled client bodies the
-/// proxy's memory grew from 65-90 MiB to 93-121 MiB.
-fn disable_transparent_huge_pages() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: PR_SET_THP_DISABLE takes integer arguments and touches no memory.
-    unsafe {
-        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
-    }
-}
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -2,10 +2,12 @@
 //! the same and is written once: logging ([`init_logging`]), the shutdown signal
 //! ([`shutdown_signal`]), duration flags and error text ([`parse_seconds`], [`error_chain`]),
 //! binding and serving an axum router with bounded timeouts and a graceful shutdown
-//! ([`serve`], [`bind`], [`Background`]), and the bearer-token check ([`BearerToken`]).
+//! ([`serve`], [`bind`], [`Background`]), the bearer-token check ([`BearerToken`]), and what
+//! a server allocating with mimalloc needs of its process ([`disable_transparent_huge_pages`]).
 
 mod bearer;
 mod logging;
+mod memory;
 mod serve;
 mod shutdown;
 mod text;
@@ -13,6 +15,7 @@ mod wire_errors;
 
 pub use bearer::BearerToken;
 pub use logging::{init_logging, LogFormat, Logging};
+pub use memory::disable_transparent_huge_pages;
 pub use serve::{bind, serve, Background, BindError, ServeLimits};
 pub use shutdown::shutdown_signal;
 pub use text::{error_chain, parse_seconds, parse_seconds_or_zero};
