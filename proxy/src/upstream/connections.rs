@@ -63,9 +63,10 @@ struct Idle {
     since: Instant,
 }
 
-/// The idle connections of every backend, by `host:port`. Keyed by the text rather than the
-/// [`Authority`], whose hash feeds the hasher one lowercased byte at a time (a tenth of the
-/// pool's work per call), and hashed with foldhash: the keys are the operator's backends.
+/// The idle connections of every backend, by `host:port`. Keyed by the text (hosts come
+/// lowercased from the URL parser) rather than the [`Authority`], whose hash feeds the hasher
+/// one lowercased byte at a time (a fifth of the pool's work per call), and hashed with
+/// foldhash: the keys are the operator's backends, not the clients'.
 type IdleByBackend = HashMap<Box<str>, VecDeque<Idle>, foldhash::fast::RandomState>;
 
 /// The pool of idle connections, per backend (`host:port`).
