@@ -1,49 +1,66 @@
 #!/usr/bin/env bash
-# Counts the user-space instructions pd-proxy executes per proxied request, under valgrind's
-# callgrind. Unlike req/s and CPU time, the count does not move with the machine's load: the same
-# binaries and scenario give the same figure within about half a percent, run after run. So it
-# tells what a change to the proxy's own code bought even on a machine too noisy to time it. It
-# leaves out the kernel's share (the system calls and the TCP traffic), so check the changes it
-# rates with pd-bench as well.
+# Counts the user-space instructions pd-proxy or bootstrap-server executes per answered request,
+# under valgrind's callgrind. Unlike req/s and CPU time, the count does not move with the
+# machine's load: the same binaries and scenario give the same figure within about half a
+# percent for the proxy (10% for the server, whose store's threads spin while they wait for
+# each other), run after run. So it tells what a change to their own code bought even
+# on a machine too noisy to time it. It leaves out the kernel's share (the system calls, the TCP
+# traffic, the fsyncs), so check the changes it rates with pd-bench as well.
 #
-# It runs `pd-bench proxy` at concurrency 16 with pd-proxy under callgrind. That is about 50 times
-# slower, so a run serves a few thousand requests. For each of pd-bench's proxy scenarios it
-# prints the requests served and the instructions per request (start-up included, spread over
-# the requests).
+# It runs pd-bench's scenarios for that system (`proxy` at concurrency 16, `bootstrap` at 64)
+# with the system under callgrind. That is about 50 times slower, so a scenario serves a few
+# thousand requests. For each process pd-bench started (one per route: `GET /query` of 64 and of
+# 4096 workers share one) it prints the requests answered and the instructions per request:
+# start-up and set-up (the workers and ids registered first) included, so compare a row between
+# two builds, not two rows.
 #
-# Usage: examples/bench/instructions.sh [BIN_DIR] [OUT_DIR]
-#   BIN_DIR  the release binaries (default target/release)
-#   OUT_DIR  where callgrind's files are kept, for callgrind_annotate (default: a temp folder,
-#            removed afterwards)
+# Usage: examples/bench/instructions.sh [proxy|bootstrap] [BIN_DIR] [OUT_DIR]
+#   proxy | bootstrap  the system to count (default proxy)
+#   BIN_DIR            the release binaries (default target/release)
+#   OUT_DIR            where callgrind's files are kept, for callgrind_annotate (default: a temp
+#                      folder, removed afterwards)
 # Needs valgrind (Debian: apt-get install valgrind) and python3.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bin_dir=$(realpath "${1:-target/release}")
-keep=${2:-}
+system=${1:-proxy}
+bin_dir=$(realpath "${2:-target/release}")
+keep=${3:-}
+case "$system" in
+  proxy) binary=pd-proxy row=pd-proxy suite=(--seconds 6 --concurrency 16 proxy) ;;
+  # sled's threads spin on each other: without fair scheduling one may spin for minutes.
+  bootstrap) binary=bootstrap-server row=pd-bootstrap suite=(--seconds 3 --concurrency 64 bootstrap) ;;
+  *) echo "instructions.sh: the system is proxy or bootstrap, not $system" >&2; exit 2 ;;
+esac
 command -v valgrind >/dev/null || { echo "instructions.sh: valgrind is not installed" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 out=${keep:-$work/out}
 mkdir -p "$out" "$work/bin"
-for binary in "$bin_dir"/*; do
-  [ -x "$binary" ] && [ -f "$binary" ] && ln -sf "$binary" "$work/bin/"
+for file in "$bin_dir"/*; do
+  [ -x "$file" ] && [ -f "$file" ] && ln -sf "$file" "$work/bin/"
 done
-rm -f "$work/bin/pd-proxy"
-cat >"$work/bin/pd-proxy" <<EOF
+rm -f "$work/bin/$binary"
+cat >"$work/bin/$binary" <<EOF
 #!/bin/sh
-exec valgrind --tool=callgrind --callgrind-out-file=$out/callgrind.out.%p "$bin_dir/pd-proxy" "\$@"
+exec valgrind --tool=callgrind --fair-sched=yes --callgrind-out-file=$out/callgrind.out.%p \
+  "$bin_dir/$binary" "\$@"
 EOF
-chmod +x "$work/bin/pd-proxy"
-"$bin_dir/pd-bench" --bin-dir "$work/bin" --seconds 6 --concurrency 16 proxy \
+chmod +x "$work/bin/$binary"
+"$bin_dir/pd-bench" --bin-dir "$work/bin" "${suite[@]}" \
   >"$work/report.md" 2>"$work/bench.log" || { cat "$work/bench.log" >&2; exit 1; }
-grep '| pd-proxy |' "$work/report.md" | awk -F'|' '!seen[$2]++ {gsub(/^ +| +$/, "", $2); print $2}' \
+# The scenarios by route: those of one route (`GET /query` of 64 and of 4096 workers) share a
+# process, each route its own.
+grep "| $row |" "$work/report.md" |
+  awk -F'|' '{gsub(/^ +| +$/, "", $2); sub(/ \(.*$/, "", $2)} !seen[$2]++ {print $2}' \
   >"$work/scenarios"
-# Each scenario started its own proxy: callgrind's files in start order (by pid) are the
-# scenarios in the report's order. Requests are counted as calls of Body::parse (one per request).
-ls "$out"/callgrind.out.* | sort -t. -k3 -n | python3 -c '
+# callgrind's files in start order (by pid) are the routes in the report's order. Requests are
+# counted as the answers hyper's server wrote.
+for file in "$out"/callgrind.out.*; do echo "${file##*.} $file"; done | sort -n | cut -d' ' -f2- |
+  python3 -c '
 import re, sys
 names = [line.strip() for line in open(sys.argv[1])]
-print("| scenario | requests | instructions per request |")
+answer = "<hyper::proto::h1::role::Server as hyper::proto::h1::Http1Transaction>::encode"
+print("| scenarios | requests | instructions per request |")
 print("|---|---|---|")
 for name, path in zip(names, (line.strip() for line in sys.stdin)):
     ids, calls, total, current = set(), 0, 0, None
@@ -51,7 +68,7 @@ for name, path in zip(names, (line.strip() for line in sys.stdin)):
         match = re.match(r"(c?fn)=\((\d+)\)(?: (.*))?", line)
         if match:
             kind, key, label = match.groups()
-            if label is not None and label.endswith("pd_proxy::body::Body::parse"):
+            if label == answer:
                 ids.add(key)
             current = (kind, key)
         elif line.startswith("calls=") and current and current[0] == "cfn" and current[1] in ids:
