@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::binary::start_binary_unread;
+use common::binary::{get_json, start_binary_unread};
 use serde_json::json;
 
 #[tokio::test]
@@ -37,13 +37,6 @@ async fn a_stalled_log_reader_does_not_stall_the_server() {
     for writer in registrations.collect::<Vec<_>>() {
         writer.await.unwrap();
     }
-    let workers: serde_json::Value = client
-        .get(format!("{url}/query"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let workers = get_json(&format!("{url}/query")).await;
     assert_eq!(workers["0"]["worker_addr"].as_object().unwrap().len(), 2000);
 }
