@@ -6,15 +6,18 @@
 //! server), or when it carries the token. Otherwise it gets 401 (a token would help) or 403
 //! (the peer is outside every allowed network and no token is configured).
 
+use std::future::{ready, Ready};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{ConnectInfo, Request};
 use axum::http::{header, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures_util::future::Either;
 use ipnet::IpNet;
 use pd_service::BearerToken;
+use tower::{Layer, Service};
 
 use super::error::ApiError;
 
@@ -47,47 +50,86 @@ impl WriteGuard {
     }
 }
 
-/// Middleware of the write routes: lets a write through or answers 401/403 JSON.
-pub async fn guard_writes(
-    State(guard): State<WriteGuard>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let peer = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|info| info.0.ip());
-    if guard.is_open() || guard.allows(peer) {
-        return next.run(request).await;
-    }
-    match &guard.token {
-        Some(token) if token.admits(request.headers()) => next.run(request).await,
-        Some(_) => {
-            let mut detail = "this route needs the header Authorization: Bearer <token> with the server's --auth-token".to_owned();
-            if !guard.allowed.is_empty() {
-                detail.push_str(" (or a peer inside --allow-writes-from)");
-            }
-            let mut response = ApiError::new(StatusCode::UNAUTHORIZED, detail).into_response();
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
-            response
+impl<S> Layer<S> for WriteGuard {
+    type Service = GuardWrites<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GuardWrites {
+            inner,
+            guard: self.clone(),
         }
-        None => {
-            let nets: Vec<String> = guard.allowed.iter().map(ToString::to_string).collect();
-            let who = peer.map_or_else(
-                || "this peer".to_owned(),
-                |ip| ip.to_canonical().to_string(),
-            );
-            ApiError::new(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "writes are accepted only from --allow-writes-from {}; {who} is outside it",
-                    nets.join(",")
-                ),
-            )
-            .into_response()
+    }
+}
+
+/// The service of the write routes' layer ([`WriteGuard`]): lets a write through or answers
+/// 401/403 JSON.
+#[derive(Clone)]
+pub struct GuardWrites<S> {
+    inner: S,
+    guard: WriteGuard,
+}
+
+impl<S> Service<Request> for GuardWrites<S>
+where
+    S: Service<Request, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Either<S::Future, Ready<Result<Response, S::Error>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        match self.guard.refusal(&request) {
+            None => Either::Left(self.inner.call(request)),
+            Some(refused) => Either::Right(ready(Ok(refused))),
+        }
+    }
+}
+
+impl WriteGuard {
+    /// Why `request` may not write, as its answer; `None` lets it through.
+    fn refusal(&self, request: &Request) -> Option<Response> {
+        let peer = request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|info| info.0.ip());
+        if self.is_open() || self.allows(peer) {
+            return None;
+        }
+        match &self.token {
+            Some(token) if token.admits(request.headers()) => None,
+            Some(_) => {
+                let mut detail = "this route needs the header Authorization: Bearer <token> with the server's --auth-token".to_owned();
+                if !self.allowed.is_empty() {
+                    detail.push_str(" (or a peer inside --allow-writes-from)");
+                }
+                let mut response = ApiError::new(StatusCode::UNAUTHORIZED, detail).into_response();
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    header::HeaderValue::from_static("Bearer"),
+                );
+                Some(response)
+            }
+            None => {
+                let nets: Vec<String> = self.allowed.iter().map(ToString::to_string).collect();
+                let who = peer.map_or_else(
+                    || "this peer".to_owned(),
+                    |ip| ip.to_canonical().to_string(),
+                );
+                Some(
+                    ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        format!(
+                            "writes are accepted only from --allow-writes-from {}; {who} is outside it",
+                            nets.join(",")
+                        ),
+                    )
+                    .into_response(),
+                )
+            }
         }
     }
 }

@@ -1,10 +1,7 @@
 //! Every error the server sends: a status code and FastAPI's `{"detail": "..."}` body (what
 //! vLLM's server sends, and so what its clients parse), also for errors made below the handlers.
 
-use axum::body::{Body, HttpBody};
-use axum::extract::Request;
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::middleware::Next;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pd_protocol::ErrorBody;
@@ -76,41 +73,6 @@ impl IntoResponse for ApiError {
         )
             .into_response()
     }
-}
-
-/// Gives bodiless error responses made below the handlers (405 from the router, 408 from the
-/// timeout layer) a JSON body, so every error a client sees has a body it can parse. Errors
-/// with a body of their own (SGLang's routes answer text, as SGLang's server does) pass.
-pub async fn json_errors(request: Request, next: Next) -> Response {
-    let method = request.method().clone();
-    // A refcounted clone: the path is only formatted when the answer is an error.
-    let uri = request.uri().clone();
-    let response = next.run(request).await;
-    let status = response.status();
-    let is_error = status.is_client_error() || status.is_server_error();
-    let is_json = response.headers().get(header::CONTENT_TYPE)
-        == Some(&HeaderValue::from_static("application/json"));
-    let has_body = response.body().size_hint().exact() != Some(0);
-    if !is_error || is_json || has_body {
-        return response;
-    }
-    let path = uri.path();
-    let detail = match status {
-        StatusCode::METHOD_NOT_ALLOWED => format!("method {method} is not allowed on {path}"),
-        StatusCode::NOT_FOUND => format!("no route for {method} {path}"),
-        _ => format!(
-            "{method} {path}: {}",
-            status.canonical_reason().unwrap_or("error")
-        ),
-    };
-    let (mut parts, _) = response.into_parts();
-    parts.headers.remove(header::CONTENT_LENGTH);
-    parts.headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    let body = serde_json::to_vec(&ErrorBody { detail }).unwrap_or_default();
-    Response::from_parts(parts, Body::from(body))
 }
 
 /// The body of the errors hyper answers before any route sees the request (wired in through

@@ -5,17 +5,18 @@
 mod auth;
 mod error;
 mod extract;
+mod json_errors;
 pub mod native;
 pub mod sglang;
+mod track;
 pub mod vllm;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::Router;
 use tower::ServiceBuilder;
 use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
@@ -48,7 +49,7 @@ pub fn router(state: AppState, guard: WriteGuard) -> Router {
     vllm::writes()
         .merge(sglang::writes())
         .merge(native::writes())
-        .route_layer(middleware::from_fn_with_state(guard, auth::guard_writes))
+        .route_layer(guard)
         .merge(vllm::reads())
         .merge(sglang::reads())
         .merge(native::reads())
@@ -60,8 +61,8 @@ pub fn router(state: AppState, guard: WriteGuard) -> Router {
             // Outer to inner: the timeouts answer 408s that the metrics and JSON layers see.
             ServiceBuilder::new()
                 .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-                .layer(middleware::from_fn(error::json_errors))
-                .layer(middleware::from_fn_with_state(state.clone(), track))
+                .layer(json_errors::JsonErrorsLayer)
+                .layer(track::TrackLayer(state.metrics.clone()))
                 .layer(RequestBodyTimeoutLayer::new(REQUEST_TIMEOUT))
                 .layer(TimeoutLayer::with_status_code(
                     StatusCode::REQUEST_TIMEOUT,
@@ -69,21 +70,6 @@ pub fn router(state: AppState, guard: WriteGuard) -> Router {
                 )),
         )
         .with_state(state)
-}
-
-/// Counts every request by route, method and status, and times it.
-async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let route = request.extensions().get::<MatchedPath>().cloned();
-    let method = request.method().clone();
-    let response = next.run(request).await;
-    state.metrics.observe_http(
-        route.as_ref().map_or("unmatched", MatchedPath::as_str),
-        method.as_str(),
-        response.status().as_str(),
-        started.elapsed(),
-    );
-    response
 }
 
 async fn not_found(request: Request) -> ApiError {
