@@ -13,7 +13,7 @@ use serde::Serialize;
 use tower::ServiceBuilder;
 
 use crate::error::ApiError;
-use crate::layers::auth::RequireApiKeyLayer;
+use crate::layers::auth::RequireApiKey;
 use crate::layers::request_id::AssignRequestIdLayer;
 use crate::layers::track::TrackLayer;
 use crate::state::AppState;
@@ -31,11 +31,11 @@ pub fn router(state: AppState) -> Router {
             ServiceBuilder::new()
                 .layer(AssignRequestIdLayer(state.clone()))
                 .layer(TrackLayer(state.clone()))
-                .layer(RequireApiKeyLayer(state.clone())),
+                .layer(RequireApiKey::layer(&state)),
         );
     let models = Router::new()
         .route("/v1/models", get(models::models))
-        .route_layer(RequireApiKeyLayer(state.clone()));
+        .route_layer(RequireApiKey::layer(&state));
     completions
         .merge(models)
         .route("/health", get(health_route))

@@ -6,18 +6,14 @@
 //! server), or when it carries the token. Otherwise it gets 401 (a token would help) or 403
 //! (the peer is outside every allowed network and no token is configured).
 
-use std::future::{ready, Ready};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use axum::extract::{ConnectInfo, Request};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use futures_util::future::Either;
 use ipnet::IpNet;
-use pd_service::BearerToken;
-use tower::{Layer, Service};
+use pd_service::{BearerToken, Gate};
 
 use super::error::ApiError;
 
@@ -50,47 +46,8 @@ impl WriteGuard {
     }
 }
 
-impl<S> Layer<S> for WriteGuard {
-    type Service = GuardWrites<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        GuardWrites {
-            inner,
-            guard: self.clone(),
-        }
-    }
-}
-
-/// The service of the write routes' layer ([`WriteGuard`]): lets a write through or answers
-/// 401/403 JSON.
-#[derive(Clone)]
-pub struct GuardWrites<S> {
-    inner: S,
-    guard: WriteGuard,
-}
-
-impl<S> Service<Request> for GuardWrites<S>
-where
-    S: Service<Request, Response = Response>,
-{
-    type Response = Response;
-    type Error = S::Error;
-    type Future = Either<S::Future, Ready<Result<Response, S::Error>>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request) -> Self::Future {
-        match self.guard.refusal(&request) {
-            None => Either::Left(self.inner.call(request)),
-            Some(refused) => Either::Right(ready(Ok(refused))),
-        }
-    }
-}
-
-impl WriteGuard {
-    /// Why `request` may not write, as its answer; `None` lets it through.
+/// The write routes' gate: a write let through, or answered 401/403 JSON.
+impl Gate for WriteGuard {
     fn refusal(&self, request: &Request) -> Option<Response> {
         let peer = request
             .extensions()

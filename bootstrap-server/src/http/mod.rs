@@ -18,6 +18,7 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Router;
+use pd_service::GateLayer;
 use tower::ServiceBuilder;
 use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
 
@@ -49,7 +50,7 @@ pub fn router(state: AppState, guard: WriteGuard) -> Router {
     vllm::writes()
         .merge(sglang::writes())
         .merge(native::writes())
-        .route_layer(guard)
+        .route_layer(GateLayer(guard))
         .merge(vllm::reads())
         .merge(sglang::reads())
         .merge(native::reads())

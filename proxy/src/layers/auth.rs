@@ -1,62 +1,36 @@
 //! The `--api-key` check: `Authorization: Bearer <key>` (the scheme in any case, the key compared
 //! in constant time), or 401 in OpenAI's error shape.
 
-use std::future::{ready, Ready};
-use std::task::{Context, Poll};
-
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use futures_util::future::Either;
-use tower::{Layer, Service};
+use pd_service::{Gate, GateLayer};
 
 use super::track::TrackerSlot;
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::state::AppState;
 
-/// Layer: lets a request through when it carries the key (or none is configured).
+/// Lets a request through when it carries the key (or none is configured).
 #[derive(Clone)]
-pub struct RequireApiKeyLayer(pub AppState);
+pub struct RequireApiKey(pub AppState);
 
-impl<S> Layer<S> for RequireApiKeyLayer {
-    type Service = RequireApiKey<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RequireApiKey {
-            inner,
-            state: self.0.clone(),
-        }
+impl RequireApiKey {
+    /// The layer checking the key in front of a route.
+    pub fn layer(state: &AppState) -> GateLayer<Self> {
+        GateLayer(RequireApiKey(state.clone()))
     }
 }
 
-/// The service of [`RequireApiKeyLayer`].
-#[derive(Clone)]
-pub struct RequireApiKey<S> {
-    inner: S,
-    state: AppState,
-}
-
-impl<S> Service<Request> for RequireApiKey<S>
-where
-    S: Service<Request, Response = Response>,
-{
-    type Response = Response;
-    type Error = S::Error;
-    type Future = Either<S::Future, Ready<Result<Response, S::Error>>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request) -> Self::Future {
+impl Gate for RequireApiKey {
+    fn refusal(&self, request: &Request) -> Option<Response> {
         let admitted = self
-            .state
+            .0
             .api_key
             .as_ref()
             .is_none_or(|key| key.admits(request.headers()));
         if admitted {
-            return Either::Left(self.inner.call(request));
+            return None;
         }
         if let Some(mut tracker) = request
             .extensions()
@@ -65,11 +39,13 @@ where
         {
             tracker.finish(Outcome::Unauthorized);
         }
-        Either::Right(ready(Ok(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "authentication_error",
-            "this proxy needs the header Authorization: Bearer <key> with its --api-key",
+        Some(
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "this proxy needs the header Authorization: Bearer <key> with its --api-key",
+            )
+            .into_response(),
         )
-        .into_response())))
     }
 }

@@ -2,10 +2,12 @@
 //! the same and is written once: logging ([`init_logging`]), the shutdown signal
 //! ([`shutdown_signal`]), duration flags and error text ([`parse_seconds`], [`error_chain`]),
 //! binding and serving an axum router with bounded timeouts and a graceful shutdown
-//! ([`serve`], [`bind`], [`Background`]), the bearer-token check ([`BearerToken`]), and what
-//! a server allocating with mimalloc needs of its process ([`disable_transparent_huge_pages`]).
+//! ([`serve`], [`bind`], [`Background`]), the bearer-token check ([`BearerToken`]), a layer
+//! answering the requests a server's own rule refuses ([`GateLayer`]), and what a server
+//! allocating with mimalloc needs of its process ([`disable_transparent_huge_pages`]).
 
 mod bearer;
+mod gate;
 mod logging;
 mod memory;
 mod serve;
@@ -14,6 +16,7 @@ mod text;
 mod wire_errors;
 
 pub use bearer::BearerToken;
+pub use gate::{Gate, GateLayer, Gated};
 pub use logging::{init_logging, LogFormat, Logging};
 pub use memory::disable_transparent_huge_pages;
 pub use serve::{bind, serve, Background, BindError, ServeLimits};
