@@ -4,6 +4,10 @@
 //! reader that stalls (a collector that stops reading, a pipe nobody drains) must not stall the
 //! requests, and a write to stderr is a system call the request would otherwise wait for. Up to
 //! [`QUEUED_LINES`] lines wait for that thread; past that, new lines are dropped, not queued.
+//! The thread writes the lines waiting for it together, in one system call per
+//! [`WRITE_BUFFER`] bytes, and flushes as soon as none is waiting: a burst of lines (64 workers
+//! registering at once) costs a few writes instead of one each, and no line is held back once the
+//! burst is over.
 
 use std::io::IsTerminal;
 
@@ -11,6 +15,9 @@ use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 
 /// How many log lines may wait to be written before new ones are dropped (a few MiB).
 pub const QUEUED_LINES: usize = 16_384;
+
+/// How many bytes of log lines the writer thread gathers into one write at most.
+pub const WRITE_BUFFER: usize = 64 * 1024;
 
 /// How logs are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -39,7 +46,10 @@ pub fn init_logging(format: LogFormat) -> Logging {
         .buffered_lines_limit(QUEUED_LINES)
         .lossy(true)
         .thread_name("pd-log-writer")
-        .finish(std::io::stderr());
+        .finish(std::io::BufWriter::with_capacity(
+            WRITE_BUFFER,
+            std::io::stderr(),
+        ));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);
