@@ -71,6 +71,11 @@ pub struct Args {
     /// one. Peers outside get 403 (or need --auth-token, when set). Reads stay open.
     #[arg(long, env = "PD_BOOTSTRAP_ALLOW_WRITES_FROM", value_delimiter = ',', value_parser = parse_net)]
     pub allow_writes_from: Vec<IpNet>,
+    /// Seconds a request may take, headers and body included, before it is answered with a
+    /// 408 (a client that stalls mid-headers has its connection closed): what a slow or stuck
+    /// client can hold a connection for.
+    #[arg(long, env = "PD_BOOTSTRAP_REQUEST_TIMEOUT", default_value = "30", value_parser = parse_seconds)]
+    pub request_timeout: Duration,
     /// Log format.
     #[arg(long, env = "PD_BOOTSTRAP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -141,6 +146,7 @@ impl Args {
                 max_requests: self.max_requests,
                 engine_conflict: self.engine_conflict,
             },
+            request_timeout: self.request_timeout,
         }
     }
 }
@@ -159,6 +165,8 @@ mod tests {
             "2",
             "--request-ttl",
             "1.5",
+            "--request-timeout",
+            "2.5",
             "--store",
             "etcd://127.0.0.1:2379,10.0.0.2:2379",
             "--cluster",
@@ -185,6 +193,7 @@ mod tests {
             })
         );
         assert_eq!(config.registry.request_ttl, Duration::from_millis(1500));
+        assert_eq!(config.request_timeout, Duration::from_millis(2500));
         assert_eq!(
             config.allow_writes_from,
             vec![

@@ -30,6 +30,10 @@ pub struct ServerConfig {
     pub allow_writes_from: Vec<IpNet>,
     /// Registry settings.
     pub registry: RegistryConfig,
+    /// The longest a request may take, from its first header byte to its answer, body
+    /// included: a client that stalls past it gets a 408 (or, mid-headers, a closed
+    /// connection), so a slow or stuck client holds a connection for bounded time.
+    pub request_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -43,9 +47,13 @@ impl ServerConfig {
             auth_token: None,
             allow_writes_from: Vec::new(),
             registry: RegistryConfig::default(),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
     }
 }
+
+/// The default [`ServerConfig::request_timeout`].
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -130,6 +138,7 @@ impl Server {
                 registry,
                 metrics,
                 open_writes,
+                request_timeout: config.request_timeout,
             },
             guard,
         })
@@ -167,12 +176,14 @@ impl Server {
             state,
             guard,
         } = self;
+        let request_timeout = state.request_timeout;
         let registry = state.registry.clone();
         let pruner = tokio::spawn(prune_forever(state.clone()));
         tracing::info!(addr = %listener.local_addr()?, "bootstrap server listening");
         let app = http::router(state, guard);
         let limits = ServeLimits {
             wire_error_body: Some(http::wire_error_body),
+            header_read_timeout: request_timeout,
             ..ServeLimits::default()
         };
         let served = serve(listener, app, shutdown, limits).await;

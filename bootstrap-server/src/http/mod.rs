@@ -31,9 +31,6 @@ use crate::registry::Registry;
 /// The largest request body accepted (413 above it).
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 
-/// The longest a request may take, body included, before it is answered with a timeout.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
@@ -43,10 +40,15 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Why writes are unprotected, when they are (shown by `GET /health`).
     pub open_writes: Option<Arc<str>>,
+    /// How long a request may take before it is answered with a 408 (long polls end sooner).
+    pub request_timeout: Duration,
 }
 
-/// Builds the full router; every write route goes through `guard` (see [`WriteGuard`]).
+/// Builds the full router; every write route goes through `guard` (see [`WriteGuard`]), and a
+/// request whose body or answer takes longer than the state's `request_timeout` is answered
+/// with a 408.
 pub fn router(state: AppState, guard: WriteGuard) -> Router {
+    let request_timeout = state.request_timeout;
     vllm::writes()
         .merge(sglang::writes())
         .merge(native::writes())
@@ -64,10 +66,10 @@ pub fn router(state: AppState, guard: WriteGuard) -> Router {
                 .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
                 .layer(json_errors::JsonErrorsLayer)
                 .layer(track::TrackLayer(state.metrics.clone()))
-                .layer(RequestBodyTimeoutLayer::new(REQUEST_TIMEOUT))
+                .layer(RequestBodyTimeoutLayer::new(request_timeout))
                 .layer(TimeoutLayer::with_status_code(
                     StatusCode::REQUEST_TIMEOUT,
-                    REQUEST_TIMEOUT,
+                    request_timeout,
                 )),
         )
         .with_state(state)

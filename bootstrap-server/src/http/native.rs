@@ -24,7 +24,8 @@ use crate::registry::RegistryError;
 /// How long `GET /watch` waits for a change when the caller does not say.
 const WATCH_WAIT_DEFAULT_MS: u64 = 20_000;
 
-/// The longest `GET /watch` waits (longer asks are shortened), well inside the request timeout.
+/// The longest `GET /watch` waits (longer asks are shortened), well inside the default request
+/// timeout; with a shorter `--request-timeout`, four fifths of it.
 const WATCH_WAIT_MAX_MS: u64 = 25_000;
 
 /// The write routes (behind the bearer token when one is set).
@@ -176,10 +177,11 @@ async fn watch(
     params: Result<Query<WatchParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(params) = params.map_err(rejected)?;
+    let longest = (state.request_timeout.as_millis() * 4 / 5) as u64;
     let wait_ms = params
         .timeout_ms
         .unwrap_or(WATCH_WAIT_DEFAULT_MS)
-        .min(WATCH_WAIT_MAX_MS);
+        .min(WATCH_WAIT_MAX_MS.min(longest));
     match state
         .registry
         .watch(params.since, Duration::from_millis(wait_ms))

@@ -1,0 +1,110 @@
+//! A client that stalls mid-request holds its connection for `--request-timeout` at most: a
+//! stalled body is answered with a JSON 408, stalled headers get the connection closed, and the
+//! server keeps answering everyone else meanwhile.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The bound the server under test is started with.
+const TIMEOUT: Duration = Duration::from_millis(600);
+
+/// The real binary with `--request-timeout 0.6`, and its host:port.
+async fn start() -> (tokio::process::Child, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, url) = common::binary::start_binary(&[
+        OsStr::new("--data-dir"),
+        dir.path().as_os_str(),
+        OsStr::new("--request-timeout"),
+        OsStr::new("0.6"),
+    ])
+    .await;
+    let addr = url.trim_start_matches("http://").to_owned();
+    (child, addr, dir)
+}
+
+/// Writes `head` and then nothing more; returns what the server sent until it closed the
+/// connection, and how long that took.
+async fn stall_after(addr: &str, head: &str) -> (String, Duration) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("the server ends a stalled request within 10 s")
+        .unwrap();
+    (
+        String::from_utf8_lossy(&answer).into_owned(),
+        started.elapsed(),
+    )
+}
+
+#[tokio::test]
+async fn a_stalled_body_gets_a_json_408_after_the_request_timeout() {
+    let (_server, addr, _dir) = start().await;
+    let head = format!(
+        "POST /register HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         content-length: 200\r\n\r\n{{\"engine_id\": \"e\""
+    );
+    let (answer, took) = stall_after(&addr, &head).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 408"),
+        "a stalled body is a 408: {answer}"
+    );
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let error: Value = serde_json::from_str(body).expect("the 408's body is JSON");
+    assert!(error["detail"].is_string(), "{error}");
+    assert!(
+        took >= TIMEOUT - Duration::from_millis(100) && took < TIMEOUT * 5,
+        "answered after {took:?}, the timeout is {TIMEOUT:?}"
+    );
+}
+
+#[tokio::test]
+async fn stalled_headers_get_the_connection_closed_and_others_are_served_meanwhile() {
+    let (_server, addr, _dir) = start().await;
+    let stalled = tokio::spawn({
+        let addr = addr.clone();
+        async move { stall_after(&addr, "GET /query HTTP/1.1\r\nhost: x\r\nx-slow: ").await }
+    });
+    // While that connection waits, the server answers another client at once.
+    tokio::time::sleep(TIMEOUT / 3).await;
+    let answered = Instant::now();
+    let health = reqwest::get(format!("http://{addr}/health")).await.unwrap();
+    assert!(health.status().is_success());
+    assert!(answered.elapsed() < TIMEOUT / 2, "{:?}", answered.elapsed());
+
+    let (answer, took) = stalled.await.unwrap();
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "stalled headers end the connection: {answer}"
+    );
+    assert!(
+        took >= TIMEOUT - Duration::from_millis(100) && took < TIMEOUT * 5,
+        "closed after {took:?}, the timeout is {TIMEOUT:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_watch_long_poll_ends_inside_a_short_request_timeout() {
+    let (_server, addr, _dir) = start().await;
+    let listed = common::binary::get_json(&format!("http://{addr}/workers")).await;
+    let revision = listed["revision"].as_u64().unwrap();
+    let started = Instant::now();
+    let polled = reqwest::get(format!(
+        "http://{addr}/watch?since={revision}&timeout_ms=20000"
+    ))
+    .await
+    .unwrap();
+    let took = started.elapsed();
+    assert_eq!(polled.status(), 200, "an empty batch, not a 408");
+    let batch: Value = polled.json().await.unwrap();
+    assert_eq!(batch["events"], serde_json::json!([]), "{batch}");
+    assert!(took < TIMEOUT, "the long poll ended after {took:?}");
+}
