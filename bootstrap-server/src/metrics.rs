@@ -6,7 +6,7 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, TextEncoder,
 };
 
-use crate::registry::{RegisterOutcome, Stats};
+use crate::registry::{RegisterOutcome, Stats, WriteStats};
 
 /// Every metric the server exports, registered in its own Prometheus registry.
 pub struct Metrics {
@@ -173,6 +173,15 @@ impl Metrics {
         self.registrations
             .with_label_values(&[dialect, label])
             .inc();
+    }
+
+    /// Exports the registry writer's histograms (see [`WriteStats`]) with the rest.
+    pub fn export_writes(&self, stats: &WriteStats) {
+        for collector in stats.collectors() {
+            self.registry
+                .register(collector)
+                .expect("metric names are unique");
+        }
     }
 
     /// Says whether writes are open to anyone who reaches the port.

@@ -121,6 +121,7 @@ impl Server {
             config.allow_writes_from.clone(),
         );
         let metrics = Arc::new(Metrics::new());
+        metrics.export_writes(registry.write_stats());
         // Workers are remote, so 0.0.0.0 stays the default; an open one is said loudly, once.
         let open_writes = (guard.is_open() && !config.addr.ip().is_loopback()).then(|| {
             let warning = format!(

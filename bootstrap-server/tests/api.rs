@@ -387,6 +387,10 @@ async fn health_and_metrics() {
         "bootstrap_engines 1",
         "bootstrap_live_requests 1",
         "bootstrap_http_request_duration_seconds_bucket",
+        // Two registrations one after the other: two batches of one write, two flushes.
+        "bootstrap_write_batch_size_sum 2",
+        "bootstrap_write_batch_size_count 2",
+        "bootstrap_store_flush_duration_seconds_count 2",
     ] {
         assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
     }

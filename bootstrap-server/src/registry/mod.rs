@@ -18,6 +18,7 @@ pub mod validate;
 mod view;
 mod watch;
 mod workers;
+mod write_stats;
 mod writer;
 
 use std::sync::atomic::AtomicU64;
@@ -33,6 +34,7 @@ pub use request_table::{IdTables, Inserted, RequestConflict, RequestTable};
 pub use view::View;
 pub use watch::Changes;
 pub use workers::{Group, WorkerTable};
+pub use write_stats::WriteStats;
 
 use self::model::{Deregistration, Lease, Readiness, Registration, Slot, WorkerRecord};
 use self::validate::{validate_addr, validate_id, validate_lease_ttl, validate_rank};
@@ -150,6 +152,8 @@ pub struct Registry {
     /// ids and progress reports, so that every replica in sync reports the same revision. It
     /// only moves past a worker change while the workers lock is held for writing.
     revision: AtomicU64,
+    /// The writer's batch sizes and flush times.
+    write_stats: WriteStats,
 }
 
 impl Registry {
@@ -186,6 +190,7 @@ impl Registry {
             applied: tokio::sync::watch::Sender::new(revision),
             shown: tokio::sync::watch::Sender::new(()),
             revision: AtomicU64::new(revision),
+            write_stats: WriteStats::new(),
         });
         tokio::spawn(Self::follow(Arc::downgrade(&registry)));
         tokio::spawn(Self::run_writer(Arc::downgrade(&registry), queued));
@@ -195,6 +200,11 @@ impl Registry {
     /// The settings the registry runs with.
     pub fn config(&self) -> &RegistryConfig {
         &self.config
+    }
+
+    /// What the writer measures: changes per batch and the time to make each batch durable.
+    pub fn write_stats(&self) -> &WriteStats {
+        &self.write_stats
     }
 
     fn check_rank(

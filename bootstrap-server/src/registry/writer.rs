@@ -8,7 +8,7 @@
 //! of 64. Changes that arrive during the flush wait in the queue and form the next batch.
 
 use std::sync::Weak;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pd_protocol::Revision;
 use tokio::sync::{mpsc, oneshot};
@@ -141,7 +141,11 @@ impl Registry {
                 .iter()
                 .filter_map(|(_, result)| result.as_ref().ok())
                 .fold(0, |last, revision| last.max(*revision));
+            let flush_started = Instant::now();
             let synced = registry.store.sync(durable_at).await;
+            registry
+                .write_stats
+                .observe_batch(committed.len(), flush_started.elapsed());
             // Published also when the flush failed (each caller is told it failed): the table
             // holds the changes either way, later changes are planned on them, and the next
             // batch would show them.
