@@ -3,6 +3,7 @@
 //! optionally pausing after its first event, and a bootstrap server with one engine.
 
 use std::net::SocketAddr;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -11,7 +12,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use pd_service::{serve, ServeLimits};
-use serde_json::{json, Value};
+use serde::Deserialize;
+use serde_json::json;
 
 /// SSE events a streamed mock answer carries before `[DONE]`.
 const STREAM_EVENTS: usize = 16;
@@ -19,36 +21,62 @@ const STREAM_EVENTS: usize = 16;
 /// How long the "first chunk" mock D waits between its first event and the rest.
 const TAIL_GAP: Duration = Duration::from_millis(20);
 
-fn completion() -> Value {
-    json!({"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "sim-model",
-           "choices": [{"index": 0, "text": " the cache moves", "logprobs": null, "finish_reason": "length"}],
-           "usage": {"prompt_tokens": 24, "completion_tokens": 16, "total_tokens": 40}})
+/// What the instant backends answer, rendered once: they stand for engines, so whatever they
+/// spend per request is load on the cores the systems under test share, the same for each.
+struct Answers {
+    /// A whole completion.
+    whole: Bytes,
+    /// The streamed answer: 16 SSE events and `[DONE]`, in one piece.
+    stream: Bytes,
+    /// The streamed answer's first event, and the rest (for a D that pauses between them).
+    first_event: Bytes,
+    later_events: Bytes,
 }
 
-fn sse_chunks() -> Vec<Bytes> {
+static ANSWERS: LazyLock<Answers> = LazyLock::new(|| {
+    let whole = json!({"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "sim-model",
+           "choices": [{"index": 0, "text": " the cache moves", "logprobs": null, "finish_reason": "length"}],
+           "usage": {"prompt_tokens": 24, "completion_tokens": 16, "total_tokens": 40}});
     let chunk = json!({"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "sim-model",
                        "choices": [{"index": 0, "text": " tok", "logprobs": null, "finish_reason": null}]});
     let mut events: Vec<Bytes> = (0..STREAM_EVENTS)
         .map(|_| Bytes::from(format!("data: {chunk}\n\n")))
         .collect();
     events.push(Bytes::from_static(b"data: [DONE]\n\n"));
-    events
+    Answers {
+        whole: Bytes::from(whole.to_string()),
+        stream: Bytes::from(events.concat()),
+        first_event: events[0].clone(),
+        later_events: Bytes::from(events[1..].concat()),
+    }
+});
+
+/// The one field of a request the mocks read (the rest is skipped, not parsed into values).
+#[derive(Deserialize)]
+struct StreamFlag {
+    stream: Option<bool>,
 }
 
 async fn answer(body: Bytes, tail_gap: Option<Duration>) -> Response {
-    let stream = serde_json::from_slice::<Value>(&body)
+    let stream = serde_json::from_slice::<StreamFlag>(&body)
         .ok()
-        .and_then(|v| v.get("stream").and_then(Value::as_bool))
+        .and_then(|flag| flag.stream)
         .unwrap_or(false);
+    let answers = &*ANSWERS;
     if !stream {
-        return Json(completion()).into_response();
+        return (
+            [(header::CONTENT_TYPE, "application/json")],
+            answers.whole.clone(),
+        )
+            .into_response();
     }
-    let events = sse_chunks();
     let body = match tail_gap {
-        None => Body::from(events.concat()),
+        None => Body::from(answers.stream.clone()),
         Some(gap) => {
-            let (first, rest) = (events[0].clone(), Bytes::from(events[1..].concat()));
-            let parts = futures_util::stream::iter([(first, Duration::ZERO), (rest, gap)]);
+            let parts = futures_util::stream::iter([
+                (answers.first_event.clone(), Duration::ZERO),
+                (answers.later_events.clone(), gap),
+            ]);
             Body::from_stream(futures_util::StreamExt::then(
                 parts,
                 |(bytes, wait)| async move {
