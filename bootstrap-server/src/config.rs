@@ -71,9 +71,9 @@ pub struct Args {
     /// one. Peers outside get 403 (or need --auth-token, when set). Reads stay open.
     #[arg(long, env = "PD_BOOTSTRAP_ALLOW_WRITES_FROM", value_delimiter = ',', value_parser = parse_net)]
     pub allow_writes_from: Vec<IpNet>,
-    /// Seconds a request may take, headers and body included, before it is answered with a
-    /// 408 (a client that stalls mid-headers has its connection closed): what a slow or stuck
-    /// client can hold a connection for.
+    /// Seconds a client has to send a request's headers (also on an idle keep-alive
+    /// connection, which is then closed), and then again for its body and the answer, or it
+    /// gets a 408: what a slow or stuck client can hold a connection for.
     #[arg(long, env = "PD_BOOTSTRAP_REQUEST_TIMEOUT", default_value = "30", value_parser = parse_seconds)]
     pub request_timeout: Duration,
     /// Log format.
@@ -154,6 +154,15 @@ impl Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_request_timeout_defaults_to_the_servers() {
+        let args = Args::try_parse_from(["bootstrap-server"]).unwrap();
+        assert_eq!(
+            args.server_config().request_timeout,
+            crate::server::DEFAULT_REQUEST_TIMEOUT
+        );
+    }
 
     #[test]
     fn flags_map_to_config() {

@@ -32,7 +32,8 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Creates and registers every metric.
+    /// Creates and registers every metric of the server's own (the registry writer's are
+    /// added by [`Metrics::export_writes`]).
     pub fn new() -> Self {
         let registry = prometheus::Registry::new();
         let http_requests = IntCounterVec::new(

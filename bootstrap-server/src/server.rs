@@ -30,9 +30,10 @@ pub struct ServerConfig {
     pub allow_writes_from: Vec<IpNet>,
     /// Registry settings.
     pub registry: RegistryConfig,
-    /// The longest a request may take, from its first header byte to its answer, body
-    /// included: a client that stalls past it gets a 408 (or, mid-headers, a closed
-    /// connection), so a slow or stuck client holds a connection for bounded time.
+    /// How long a client has for each step of a request: its headers must arrive within it
+    /// (the clock also runs on an idle keep-alive connection, which is then closed), and then
+    /// its body and the answer within it again, or it gets a 408. So a slow or stuck client
+    /// holds a connection for bounded time. Held to [`REQUEST_TIMEOUT_BOUNDS`].
     pub request_timeout: Duration,
 }
 
@@ -54,6 +55,11 @@ impl ServerConfig {
 
 /// The default [`ServerConfig::request_timeout`].
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The shortest and longest [`ServerConfig::request_timeout`]; a value outside is brought to
+/// the nearer bound (a timer past the longest would overflow the clock).
+pub const REQUEST_TIMEOUT_BOUNDS: (Duration, Duration) =
+    (Duration::from_millis(1), Duration::from_secs(24 * 3600));
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -139,7 +145,9 @@ impl Server {
                 registry,
                 metrics,
                 open_writes,
-                request_timeout: config.request_timeout,
+                request_timeout: config
+                    .request_timeout
+                    .clamp(REQUEST_TIMEOUT_BOUNDS.0, REQUEST_TIMEOUT_BOUNDS.1),
             },
             guard,
         })

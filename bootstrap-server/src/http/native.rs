@@ -24,9 +24,9 @@ use crate::registry::RegistryError;
 /// How long `GET /watch` waits for a change when the caller does not say.
 const WATCH_WAIT_DEFAULT_MS: u64 = 20_000;
 
-/// The longest `GET /watch` waits (longer asks are shortened), well inside the default request
-/// timeout; with a shorter `--request-timeout`, four fifths of it.
-const WATCH_WAIT_MAX_MS: u64 = 25_000;
+/// The longest `GET /watch` waits (longer asks are shortened): five sixths of the request
+/// timeout (25 s at the default 30 s), and 25 s at most.
+const WATCH_WAIT_MAX: Duration = Duration::from_secs(25);
 
 /// The write routes (behind the bearer token when one is set).
 pub fn writes() -> Router<AppState> {
@@ -177,16 +177,10 @@ async fn watch(
     params: Result<Query<WatchParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(params) = params.map_err(rejected)?;
-    let longest = (state.request_timeout.as_millis() * 4 / 5) as u64;
-    let wait_ms = params
-        .timeout_ms
-        .unwrap_or(WATCH_WAIT_DEFAULT_MS)
-        .min(WATCH_WAIT_MAX_MS.min(longest));
-    match state
-        .registry
-        .watch(params.since, Duration::from_millis(wait_ms))
-        .await
-    {
+    // A long poll must answer before the request timeout turns it into a 408.
+    let longest = WATCH_WAIT_MAX.min(state.request_timeout / 6 * 5);
+    let asked = Duration::from_millis(params.timeout_ms.unwrap_or(WATCH_WAIT_DEFAULT_MS));
+    match state.registry.watch(params.since, asked.min(longest)).await {
         Ok(changes) => Ok(Json(WatchBatch {
             revision: changes.revision,
             events: changes.changes.iter().map(worker_event).collect(),

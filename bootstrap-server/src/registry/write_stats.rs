@@ -2,7 +2,8 @@
 //! long making a batch durable took. On sled that is the flush that every registration of the
 //! batch waits for, so a slow or failing disk shows here first (what etcd's own
 //! `wal_fsync_duration` tells about etcd); with etcd a commit is durable when it returns and the
-//! flush costs nothing.
+//! flush costs nothing. A batch with nothing to make durable (every write refused) is not
+//! counted; one whose writes changed nothing (replays) is, with a flush of about 0.
 
 use std::time::Duration;
 
@@ -11,7 +12,6 @@ use prometheus::{Histogram, HistogramOpts};
 
 /// The writer's histograms, shared with the server's `/metrics` (see
 /// [`Registry::write_stats`](super::Registry::write_stats)).
-#[derive(Clone)]
 pub struct WriteStats {
     batch_size: Histogram,
     flush_seconds: Histogram,

@@ -143,9 +143,11 @@ impl Registry {
                 .fold(0, |last, revision| last.max(*revision));
             let flush_started = Instant::now();
             let synced = registry.store.sync(durable_at).await;
-            registry
-                .write_stats
-                .observe_batch(committed.len(), flush_started.elapsed());
+            if durable_at > 0 {
+                registry
+                    .write_stats
+                    .observe_batch(committed.len(), flush_started.elapsed());
+            }
             // Published also when the flush failed (each caller is told it failed): the table
             // holds the changes either way, later changes are planned on them, and the next
             // batch would show them.

@@ -26,7 +26,7 @@ const TAIL_GAP: Duration = Duration::from_millis(20);
 struct Answers {
     /// A whole completion.
     whole: Bytes,
-    /// The streamed answer: 16 SSE events and `[DONE]`, in one piece.
+    /// The streamed answer: [`STREAM_EVENTS`] SSE events and `[DONE]`, in one piece.
     stream: Bytes,
     /// The streamed answer's first event, and the rest (for a D that pauses between them).
     first_event: Bytes,

@@ -52,7 +52,8 @@ impl BootstrapClientBuilder {
     }
 
     /// How long one `GET /watch` long poll waits for a change (default 20 s; the server caps it
-    /// at 25 s). Its HTTP timeout is this wait plus the request timeout.
+    /// at 25 s, or five sixths of its `--request-timeout` when that is shorter than 30 s). Its
+    /// HTTP timeout is this wait plus the request timeout.
     pub fn watch_wait(mut self, wait: Duration) -> Self {
         self.settings.watch_wait = wait;
         self
