@@ -394,6 +394,16 @@ async fn health_and_metrics() {
     ] {
         assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
     }
+    // The dashboard under docs/ queries only metrics the server exports.
+    let dashboard = include_str!("../../docs/grafana/pd-bootstrap.json");
+    let names = pd_service::named_metrics(dashboard, "bootstrap_");
+    assert!(names.len() >= 12, "{names:?}");
+    for name in names {
+        assert!(
+            pd_service::exports_metric(&metrics, name),
+            "the dashboard queries {name}, which the server does not export"
+        );
+    }
 }
 
 async fn writes_need_the_token_and_reads_stay_open() {

@@ -424,23 +424,11 @@ mod tests {
         metrics.decisions().count(Decision::ALL[0]);
         let rendered = metrics.render();
         let dashboard = include_str!("../../../docs/grafana/pd-proxy.json");
-        let mut names: Vec<&str> = dashboard
-            .match_indices("pd_proxy_")
-            .map(|(at, _)| {
-                let rest = &dashboard[at..];
-                let end = rest
-                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                    .unwrap_or(rest.len());
-                &rest[..end]
-            })
-            .collect();
-        names.sort();
-        names.dedup();
+        let names = pd_service::named_metrics(dashboard, "pd_proxy_");
         assert!(names.len() >= 8, "{names:?}");
         for name in names {
             assert!(
-                rendered.contains(&format!("\n{name}{{"))
-                    || rendered.contains(&format!("\n{name} ")),
+                pd_service::exports_metric(&rendered, name),
                 "the dashboard queries {name}, which the proxy does not export"
             );
         }
