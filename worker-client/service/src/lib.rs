@@ -5,7 +5,7 @@
 //! ([`serve`], [`bind`], [`Background`]), the bearer-token check ([`BearerToken`]), a layer
 //! answering the requests a server's own rule refuses ([`GateLayer`]), what a server
 //! allocating with mimalloc needs of its process ([`disable_transparent_huge_pages`]), and the
-//! check that a shipped dashboard queries only exported metrics ([`named_metrics`]).
+//! check that a shipped dashboard queries only exported metrics ([`check_dashboard`]).
 
 mod bearer;
 mod gate;
@@ -21,7 +21,7 @@ pub use bearer::BearerToken;
 pub use gate::{Gate, GateLayer, Gated};
 pub use logging::{init_logging, LogFormat, Logging};
 pub use memory::disable_transparent_huge_pages;
-pub use metric_names::{exports_metric, named_metrics};
+pub use metric_names::check_dashboard;
 pub use serve::{bind, serve, Background, BindError, ServeLimits};
 pub use shutdown::shutdown_signal;
 pub use text::{error_chain, parse_seconds, parse_seconds_or_zero};

@@ -1,10 +1,30 @@
-//! Checking a shipped dashboard against the metrics a process really exports: the names a
-//! dashboard queries ([`named_metrics`]) must each be in the process's Prometheus text
-//! ([`exports_metric`]), or the panel would stay empty after a rename.
+//! Checking a shipped dashboard against the metrics a process really exports: every name a
+//! dashboard queries must be in the process's Prometheus text, or its panel would stay empty
+//! after a rename ([`check_dashboard`]).
+
+/// Checks that every metric `dashboard` names under `prefix` is in `rendered` (a process's
+/// Prometheus text): how many names were checked, or the ones missing.
+pub fn check_dashboard<'a>(
+    dashboard: &'a str,
+    prefix: &str,
+    rendered: &str,
+) -> Result<usize, Vec<&'a str>> {
+    let named = named_metrics(dashboard, prefix);
+    let missing: Vec<&str> = named
+        .iter()
+        .copied()
+        .filter(|name| !exports_metric(rendered, name))
+        .collect();
+    if missing.is_empty() {
+        Ok(named.len())
+    } else {
+        Err(missing)
+    }
+}
 
 /// Every distinct metric name starting with `prefix` that `text` mentions (a Grafana
 /// dashboard's queries, an alert file), sorted.
-pub fn named_metrics<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+fn named_metrics<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
     let mut names: Vec<&str> = text
         .match_indices(prefix)
         .map(|(at, _)| {
@@ -23,7 +43,7 @@ pub fn named_metrics<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
 /// Whether `rendered` (Prometheus text) has a sample of `name`, with labels or without; a
 /// histogram counts by its own name too (its samples are `NAME_bucket`, `NAME_sum` and
 /// `NAME_count`).
-pub fn exports_metric(rendered: &str, name: &str) -> bool {
+fn exports_metric(rendered: &str, name: &str) -> bool {
     [
         format!("\n{name}{{"),
         format!("\n{name} "),
@@ -52,5 +72,10 @@ mod tests {
         assert!(exports_metric(rendered, "app_wait_seconds_count"));
         assert!(!exports_metric(rendered, "app_calls"));
         assert!(!exports_metric(rendered, "app_wait"));
+        assert_eq!(check_dashboard(dashboard, "app_", rendered), Ok(2));
+        assert_eq!(
+            check_dashboard("app_up app_gone", "app_", rendered),
+            Err(vec!["app_gone"])
+        );
     }
 }
