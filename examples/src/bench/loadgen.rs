@@ -272,6 +272,8 @@ pub fn get(host: &str, path: &str) -> Request<Full<Bytes>> {
 pub struct ProcessUsage {
     /// User plus system CPU time so far.
     pub cpu: Duration,
+    /// The system (kernel) part of `cpu`: system calls, and the TCP traffic they carry.
+    pub kernel: Duration,
     /// Peak resident set size (VmHWM), in bytes.
     pub peak_rss: u64,
     /// Current resident set size (VmRSS), in bytes.
@@ -285,10 +287,11 @@ impl ProcessUsage {
         // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
         let after_name = &stat[stat.rfind(')')? + 2..];
         let fields: Vec<&str> = after_name.split_whitespace().collect();
-        let ticks: u64 =
-            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        let user_ticks: u64 = fields.get(11)?.parse().ok()?;
+        let kernel_ticks: u64 = fields.get(12)?.parse().ok()?;
         // SAFETY: sysconf has no memory effects.
-        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let seconds = |ticks: u64| Duration::from_secs_f64(ticks as f64 / per_second);
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
         let kb = |key: &str| {
             status
@@ -299,7 +302,8 @@ impl ProcessUsage {
                 * 1024
         };
         Some(ProcessUsage {
-            cpu: Duration::from_secs_f64(ticks as f64 / per_second as f64),
+            cpu: seconds(user_ticks + kernel_ticks),
+            kernel: seconds(kernel_ticks),
             peak_rss: kb("VmHWM:"),
             rss: kb("VmRSS:"),
         })
@@ -330,5 +334,7 @@ mod tests {
         assert!(report.quantile_ms(0.5) > 0.0);
         let usage = ProcessUsage::read(std::process::id()).unwrap();
         assert!(usage.peak_rss > 0 && usage.cpu > Duration::ZERO);
+        // 300 ms of HTTP over loopback spends some of its time in system calls.
+        assert!(usage.kernel > Duration::ZERO && usage.kernel < usage.cpu);
     }
 }

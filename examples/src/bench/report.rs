@@ -1,6 +1,7 @@
 //! One row per measured run, rendered as a Markdown table.
 
 use std::fmt::Write;
+use std::time::Duration;
 
 use super::chart::{grouped_bars, Series};
 use super::loadgen::{LoadReport, ProcessUsage};
@@ -26,6 +27,8 @@ pub struct Row {
     pub errors: u64,
     /// CPU of the server under test per successful request.
     pub cpu_us_per_request: Option<f64>,
+    /// The kernel's part of `cpu_us_per_request` (system calls and their TCP traffic).
+    pub kernel_us_per_request: Option<f64>,
     /// Peak RSS of the server under test.
     pub peak_rss_mib: Option<f64>,
 }
@@ -40,9 +43,9 @@ impl Row {
         before: Option<ProcessUsage>,
         after: Option<ProcessUsage>,
     ) -> Self {
-        let cpu = match (before, after) {
+        let per_request = |time: fn(&ProcessUsage) -> Duration| match (before, after) {
             (Some(b), Some(a)) if report.ok > 0 => {
-                Some(a.cpu.saturating_sub(b.cpu).as_secs_f64() * 1e6 / report.ok as f64)
+                Some(time(&a).saturating_sub(time(&b)).as_secs_f64() * 1e6 / report.ok as f64)
             }
             _ => None,
         };
@@ -55,7 +58,8 @@ impl Row {
             p99_ms: report.quantile_ms(0.99),
             p999_ms: report.quantile_ms(0.999),
             errors: report.errors,
-            cpu_us_per_request: cpu,
+            cpu_us_per_request: per_request(|u| u.cpu),
+            kernel_us_per_request: per_request(|u| u.kernel),
             peak_rss_mib: after.map(|a| a.peak_rss as f64 / (1024.0 * 1024.0)),
         }
     }
@@ -65,7 +69,7 @@ impl Row {
         let opt =
             |v: Option<f64>, digits: usize| v.map_or("-".to_owned(), |v| format!("{v:.digits$}"));
         format!(
-            "| {} | {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {} | {} | {} |",
             self.scenario,
             self.system,
             self.concurrency,
@@ -75,13 +79,14 @@ impl Row {
             self.p999_ms,
             self.errors,
             opt(self.cpu_us_per_request, 1),
+            opt(self.kernel_us_per_request, 1),
             opt(self.peak_rss_mib, 1),
         )
     }
 }
 
 /// The table header.
-pub const HEADER: &str = "| scenario | system | conc. | req/s | p50 ms | p99 ms | p99.9 ms | errors | server CPU µs/req | server peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|";
+pub const HEADER: &str = "| scenario | system | conc. | req/s | p50 ms | p99 ms | p99.9 ms | errors | server CPU µs/req | of which kernel | server peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|";
 
 /// A Markdown table of `rows`.
 /// Requests per second of every (scenario, system), one bar per concurrency level, as SVG.
