@@ -7,3 +7,4 @@ pub mod cpus;
 pub mod openai_client;
 pub mod process;
 pub mod sim;
+pub mod vllm;

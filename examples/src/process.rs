@@ -18,21 +18,23 @@ pub struct Process {
     pub url: String,
     /// Its log file.
     pub log: PathBuf,
+    /// How long [`Cluster::shutdown`](crate::cluster::Cluster::shutdown) waits after SIGTERM
+    /// before SIGKILL (1 s unless the starter chose otherwise: vLLM takes longer).
+    pub stop_grace: Duration,
+    /// Its process group (it leads one of its own).
+    group: i32,
     child: Child,
 }
 
 impl Process {
-    /// Sends SIGTERM, waits up to `grace`, then SIGKILL.
+    /// Sends SIGTERM, waits up to `grace`, then SIGKILL; then SIGKILL to whatever is left of
+    /// its process group (the processes it started itself, such as vLLM's engine core).
     pub async fn stop(&mut self, grace: Duration) {
-        if let Some(pid) = self.child.id() {
-            // SAFETY: kill(2) with a pid we spawned and a valid signal has no memory effects.
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-            if tokio::time::timeout(grace, self.child.wait()).await.is_ok() {
-                return;
-            }
+        if self.child.id().is_some() {
+            self.signal_group(libc::SIGTERM);
+            let _ = tokio::time::timeout(grace, self.child.wait()).await;
         }
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
+        self.kill().await;
     }
 
     /// The operating system's process id (None once it has been reaped).
@@ -40,11 +42,42 @@ impl Process {
         self.child.id()
     }
 
-    /// SIGKILL at once (a crash).
+    /// SIGKILL at once (a crash), to the process and its process group.
     pub async fn kill(&mut self) {
+        self.signal_group(libc::SIGKILL);
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
     }
+
+    /// Sends `signal` to every process of its group: itself and what it started (vLLM's
+    /// engine core and workers). A group's id stays reserved while any member lives, so this
+    /// reaches no other process.
+    fn signal_group(&self, signal: i32) {
+        // SAFETY: kill(2) with a valid signal has no memory effects.
+        unsafe { libc::kill(-self.group, signal) };
+    }
+
+    /// The last `lines` lines of its log (lossy UTF-8).
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read(&self.log).unwrap_or_default();
+        tail(&String::from_utf8_lossy(&text), lines)
+    }
+}
+
+impl Drop for Process {
+    /// A process dropped while running is killed with its whole group (`kill_on_drop` alone
+    /// would leave vLLM's engine core behind).
+    fn drop(&mut self) {
+        if self.child.id().is_some() {
+            self.signal_group(libc::SIGKILL);
+        }
+    }
+}
+
+/// The last `lines` lines of `text`.
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Fails when `port` cannot be bound on 127.0.0.1 (`flag` chooses another).
@@ -141,18 +174,25 @@ pub fn spawn_with_env(
         .stdout(file)
         .stderr(stderr)
         .kill_on_drop(true)
+        .process_group(0)
         .spawn()
         .map_err(|source| ClusterError::Spawn {
             name: name.to_owned(),
             source,
         })?;
+    let group = child.id().map_or(0, |pid| pid as i32);
     Ok(Process {
         name: name.to_owned(),
         url,
         log,
+        stop_grace: Duration::from_secs(1),
+        group,
         child,
     })
 }
+
+/// How many of a process's last log lines a start-up failure shows.
+const LOG_TAIL_LINES: usize = 25;
 
 /// Polls `path` of the process until it answers 200, the process exits, or `timeout` passes.
 pub async fn wait_for(
@@ -172,6 +212,7 @@ pub async fn wait_for(
                 name: process.name.clone(),
                 status,
                 log: process.log.display().to_string(),
+                tail: process.log_tail(LOG_TAIL_LINES),
             });
         }
         if let Ok(response) = http.get(&url).send().await {
@@ -186,5 +227,6 @@ pub async fn wait_for(
         url,
         timeout,
         log: process.log.display().to_string(),
+        tail: process.log_tail(LOG_TAIL_LINES),
     })
 }

@@ -3,19 +3,22 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
-use pd_examples::cluster::{Cluster, ClusterSpec};
+use clap::{Parser, ValueEnum};
+use pd_examples::cluster::{Cluster, ClusterSpec, PrefillShape};
 use pd_examples::openai_client::send;
 use pd_examples::sim::Dialect;
+use pd_examples::vllm::{self, Connector, VllmEngines};
 use pd_service::{init_logging, shutdown_signal, LogFormat};
 use pd_transfer::Transport;
 use serde_json::json;
 
 /// Start a local P/D cluster on 127.0.0.1 from the release binaries beside this one: two
 /// bootstrap servers, two simulated prefill engines (dp=2,tp=2 and dp=1,tp=2) registering under
-/// leases (vLLM) or over `PUT /route` (SGLang), two simulated decode engines and pd-proxy; send
+/// leases (vLLM) or over `PUT /route` (SGLang), two simulated decode engines and pd-proxy; or,
+/// with `--engine vllm`, one bootstrap server and real vLLM prefill and decode engines (vLLM's
+/// CPU build and a tiny model made here, unless `--python`/`--model` say otherwise). Send
 /// requests through the proxy (completions and chat, whole and streamed, and with SGLang
-/// `/generate`; the decodes pull and verify the KV); then run until
+/// `/generate`; simulated decodes pull and verify the KV); then run until
 /// Ctrl-C (or exit with --once). Exits non-zero when a port is taken, a process fails to start,
 /// or a request fails. The processes die with this one; logs stay in the run folder.
 #[derive(Debug, Parser)]
@@ -55,11 +58,29 @@ struct Args {
     /// registry this long after its last keepalive); 0 registers without leases.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=86_400))]
     lease_ttl: u32,
-    /// Whose engines to run: vllm (Mooncake connector wire, the proxy's concurrent mode) or
-    /// sglang (prefill ranks on `PUT /route`, the proxy's SGLang mode, `/generate` served too;
-    /// no leases: SGLang's wire has none).
-    #[arg(long, value_enum, default_value_t = Dialect::Vllm)]
-    engine: Dialect,
+    /// Which engines to run: sim (sim-engine on vLLM's Mooncake wire, the proxy's concurrent
+    /// mode), sim-sglang (sim-engine on SGLang's wire: prefill ranks on `PUT /route`, the proxy's
+    /// SGLang mode, `/generate` served too, no leases), or vllm (real vLLM engines: one prefill,
+    /// one decode; see --connector, --model, --python).
+    #[arg(long, value_enum, default_value_t = EngineKind::Sim)]
+    engine: EngineKind,
+    /// With --engine vllm: the KV connector, mooncake (over TCP, P registered with the
+    /// bootstrap server, the proxy's concurrent mode) or nixl (CPU buffers, the proxy's
+    /// sequential mode; slow to start and busy while idle on CPU).
+    #[arg(long, value_enum, default_value_t = Connector::Mooncake)]
+    connector: Connector,
+    /// With --engine vllm: the model to serve (a folder or a name vLLM can load), instead of
+    /// the tiny random-weight model made in the run folder. Drops the small-host settings.
+    #[arg(long)]
+    model: Option<String>,
+    /// With --engine vllm: a Python with vLLM (and the connector's transfer engine) installed,
+    /// instead of the pinned CPU environment examples/vllm/cpu/venv.sh makes.
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// With --engine vllm: one more argument for every engine (repeatable), e.g.
+    /// `--engine-arg=--tensor-parallel-size=2`.
+    #[arg(long, allow_hyphen_values = true)]
+    engine_arg: Vec<String>,
     /// Register the prefill workers from Python through the pd_bootstrap package: this
     /// interpreter (which must have the package) runs examples/python/register_engine.py beside
     /// each prefill engine, under leases of --lease-ttl (10 if 0). vLLM only.
@@ -67,29 +88,76 @@ struct Args {
     register_with_python: Option<PathBuf>,
 }
 
-async fn demo(proxy: &str, dialect: Dialect) -> Result<(), String> {
+/// The engines `--engine` chooses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum EngineKind {
+    /// sim-engine playing vLLM with the Mooncake connector.
+    Sim,
+    /// sim-engine playing SGLang.
+    #[value(alias = "sglang")]
+    SimSglang,
+    /// Real vLLM engines.
+    Vllm,
+}
+
+impl EngineKind {
+    /// Whose wire the engines speak.
+    fn dialect(self) -> Dialect {
+        match self {
+            EngineKind::SimSglang => Dialect::Sglang,
+            EngineKind::Sim | EngineKind::Vllm => Dialect::Vllm,
+        }
+    }
+}
+
+/// The real engines of `--engine vllm`: the pinned CPU environment and the tiny model, or the
+/// caller's Python and model.
+async fn vllm_engines(args: &Args, run_dir: &std::path::Path) -> Result<VllmEngines, String> {
+    let python = match &args.python {
+        Some(python) => python.clone(),
+        None => {
+            println!("Preparing vLLM's CPU environment (the first time downloads about 3 GB)...");
+            vllm::cpu_python().await.map_err(|err| err.to_string())?
+        }
+    };
+    let (model, served_name) = match &args.model {
+        Some(model) => (model.clone(), model.clone()),
+        None => {
+            let tiny = vllm::tiny_model(&python, run_dir)
+                .await
+                .map_err(|err| err.to_string())?;
+            (tiny, vllm::TINY_MODEL_NAME.to_owned())
+        }
+    };
+    let mut engines = VllmEngines::new(python, model, served_name, args.connector);
+    engines.small_host = args.model.is_none();
+    engines.extra_args = args.engine_arg.clone();
+    Ok(engines)
+}
+
+async fn demo(proxy: &str, dialect: Dialect, model: &str) -> Result<(), String> {
     let http = reqwest::Client::new();
     let prompt = "Explain in one sentence why prefill and decode run on separate GPUs in disaggregated serving";
     let mut requests = vec![
         (
             "completions, whole",
             "/v1/completions",
-            json!({"model": "sim-model", "prompt": prompt, "max_tokens": 12}),
+            json!({"model": model, "prompt": prompt, "max_tokens": 12}),
         ),
         (
             "completions, streamed",
             "/v1/completions",
-            json!({"model": "sim-model", "prompt": prompt, "max_tokens": 12, "stream": true}),
+            json!({"model": model, "prompt": prompt, "max_tokens": 12, "stream": true}),
         ),
         (
             "chat, whole",
             "/v1/chat/completions",
-            json!({"model": "sim-model", "messages": [{"role": "user", "content": prompt}], "max_tokens": 8}),
+            json!({"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8}),
         ),
         (
             "chat, streamed",
             "/v1/chat/completions",
-            json!({"model": "sim-model", "messages": [{"role": "user", "content": prompt}], "max_tokens": 8, "stream": true, "stream_options": {"include_usage": true}}),
+            json!({"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8, "stream": true, "stream_options": {"include_usage": true}}),
         ),
     ];
     if dialect == Dialect::Sglang {
@@ -143,8 +211,10 @@ async fn main() -> std::process::ExitCode {
         );
         return std::process::ExitCode::FAILURE;
     }
-    if args.register_with_python.is_some() && args.engine != Dialect::Vllm {
-        eprintln!("error: --register-with-python registers vLLM workers; it cannot be used with --engine {}", args.engine);
+    if args.register_with_python.is_some() && args.engine != EngineKind::Sim {
+        eprintln!(
+            "error: --register-with-python registers simulated vLLM workers: it needs --engine sim"
+        );
         return std::process::ExitCode::FAILURE;
     }
     let bin_dir = args.bin_dir.clone().unwrap_or_else(|| {
@@ -170,12 +240,34 @@ async fn main() -> std::process::ExitCode {
     spec.decode_ms_per_token = args.decode_ms_per_token;
     spec.transfer = args.transfer;
     spec.lease_ttl = (args.lease_ttl > 0).then_some(args.lease_ttl);
-    spec.dialect = args.engine;
+    spec.dialect = args.engine.dialect();
     spec.python_registrar = args.register_with_python.clone();
+    if args.engine == EngineKind::Vllm {
+        match vllm_engines(&args, &run_dir).await {
+            Ok(engines) => spec.vllm = Some(engines),
+            Err(err) => {
+                eprintln!("error: {err}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+        spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
+        spec.decodes = 1;
+    }
+    let model = spec
+        .vllm
+        .as_ref()
+        .map_or("sim-model", |vllm| vllm.served_name.as_str())
+        .to_owned();
+    let kv = match args.engine {
+        EngineKind::Vllm => format!("vLLM's {}Connector", args.connector),
+        _ => args.transfer.to_string(),
+    };
     println!(
-        "Starting the local P/D cluster ({} engines), KV over {} (logs in {})",
-        args.engine,
-        args.transfer,
+        "Starting the local P/D cluster ({} engines), KV over {kv} (logs in {})",
+        args.engine
+            .to_possible_value()
+            .expect("no variant is skipped")
+            .get_name(),
         run_dir.display()
     );
     let cluster = match Cluster::start(&spec).await {
@@ -201,14 +293,14 @@ async fn main() -> std::process::ExitCode {
         println!("  {}: {}", decode.name, decode.url);
     }
     println!("  proxy: {}", cluster.proxy.url);
-    let outcome = demo(&cluster.proxy.url, args.engine).await;
+    let outcome = demo(&cluster.proxy.url, spec.dialect, &model).await;
     if let Err(err) = &outcome {
         eprintln!("error: {err}");
     } else if !args.once {
         // Listen before saying so: a SIGTERM right after the message must stop us gracefully.
         let stop = shutdown_signal();
         println!(
-            "\nThe cluster is running. Try:\n  curl {}/v1/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"sim-model\", \"prompt\": \"hello\", \"max_tokens\": 8, \"stream\": true}}'\nPress Ctrl-C to stop.",
+            "\nThe cluster is running. Try:\n  curl {}/v1/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"prompt\": \"hello\", \"max_tokens\": 8, \"stream\": true}}'\nPress Ctrl-C to stop.",
             cluster.proxy.url
         );
         stop.await;

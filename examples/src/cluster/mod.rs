@@ -1,0 +1,347 @@
+//! A whole P/D deployment on one machine, from the real binaries: one bootstrap server per
+//! prefill engine (as on real rank-0 hosts), the prefill and decode engines (simulated:
+//! `sim.rs`; real vLLM: `real.rs`), and the proxy. Used by the `pd-cluster` launcher and by the
+//! end-to-end tests.
+
+mod real;
+mod sim;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use pd_transfer::Transport;
+
+use crate::process::{ensure_free, Ports};
+pub use crate::process::{free_port, spawn, spawn_with_env, wait_for, Process};
+use crate::sim::Dialect;
+use crate::vllm::{Connector, VllmEngines};
+
+/// Why the cluster could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A binary is missing from the binary folder.
+    #[error("{path} not found: build the workspace binaries first (cargo build --release --bins)")]
+    MissingBinary {
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// A process could not be started.
+    #[error("cannot start {name}: {source}")]
+    Spawn {
+        /// Which process.
+        name: String,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// A process did not become ready in time.
+    #[error(
+        "{name} was not ready at {url} within {timeout:?} (log: {log}); its last lines:\n{tail}"
+    )]
+    NotReady {
+        /// Which process.
+        name: String,
+        /// The URL polled.
+        url: String,
+        /// How long it was given.
+        timeout: Duration,
+        /// Its log file.
+        log: String,
+        /// The end of its log.
+        tail: String,
+    },
+    /// A process exited during start-up.
+    #[error("{name} exited during start-up with {status} (log: {log}); its last lines:\n{tail}")]
+    Exited {
+        /// Which process.
+        name: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// Its log file.
+        log: String,
+        /// The end of its log.
+        tail: String,
+    },
+    /// A preparation step (the vLLM environment, the tiny model) failed.
+    #[error("{step} failed: {reason}")]
+    Prepare {
+        /// Which step.
+        step: String,
+        /// What it said.
+        reason: String,
+    },
+    /// A port the cluster needs is taken.
+    #[error("port {port} on 127.0.0.1 is already in use: stop what holds it, or choose another with {flag}")]
+    PortBusy {
+        /// The port.
+        port: u16,
+        /// The flag that chooses it.
+        flag: &'static str,
+    },
+    /// The run folder could not be prepared.
+    #[error("cannot prepare {path}: {source}")]
+    RunDir {
+        /// The folder.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+/// The script a `python_registrar` runs beside each prefill engine (in this repository).
+pub const REGISTER_ENGINE_SCRIPT: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/python/register_engine.py");
+
+/// One prefill engine's parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillShape {
+    /// Data-parallel size.
+    pub dp: u32,
+    /// Tensor-parallel size.
+    pub tp: u32,
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    /// The folder holding `bootstrap-server`, `sim-engine` and `pd-proxy`.
+    pub bin_dir: PathBuf,
+    /// Where logs and databases go.
+    pub run_dir: PathBuf,
+    /// The prefill engines.
+    pub prefills: Vec<PrefillShape>,
+    /// How many decode engines.
+    pub decodes: usize,
+    /// The proxy's port (0: any free port).
+    pub proxy_port: u16,
+    /// The other processes take consecutive ports from this one (none: free ephemeral ports).
+    pub base_port: Option<u16>,
+    /// sim-engine's prefill time per prompt token, in µs.
+    pub prefill_us_per_token: u64,
+    /// sim-engine's decode time per token, in ms.
+    pub decode_ms_per_token: u64,
+    /// Extra flags for the proxy.
+    pub proxy_args: Vec<String>,
+    /// Extra flags for every sim-engine (prefills and decodes).
+    pub engine_args: Vec<String>,
+    /// The KV transport of the prefill engines.
+    pub transfer: Transport,
+    /// The prefill engines register under leases of this many seconds (none: until
+    /// deregistered). vLLM only: SGLang's wire has no leases.
+    pub lease_ttl: Option<u32>,
+    /// Whose engines the sims play (and the proxy's mode): vLLM's or SGLang's.
+    pub dialect: Dialect,
+    /// The Python interpreter (with the pd_bootstrap package installed) that registers the
+    /// prefill workers through the binding, running `examples/python/register_engine.py` beside
+    /// each prefill, instead of the engines themselves (none: the engines do). vLLM only.
+    pub python_registrar: Option<PathBuf>,
+    /// Real vLLM engines in place of the simulated ones (none: sim-engine). `prefills` must
+    /// then be one engine of dp=1,tp=1; `dialect` stays vLLM.
+    pub vllm: Option<VllmEngines>,
+}
+
+impl ClusterSpec {
+    /// The demo deployment: prefills with dp=2,tp=2 and dp=1,tp=2, two decodes.
+    pub fn demo(bin_dir: PathBuf, run_dir: PathBuf) -> Self {
+        ClusterSpec {
+            bin_dir,
+            run_dir,
+            prefills: vec![PrefillShape { dp: 2, tp: 2 }, PrefillShape { dp: 1, tp: 2 }],
+            decodes: 2,
+            proxy_port: 0,
+            base_port: None,
+            prefill_us_per_token: 500,
+            decode_ms_per_token: 10,
+            proxy_args: Vec::new(),
+            engine_args: Vec::new(),
+            transfer: Transport::Tcp,
+            lease_ttl: Some(10),
+            dialect: Dialect::Vllm,
+            python_registrar: None,
+            vllm: None,
+        }
+    }
+}
+
+/// A running cluster. Dropping it kills every process; [`Cluster::shutdown`] stops them
+/// gracefully.
+pub struct Cluster {
+    /// The bootstrap servers, one per prefill engine.
+    pub bootstraps: Vec<Process>,
+    /// The prefill engines.
+    pub prefills: Vec<Process>,
+    /// The Python processes registering the prefills' workers (with `python_registrar`).
+    pub registrars: Vec<Process>,
+    /// The decode engines.
+    pub decodes: Vec<Process>,
+    /// The proxy.
+    pub proxy: Process,
+}
+
+impl Cluster {
+    /// Starts everything on 127.0.0.1 and waits until the proxy is ready to serve: the
+    /// bootstrap servers, then the engines (simulated, or real vLLM with `spec.vllm`) until
+    /// their workers are registered, then the proxy.
+    pub async fn start(spec: &ClusterSpec) -> Result<Cluster, ClusterError> {
+        std::fs::create_dir_all(&spec.run_dir).map_err(|source| ClusterError::RunDir {
+            path: spec.run_dir.clone(),
+            source,
+        })?;
+        let bootstrap_bin = binary(spec, "bootstrap-server")?;
+        let proxy_bin = binary(spec, "pd-proxy")?;
+        // Every port is checked before anything starts, so a busy one fails at once.
+        if spec.proxy_port != 0 {
+            ensure_free(spec.proxy_port, "--port")?;
+        }
+        let mut ports = Ports {
+            next: spec.base_port,
+        };
+        let mut bootstraps = start_bootstraps(spec, &bootstrap_bin, &mut ports).await?;
+        let engines = match &spec.vllm {
+            None => sim::start(spec, &mut ports, &mut bootstraps).await?,
+            Some(vllm) => real::start(spec, vllm, &mut ports, &mut bootstraps).await?,
+        };
+        let proxy = start_proxy(spec, &proxy_bin, &mut ports, &engines, &bootstraps).await?;
+        Ok(Cluster {
+            bootstraps,
+            prefills: engines.prefills,
+            registrars: engines.registrars,
+            decodes: engines.decodes,
+            proxy,
+        })
+    }
+
+    /// Every process, proxy first (the order to stop them in).
+    pub fn processes(&mut self) -> impl Iterator<Item = &mut Process> {
+        std::iter::once(&mut self.proxy)
+            .chain(self.decodes.iter_mut())
+            .chain(self.registrars.iter_mut())
+            .chain(self.prefills.iter_mut())
+            .chain(self.bootstraps.iter_mut())
+    }
+
+    /// Stops every process gracefully, in order: the proxy, the decodes, the registrars and
+    /// then the prefills (whose lease revocations still reach a running bootstrap server), then
+    /// the bootstrap servers; each group at once, each process with SIGTERM and SIGKILL after
+    /// its grace (a second; ten for a vLLM engine).
+    pub async fn shutdown(mut self) {
+        let grace = self.proxy.stop_grace;
+        self.proxy.stop(grace).await;
+        let groups = [
+            &mut self.decodes,
+            &mut self.registrars,
+            &mut self.prefills,
+            &mut self.bootstraps,
+        ];
+        for group in groups {
+            join_all(group.iter_mut().map(|process| {
+                let grace = process.stop_grace;
+                process.stop(grace)
+            }))
+            .await;
+        }
+    }
+}
+
+/// The engines a cluster started, and the processes registering them.
+pub(crate) struct Engines {
+    pub(crate) prefills: Vec<Process>,
+    pub(crate) registrars: Vec<Process>,
+    pub(crate) decodes: Vec<Process>,
+}
+
+/// How long a Rust process of the cluster may take to answer.
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The text of a flag's value.
+pub(crate) fn s(value: &dyn ToString) -> String {
+    value.to_string()
+}
+
+/// One bootstrap server per prefill engine (with vLLM's expected topology, for `/ready`),
+/// each answering `/health`.
+async fn start_bootstraps(
+    spec: &ClusterSpec,
+    program: &Path,
+    ports: &mut Ports,
+) -> Result<Vec<Process>, ClusterError> {
+    let mut bootstraps = Vec::new();
+    for (i, shape) in spec.prefills.iter().enumerate() {
+        let port = ports.take()?;
+        let data_dir = spec.run_dir.join(format!("bootstrap-{i}-data"));
+        let mut args = vec![
+            s(&"--host"),
+            s(&"127.0.0.1"),
+            s(&"--port"),
+            s(&port),
+            s(&"--data-dir"),
+            data_dir.display().to_string(),
+        ];
+        if spec.dialect == Dialect::Vllm {
+            // SGLang's rows carry their sizes.
+            args.extend([s(&"--dp-size"), s(&shape.dp), s(&"--tp-size"), s(&shape.tp)]);
+        }
+        let url = format!("http://127.0.0.1:{port}");
+        let name = format!("bootstrap-{i}");
+        bootstraps.push(spawn(&spec.run_dir, &name, program, &args, url)?);
+    }
+    for process in &mut bootstraps {
+        wait_for(process, "/health", READY_TIMEOUT).await?;
+    }
+    Ok(bootstraps)
+}
+
+/// The proxy in front of the engines, in the mode their connector needs, once `/ready`.
+async fn start_proxy(
+    spec: &ClusterSpec,
+    program: &Path,
+    ports: &mut Ports,
+    engines: &Engines,
+    bootstraps: &[Process],
+) -> Result<Process, ClusterError> {
+    let port = if spec.proxy_port == 0 {
+        ports.take()?
+    } else {
+        spec.proxy_port
+    };
+    let mut args = vec![s(&"--host"), s(&"127.0.0.1"), s(&"--port"), s(&port)];
+    let nixl = spec
+        .vllm
+        .as_ref()
+        .is_some_and(|vllm| vllm.connector == Connector::Nixl);
+    for (prefill, bootstrap) in engines.prefills.iter().zip(bootstraps) {
+        let bootstrap_port = match nixl {
+            true => s(&"none"),
+            false => bootstrap
+                .url
+                .rsplit(':')
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+        };
+        args.extend([s(&"--prefill"), prefill.url.clone(), bootstrap_port]);
+    }
+    for decode in &engines.decodes {
+        args.extend([s(&"--decode"), decode.url.clone()]);
+    }
+    if spec.dialect == Dialect::Sglang {
+        args.extend([s(&"--mode"), s(&"sglang")]);
+    } else if nixl {
+        args.extend([s(&"--mode"), s(&"sequential")]);
+    }
+    args.extend(spec.proxy_args.iter().cloned());
+    let url = format!("http://127.0.0.1:{port}");
+    let mut proxy = spawn(&spec.run_dir, "proxy", program, &args, url)?;
+    wait_for(&mut proxy, "/ready", READY_TIMEOUT).await?;
+    Ok(proxy)
+}
+
+/// The binary `name` of the binary folder.
+pub(crate) fn binary(spec: &ClusterSpec, name: &str) -> Result<PathBuf, ClusterError> {
+    let path = spec.bin_dir.join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(ClusterError::MissingBinary { path })
+    }
+}

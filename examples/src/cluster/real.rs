@@ -1,0 +1,64 @@
+//! The real engines of a cluster: one vLLM prefill (registering with the bootstrap server when
+//! its connector is Mooncake) and `spec.decodes` vLLM decodes, started at once.
+
+use futures_util::future::try_join_all;
+
+use super::{ClusterError, ClusterSpec, Engines, READY_TIMEOUT};
+use crate::process::{free_port, wait_for, Ports, Process};
+use crate::vllm::{wait_ready, Connector, EngineRole, VllmEngines};
+
+/// Starts the engines and waits until each answers `/health` and, with Mooncake, until the
+/// prefill's workers are registered (the bootstrap server's `/ready`).
+pub(super) async fn start(
+    spec: &ClusterSpec,
+    vllm: &VllmEngines,
+    ports: &mut Ports,
+    bootstraps: &mut [Process],
+) -> Result<Engines, ClusterError> {
+    let mut prefills = Vec::new();
+    for (i, bootstrap) in bootstraps.iter().enumerate() {
+        let port = ports.take()?;
+        let name = format!("prefill-{i}");
+        let registry = Some(bootstrap.url.as_str());
+        let engine = vllm.spawn(
+            &spec.run_dir,
+            &name,
+            EngineRole::Prefill,
+            port,
+            registry,
+            free_port(),
+        )?;
+        prefills.push(engine);
+    }
+    let mut decodes = Vec::new();
+    for i in 0..spec.decodes {
+        let port = ports.take()?;
+        let name = format!("decode-{i}");
+        let engine = vllm.spawn(
+            &spec.run_dir,
+            &name,
+            EngineRole::Decode,
+            port,
+            None,
+            free_port(),
+        )?;
+        decodes.push(engine);
+    }
+    try_join_all(
+        prefills
+            .iter_mut()
+            .chain(decodes.iter_mut())
+            .map(wait_ready),
+    )
+    .await?;
+    if vllm.connector == Connector::Mooncake {
+        for bootstrap in bootstraps.iter_mut() {
+            wait_for(bootstrap, "/ready", READY_TIMEOUT).await?;
+        }
+    }
+    Ok(Engines {
+        prefills,
+        registrars: Vec::new(),
+        decodes,
+    })
+}

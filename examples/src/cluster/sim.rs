@@ -1,0 +1,128 @@
+//! The simulated engines of a cluster: sim-engine prefills (one per bootstrap server) and
+//! decodes, playing vLLM or SGLang, registered by themselves or by Python registrars.
+
+use pd_transfer::Transport;
+
+use super::{binary, s, ClusterError, ClusterSpec, Engines, READY_TIMEOUT, REGISTER_ENGINE_SCRIPT};
+use crate::process::{spawn, spawn_with_env, wait_for, Ports, Process};
+use crate::sim::Dialect;
+
+/// Starts the sims and waits until every prefill's workers are registered: vLLM's expected
+/// topology, or every rank of SGLang's.
+pub(super) async fn start(
+    spec: &ClusterSpec,
+    ports: &mut Ports,
+    bootstraps: &mut [Process],
+) -> Result<Engines, ClusterError> {
+    let sim_bin = binary(spec, "sim-engine")?;
+    // UCX on one host: shared memory, where gets are one-sided (docs/transfer.md), unless the
+    // caller chose transports.
+    let sim_env: &[(&str, &str)] = match spec.transfer {
+        Transport::Ucx if std::env::var_os("UCX_TLS").is_none() => {
+            &[("UCX_TLS", "posix,sysv,self")]
+        }
+        _ => &[],
+    };
+    let sim_args = |role: &str, port: u16| {
+        let mut args = vec![
+            s(&"--role"),
+            s(&role),
+            s(&"--dialect"),
+            s(&spec.dialect),
+            s(&"--transfer"),
+            s(&spec.transfer),
+            s(&"--port"),
+            s(&port),
+            s(&"--prefill-us-per-token"),
+            s(&spec.prefill_us_per_token),
+            s(&"--decode-ms-per-token"),
+            s(&spec.decode_ms_per_token),
+        ];
+        args.extend(spec.engine_args.iter().cloned());
+        args
+    };
+    let mut prefills = Vec::new();
+    for (i, shape) in spec.prefills.iter().enumerate() {
+        let port = ports.take()?;
+        let mut args = sim_args("prefill", port);
+        if spec.dialect == Dialect::Vllm {
+            args.extend([s(&"--engine-id"), format!("prefill-{i}")]);
+        }
+        args.extend([
+            s(&"--dp-size"),
+            s(&shape.dp),
+            s(&"--tp-size"),
+            s(&shape.tp),
+            s(&"--bootstrap"),
+            bootstraps[i].url.clone(),
+        ]);
+        if spec.python_registrar.is_some() {
+            args.extend([s(&"--registration"), s(&"external")]);
+        } else if let Some(ttl) = spec.lease_ttl.filter(|_| spec.dialect == Dialect::Vllm) {
+            args.extend([s(&"--lease-ttl"), s(&ttl)]);
+        }
+        prefills.push(spawn_with_env(
+            &spec.run_dir,
+            &format!("prefill-{i}"),
+            &sim_bin,
+            &args,
+            sim_env,
+            format!("http://127.0.0.1:{port}"),
+        )?);
+    }
+    let mut decodes = Vec::new();
+    for i in 0..spec.decodes {
+        let port = ports.take()?;
+        let mut args = sim_args("decode", port);
+        args.extend([s(&"--engine-id"), format!("decode-{i}")]);
+        decodes.push(spawn_with_env(
+            &spec.run_dir,
+            &format!("decode-{i}"),
+            &sim_bin,
+            &args,
+            sim_env,
+            format!("http://127.0.0.1:{port}"),
+        )?);
+    }
+    for process in prefills.iter_mut().chain(decodes.iter_mut()) {
+        wait_for(process, "/health", READY_TIMEOUT).await?;
+    }
+    let mut registrars = Vec::new();
+    if let Some(python) = &spec.python_registrar {
+        for (i, (prefill, bootstrap)) in prefills.iter().zip(bootstraps.iter()).enumerate() {
+            let args = [
+                s(&REGISTER_ENGINE_SCRIPT),
+                s(&"--engine"),
+                prefill.url.clone(),
+                s(&"--bootstrap"),
+                bootstrap.url.clone(),
+                s(&"--ttl"),
+                s(&spec.lease_ttl.unwrap_or(10)),
+            ];
+            let name = format!("register-{i}");
+            let url = bootstrap.url.clone();
+            registrars.push(spawn(&spec.run_dir, &name, python, &args, url)?);
+        }
+    }
+    let ready = match spec.dialect {
+        Dialect::Vllm => "/ready",
+        Dialect::Sglang => {
+            "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
+        }
+    };
+    // A registrar's URL is its bootstrap server's: waiting through it also fails at once when
+    // the registrar dies (e.g. a Python without the package).
+    let registering = if registrars.is_empty() {
+        bootstraps
+    } else {
+        &mut registrars[..]
+    };
+    for process in registering {
+        wait_for(process, ready, READY_TIMEOUT).await?;
+    }
+    Ok(Engines {
+        prefills,
+        registrars,
+        decodes,
+    })
+}
