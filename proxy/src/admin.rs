@@ -20,8 +20,8 @@ use crate::state::AppState;
 pub struct RankState {
     /// The dp rank.
     pub dp_rank: Rank,
-    /// Its engine id.
-    pub engine_id: String,
+    /// Its engine id (none without a bootstrap server, or on SGLang's).
+    pub engine_id: Option<String>,
     /// Its engine is marked draining in the registry.
     pub draining: bool,
     /// P calls to it in flight through this proxy.
@@ -83,7 +83,7 @@ pub async fn backends(State(state): State<AppState>) -> Json<Backends> {
                 .filter(|pair| std::sync::Arc::ptr_eq(&pair.backend, &prefill.backend))
                 .map(|pair| RankState {
                     dp_rank: pair.dp_rank,
-                    engine_id: pair.engine_id.to_string(),
+                    engine_id: pair.engine_id.as_deref().map(str::to_owned),
                     draining: pair.is_draining(),
                     in_flight: pair.outstanding(),
                 })

@@ -286,7 +286,7 @@ pub fn prefill_params(transfer_id: &str, sequential: bool) -> String {
 /// `kv_transfer_params` for D in concurrent mode, as raw JSON: pull the KV of `transfer_id`
 /// from `pair`.
 pub fn decode_params(transfer_id: &str, pair: &Pair) -> String {
-    sent_params(true, Some(&pair.kv_source), transfer_id)
+    sent_params(true, pair.kv_source.as_deref(), transfer_id)
 }
 
 #[cfg(test)]

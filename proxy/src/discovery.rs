@@ -3,7 +3,8 @@
 //! and on demand (D reported an unknown engine, P came back healthy, or the bootstrap server's
 //! `GET /watch` reported a worker change), so a new or restarted P is picked up at once and one
 //! failure never makes the proxy unusable. A bootstrap server without `/watch` (vLLM's own, or
-//! an older pd-bootstrap) is simply polled.
+//! an older pd-bootstrap) is simply polled; a prefill without a bootstrap server is one dp rank,
+//! 0, once its `/health` passes.
 
 use std::sync::Arc;
 
@@ -42,13 +43,14 @@ pub enum DiscoveryError {
     },
 }
 
-/// One attempt for prefill `index`: `/health`, then `/query`, then the pool is updated.
-/// Returns whether the dp ranks or engine ids changed.
+/// One attempt for prefill `index`: `/health`, then `/query` (on `bootstrap`, the prefill's
+/// bootstrap server if it has one), then the pool is updated. Returns whether the dp ranks or
+/// engine ids changed.
 pub async fn discover_once(
     pool: &Pool,
     index: usize,
     client: &reqwest::Client,
-    bootstrap: &BootstrapClient,
+    bootstrap: Option<&BootstrapClient>,
     config: &DiscoveryConfig,
 ) -> Result<bool, DiscoveryError> {
     let prefill = &pool.prefills[index];
@@ -66,7 +68,17 @@ pub async fn discover_once(
     if !health.status().is_success() {
         return Err(not_healthy(format!("/health answered {}", health.status())));
     }
-    let addr = &*prefill.bootstrap_addr;
+    let Some(bootstrap) = bootstrap else {
+        // No bootstrap server (a NIXL prefill in sequential mode): one dp rank, no engine id.
+        let only = DiscoveredRank {
+            rank: 0,
+            engine_id: None,
+            model: None,
+            dp_size: 1,
+        };
+        return Ok(pool.set_ranks(index, &[only]));
+    };
+    let addr = bootstrap.url();
     let query_failed = |err: worker_client::ClientError| DiscoveryError::Query {
         addr: addr.to_owned(),
         reason: err.to_string(),
@@ -77,7 +89,7 @@ pub async fn discover_once(
         let ranks: Vec<DiscoveredRank<'_>> = (0..topology.dp_size)
             .map(|rank| DiscoveredRank {
                 rank,
-                engine_id: "",
+                engine_id: None,
                 model: None,
                 dp_size: topology.dp_size,
             })
@@ -95,7 +107,7 @@ pub async fn discover_once(
             let engine_id = group.engine_id.as_deref()?;
             Some(DiscoveredRank {
                 rank: *rank,
-                engine_id,
+                engine_id: Some(engine_id),
                 model: models.get(engine_id).map(|model| &**model),
                 dp_size,
             })
@@ -119,8 +131,12 @@ pub async fn discover_once(
 /// change the bootstrap server reports ([`follow_changes`]).
 pub async fn run(pool: Arc<Pool>, index: usize, client: reqwest::Client, config: DiscoveryConfig) {
     let prefill = pool.prefills[index].clone();
+    let poll = |bootstrap| poll_forever(&pool, index, &client, bootstrap, &config);
+    let Some(addr) = &prefill.bootstrap_addr else {
+        return poll(None).await;
+    };
     // Built from a validated prefill URL and port, so this does not fail in practice.
-    let bootstrap = match BootstrapClient::builder(&*prefill.bootstrap_addr)
+    let bootstrap = match BootstrapClient::builder(&**addr)
         .request_timeout(config.timeout)
         .retry_policy(RetryPolicy {
             initial_backoff: config.backoff_min,
@@ -137,10 +153,7 @@ pub async fn run(pool: Arc<Pool>, index: usize, client: reqwest::Client, config:
             return;
         }
     };
-    tokio::join!(
-        poll_forever(&pool, index, &client, &bootstrap, &config),
-        follow_changes(&prefill, &bootstrap),
-    );
+    tokio::join!(poll(Some(&bootstrap)), follow_changes(&prefill, &bootstrap));
 }
 
 /// Follows the bootstrap server's worker changes (`GET /watch`) and wakes the discovery of
@@ -159,7 +172,7 @@ pub async fn follow_changes(prefill: &Prefill, bootstrap: &BootstrapClient) {
                 prefill.learn(&list.workers, true);
                 metrics.watching.set(1);
                 tracing::info!(
-                    bootstrap = &*prefill.bootstrap_addr,
+                    bootstrap = bootstrap.url(),
                     "following the bootstrap server's worker changes"
                 );
                 continue;
@@ -175,22 +188,19 @@ pub async fn follow_changes(prefill: &Prefill, bootstrap: &BootstrapClient) {
             }
             Err(err) if err.status() == Some(404) => {
                 tracing::info!(
-                    bootstrap = &*prefill.bootstrap_addr,
+                    bootstrap = bootstrap.url(),
                     "the bootstrap server has no /watch: discovery polls it"
                 );
                 break;
             }
             Err(err) if err.is_retryable() => {
                 metrics.watching.set(0);
-                tracing::debug!(
-                    bootstrap = &*prefill.bootstrap_addr,
-                    "watch failed, retrying: {err}"
-                );
+                tracing::debug!(bootstrap = bootstrap.url(), "watch failed, retrying: {err}");
                 continue;
             }
             Err(err) => {
                 tracing::warn!(
-                    bootstrap = &*prefill.bootstrap_addr,
+                    bootstrap = bootstrap.url(),
                     "watch failed: {err}; discovery polls the bootstrap server"
                 );
                 break;
@@ -199,7 +209,7 @@ pub async fn follow_changes(prefill: &Prefill, bootstrap: &BootstrapClient) {
         metrics.watching.set(1);
         metrics.watch_refreshes.inc();
         tracing::debug!(
-            bootstrap = &*prefill.bootstrap_addr,
+            bootstrap = bootstrap.url(),
             changes,
             "the bootstrap server reported worker changes: discovering again"
         );
@@ -214,7 +224,7 @@ async fn poll_forever(
     pool: &Pool,
     index: usize,
     client: &reqwest::Client,
-    bootstrap: &BootstrapClient,
+    bootstrap: Option<&BootstrapClient>,
     config: &DiscoveryConfig,
 ) {
     let prefill = &pool.prefills[index];
@@ -240,7 +250,7 @@ async fn poll_forever(
                     let ranks = prefill.ranks();
                     tracing::info!(
                         prefill = prefill.backend.url(),
-                        bootstrap = &*prefill.bootstrap_addr,
+                        bootstrap = prefill.bootstrap_addr.as_deref(),
                         ?ranks,
                         "discovered dp ranks and engine ids"
                     );

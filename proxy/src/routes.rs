@@ -78,12 +78,12 @@ async fn health_route() -> Json<pd_protocol::Status> {
 pub struct PrefillReadiness {
     /// Its URL.
     pub url: String,
-    /// Its bootstrap server.
-    pub bootstrap_addr: String,
+    /// Its bootstrap server (none: used on its `/health` alone).
+    pub bootstrap_addr: Option<String>,
     /// Whether it passes its health checks.
     pub healthy: bool,
-    /// Discovered dp rank -> engine id.
-    pub dp_ranks: BTreeMap<Rank, String>,
+    /// Discovered dp rank -> engine id (none without a bootstrap server, or on SGLang's).
+    pub dp_ranks: BTreeMap<Rank, Option<String>>,
     /// The models its engines registered (empty when they registered none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<String>,
@@ -136,12 +136,12 @@ async fn ready(State(state): State<AppState>) -> Response {
             models.dedup();
             PrefillReadiness {
                 url: prefill.backend.url().to_owned(),
-                bootstrap_addr: prefill.bootstrap_addr.to_string(),
+                bootstrap_addr: prefill.bootstrap_addr.as_deref().map(str::to_owned),
                 healthy: prefill.backend.is_healthy(),
                 dp_ranks: prefill
                     .ranks()
                     .into_iter()
-                    .map(|(rank, engine)| (rank, engine.to_string()))
+                    .map(|(rank, engine)| (rank, engine.as_deref().map(str::to_owned)))
                     .collect(),
                 models,
             }

@@ -110,7 +110,7 @@ impl Proxy {
         }
         tracing::info!(
             addr = %listener.local_addr()?,
-            prefills = ?config.prefills.iter().map(|p| format!("{} (bootstrap {})", p.url, p.bootstrap_addr)).collect::<Vec<_>>(),
+            prefills = ?config.prefills.iter().map(|p| format!("{} (bootstrap {})", p.url, p.bootstrap_addr.as_deref().unwrap_or("none"))).collect::<Vec<_>>(),
             decodes = ?config.decodes,
             mode = ?config.mode,
             prefill_policy = ?config.routing.prefill_policy,

@@ -1,11 +1,15 @@
 //! The real `pd-proxy` binary: clear start-up errors, environment fallbacks, serving and a
-//! graceful stop on SIGTERM.
+//! graceful stop on SIGTERM, NIXL prefills without a bootstrap server in sequential mode.
+
+mod common;
 
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::{client, prefill_answer, wait_ready_at, Mock};
+use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pd-proxy");
 
@@ -123,22 +127,10 @@ async fn environment_variables_stand_in_for_flags() {
     assert!(stderr.contains("no decode server"), "{stderr}");
 }
 
-#[tokio::test]
-async fn serves_and_stops_gracefully_on_sigterm() {
-    let mut child = command(
-        &[
-            "--prefill",
-            "http://127.0.0.1:9",
-            "none",
-            "--decode",
-            "http://127.0.0.1:9",
-            "--port",
-            "0",
-        ],
-        &[("RUST_LOG", "info"), ("PD_PROXY_HOST", "127.0.0.1")],
-    )
-    .spawn()
-    .unwrap();
+/// Starts the binary, which must say where it listens within 10 s; returns it and that
+/// address. Its stderr keeps being drained so it never blocks on a full pipe.
+async fn listening(args: &[&str], env: &[(&str, &str)]) -> (Child, String) {
+    let mut child = command(args, env).spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let addr = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(line) = lines.next_line().await.unwrap() {
@@ -152,13 +144,26 @@ async fn serves_and_stops_gracefully_on_sigterm() {
     })
     .await
     .expect("pd-proxy never said where it listens");
-    // Keep draining stderr so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    (child, addr)
+}
+
+#[tokio::test]
+async fn serves_and_stops_gracefully_on_sigterm() {
+    let (mut child, addr) = listening(
+        &[
+            "--prefill",
+            "http://127.0.0.1:9",
+            "none",
+            "--decode",
+            "http://127.0.0.1:9",
+            "--port",
+            "0",
+        ],
+        &[("RUST_LOG", "info"), ("PD_PROXY_HOST", "127.0.0.1")],
+    )
+    .await;
+    let client = client();
     let health = client
         .get(format!("http://{addr}/health"))
         .send()
@@ -184,4 +189,39 @@ async fn serves_and_stops_gracefully_on_sigterm() {
         .expect("pd-proxy did not stop on SIGTERM")
         .unwrap();
     assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn in_sequential_mode_a_prefill_without_a_port_needs_no_bootstrap_server() {
+    let prefill = Mock::prefill().await;
+    let decode = Mock::decode().await;
+    let (prefill_url, decode_url) = (prefill.url(), decode.url());
+    let (_child, addr) = listening(
+        &[
+            "--mode",
+            "sequential",
+            "--prefill",
+            &prefill_url,
+            "--decode",
+            &decode_url,
+            "--port",
+            "0",
+        ],
+        &[("RUST_LOG", "info")],
+    )
+    .await;
+    let url = format!("http://{addr}");
+    wait_ready_at(&url).await;
+    let answer = client()
+        .post(format!("{url}/v1/completions"))
+        .json(&json!({"prompt": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let d = decode.wait_seen(1).await.remove(0);
+    assert_eq!(
+        d.body["kv_transfer_params"],
+        prefill_answer()["kv_transfer_params"]
+    );
 }

@@ -123,7 +123,7 @@ async fn keep_alive_cluster(idle_close: Option<Duration>) -> (KeepAlive, KeepAli
     let proxy = start_proxy(config(
         vec![PrefillTarget {
             url: prefill.url.clone(),
-            bootstrap_addr: bootstrap.url(),
+            bootstrap_addr: Some(bootstrap.url()),
         }],
         vec![decode.url.clone()],
     ))

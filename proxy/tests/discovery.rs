@@ -6,54 +6,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use bootstrap_server::server::ServerHandle;
-use bootstrap_server::{Server, ServerConfig};
+use common::registry::{real_bootstrap, register_rank};
 use common::*;
 use pd_protocol::vllm::RegisterWorker;
 use pd_proxy::config::parse_prefill;
-use pd_proxy::ProxyHandle;
 use serde_json::json;
 use worker_client::BootstrapClient;
-
-async fn post(proxy: &ProxyHandle) -> u16 {
-    client()
-        .post(format!("{}/v1/completions", proxy.url()))
-        .json(&json!({"prompt": "hi"}))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
-}
-
-/// Sends requests until D receives `engine` as `remote_engine_id`.
-async fn wait_for_engine(proxy: &ProxyHandle, decode: &Mock, engine: &str) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let before = decode.seen().len();
-        if post(proxy).await == 200 {
-            let seen = decode.seen();
-            if seen[before..]
-                .iter()
-                .any(|s| s.body["kv_transfer_params"]["remote_engine_id"] == engine)
-            {
-                return;
-            }
-        }
-        assert!(Instant::now() < deadline, "{engine} was never used");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn ready_status(proxy: &ProxyHandle) -> u16 {
-    client()
-        .get(format!("{}/ready", proxy.url()))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
-}
 
 #[tokio::test]
 async fn non_contiguous_dp_ranks_are_all_used_with_their_engine_ids() {
@@ -95,18 +53,18 @@ async fn non_contiguous_dp_ranks_are_all_used_with_their_engine_ids() {
 async fn empty_query_answers_503_until_a_rank_registers() {
     let (_prefill, decode, bootstrap, proxy) = proxy_with_bootstrap(json!({})).await;
     eventually("a few discovery attempts", || bootstrap.queries() >= 2).await;
-    assert_eq!(post(&proxy).await, 503);
+    assert_eq!(complete_status(&proxy).await, 503);
     assert_eq!(ready_status(&proxy).await, 503);
     // A bootstrap server that says "not ready yet" is retried the same way.
     bootstrap.set(503, json!({"detail": "topology is not ready."}));
     let queries = bootstrap.queries();
     eventually("another attempt", || bootstrap.queries() > queries).await;
-    assert_eq!(post(&proxy).await, 503);
+    assert_eq!(complete_status(&proxy).await, 503);
     bootstrap.set(200, topology(&[(0, "late-engine")]));
     let registered = Instant::now();
     wait_ready(&proxy).await;
     assert!(registered.elapsed() < Duration::from_secs(2));
-    assert_eq!(post(&proxy).await, 200);
+    assert_eq!(complete_status(&proxy).await, 200);
     assert_eq!(
         decode.seen()[0].body["kv_transfer_params"]["remote_engine_id"],
         "late-engine"
@@ -123,18 +81,19 @@ async fn bootstrap_down_at_first_is_retried_until_it_answers() {
     let target = parse_prefill(
         &prefill.url(),
         Some(&bootstrap.served.addr.port().to_string()),
+        None,
     )
     .unwrap();
-    assert_eq!(target.bootstrap_addr, bootstrap.url());
+    assert_eq!(target.bootstrap_addr, Some(bootstrap.url()));
     let proxy = start_proxy(config(vec![target], vec![decode.url()])).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(ready_status(&proxy).await, 503);
-    assert_eq!(post(&proxy).await, 503);
+    assert_eq!(complete_status(&proxy).await, 503);
     bootstrap.served.set_down(false);
     let up = Instant::now();
     wait_ready(&proxy).await;
     assert!(up.elapsed() < Duration::from_secs(2), "{:?}", up.elapsed());
-    assert_eq!(post(&proxy).await, 200);
+    assert_eq!(complete_status(&proxy).await, 200);
 }
 
 #[tokio::test]
@@ -153,13 +112,13 @@ async fn prefill_not_healthy_at_first_delays_discovery() {
     assert_eq!(ready_status(&proxy).await, 503);
     prefill.set_healthy(true);
     wait_ready(&proxy).await;
-    assert_eq!(post(&proxy).await, 200);
+    assert_eq!(complete_status(&proxy).await, 200);
 }
 
 #[tokio::test]
 async fn changed_engine_id_is_rediscovered_when_decode_reports_it() {
     let cluster = Cluster::start(1, &[(0, "engine-old")], |_| {}).await;
-    assert_eq!(post(&cluster.proxy).await, 200);
+    assert_eq!(complete_status(&cluster.proxy).await, 200);
     let queries = cluster.bootstrap.queries();
     // P restarted under a new engine id; D cannot find the old one.
     cluster.bootstrap.set(200, topology(&[(0, "engine-new")]));
@@ -171,7 +130,7 @@ async fn changed_engine_id_is_rediscovered_when_decode_reports_it() {
                 cluster.bootstrap.url())}}),
         )
     });
-    assert_eq!(post(&cluster.proxy).await, 500);
+    assert_eq!(complete_status(&cluster.proxy).await, 500);
     eventually("a rediscovery", || cluster.bootstrap.queries() > queries).await;
     cluster.decode().set(|b| *b = Behavior::ok(decode_answer()));
     wait_for_engine(&cluster.proxy, cluster.decode(), "engine-new").await;
@@ -191,7 +150,7 @@ async fn periodic_rediscovery_picks_up_a_new_engine_id_and_survives_outages() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(cluster.bootstrap.queries(), queries);
     for _ in 0..3 {
-        assert_eq!(post(&cluster.proxy).await, 200);
+        assert_eq!(complete_status(&cluster.proxy).await, 200);
     }
     let metrics = cluster.metrics().await;
     assert!(sample(&metrics, "pd_proxy_discoveries_total", "outcome=\"error\"") >= 1.0);
@@ -214,7 +173,7 @@ async fn the_real_bootstrap_server_is_understood() {
     let proxy = start_proxy(config).await;
     wait_ready(&proxy).await;
     for _ in 0..4 {
-        assert_eq!(post(&proxy).await, 200);
+        assert_eq!(complete_status(&proxy).await, 200);
     }
     let engines: Vec<(String, String)> = prefill
         .seen()
@@ -243,40 +202,6 @@ async fn the_real_bootstrap_server_is_understood() {
     wait_for_engine(&proxy, &decode, "engine-b0").await;
     proxy.shutdown().await.unwrap();
     bootstrap.shutdown().await.unwrap();
-}
-
-/// The real bootstrap server on a free port, storing in `dir`.
-async fn real_bootstrap(dir: &std::path::Path) -> ServerHandle {
-    Server::bind(ServerConfig::local(dir))
-        .await
-        .unwrap()
-        .spawn()
-}
-
-/// Registers `engine` on dp rank `dp_rank` of the real bootstrap server at `url`.
-async fn register_rank(url: &str, engine: &str, dp_rank: u32, replace: bool) {
-    BootstrapClient::new(url)
-        .unwrap()
-        .register_worker(&RegisterWorker {
-            engine_id: engine.into(),
-            dp_rank,
-            tp_rank: 0,
-            pp_rank: 0,
-            addr: format!("tcp://127.0.0.1:{}", 42000 + dp_rank),
-            replace: Some(replace),
-            ..RegisterWorker::default()
-        })
-        .await
-        .unwrap();
-}
-
-/// Waits until the proxy's metrics satisfy `check`.
-async fn wait_metrics(proxy: &ProxyHandle, what: &str, check: impl Fn(&str) -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !check(&metrics(proxy).await) {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test]

@@ -44,7 +44,7 @@ async fn sglang_mode_adds_the_bootstrap_fields_to_both_bodies() {
     let decode = Mock::decode().await;
     let target = PrefillTarget {
         url: prefill.url(),
-        bootstrap_addr: bootstrap.url(),
+        bootstrap_addr: Some(bootstrap.url()),
     };
     let mut config = config(vec![target], vec![decode.url()]);
     config.mode = Mode::Sglang;

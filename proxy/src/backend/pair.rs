@@ -14,17 +14,17 @@ pub struct Pair {
     pub prefill_index: usize,
     /// The prefill server.
     pub backend: Arc<Backend>,
-    /// Its bootstrap server (`remote_bootstrap_addr`).
-    pub bootstrap_addr: Arc<str>,
+    /// Its bootstrap server (`remote_bootstrap_addr`), if it has one.
+    pub bootstrap_addr: Option<Arc<str>>,
     /// The dp rank.
     pub dp_rank: Rank,
     /// The dp rank as the `X-data-parallel-rank` header value.
     pub rank_header: HeaderValue,
-    /// The engine id of that dp rank (`remote_engine_id`).
-    pub engine_id: Arc<str>,
+    /// The engine id of that dp rank (`remote_engine_id`), if its bootstrap server names one.
+    pub engine_id: Option<Arc<str>>,
     /// `remote_bootstrap_addr` and `remote_engine_id` as D's `kv_transfer_params` carry them
-    /// ([`crate::body::kv_source`]).
-    pub kv_source: Box<str>,
+    /// ([`crate::body::kv_source`]), when both are known.
+    pub kv_source: Option<Box<str>>,
     /// The model the engine registered (`None` when its registration or its server does not
     /// say): only decodes that serve it are paired with it.
     pub model: Option<Arc<str>>,
@@ -40,8 +40,8 @@ pub struct Pair {
 pub struct DiscoveredRank<'a> {
     /// The dp rank.
     pub rank: Rank,
-    /// Its engine id.
-    pub engine_id: &'a str,
+    /// Its engine id (none without a bootstrap server, or on SGLang's).
+    pub engine_id: Option<&'a str>,
     /// The model its engine registered, if it did.
     pub model: Option<&'a str>,
     /// How many dp ranks the prefill has.

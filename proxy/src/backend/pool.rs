@@ -29,7 +29,7 @@ impl Pool {
             .map(|target| {
                 Arc::new(Prefill {
                     backend: Arc::new(Backend::new(Role::Prefill, &target.url, metrics)),
-                    bootstrap_addr: Arc::from(target.bootstrap_addr.as_str()),
+                    bootstrap_addr: target.bootstrap_addr.as_deref().map(Arc::from),
                     refresh: Notify::new(),
                     discovery_metrics: metrics.discovery(&target.url),
                     pairs: Mutex::new(Vec::new()),
@@ -65,7 +65,7 @@ impl Pool {
         let prefill = &self.prefills[index];
         let same = |pair: &Pair, rank: &DiscoveredRank<'_>| {
             pair.dp_rank == rank.rank
-                && &*pair.engine_id == rank.engine_id
+                && pair.engine_id.as_deref() == rank.engine_id
                 && pair.model.as_deref() == rank.model
                 && pair.dp_size == rank.dp_size
         };
@@ -92,15 +92,18 @@ impl Pool {
                                 bootstrap_addr: prefill.bootstrap_addr.clone(),
                                 dp_rank: rank.rank,
                                 rank_header: HeaderValue::from(rank.rank),
-                                engine_id: Arc::from(rank.engine_id),
-                                kv_source: crate::body::kv_source(
-                                    &prefill.bootstrap_addr,
-                                    rank.engine_id,
-                                ),
+                                engine_id: rank.engine_id.map(Arc::from),
+                                kv_source: prefill
+                                    .bootstrap_addr
+                                    .as_deref()
+                                    .zip(rank.engine_id)
+                                    .map(|(addr, engine)| crate::body::kv_source(addr, engine)),
                                 model: rank.model.map(Arc::from),
                                 dp_size: rank.dp_size,
                                 outstanding: AtomicUsize::new(0),
-                                draining: AtomicBool::new(draining.contains(rank.engine_id)),
+                                draining: AtomicBool::new(
+                                    rank.engine_id.is_some_and(|e| draining.contains(e)),
+                                ),
                             })
                         })
                 })

@@ -17,8 +17,9 @@ use crate::sync::lock;
 pub struct Prefill {
     /// The server.
     pub backend: Arc<Backend>,
-    /// Its bootstrap server, e.g. `http://10.0.0.5:8998`.
-    pub bootstrap_addr: Arc<str>,
+    /// Its bootstrap server, e.g. `http://10.0.0.5:8998` (none: it is used on its `/health`
+    /// alone, as dp rank 0).
+    pub bootstrap_addr: Option<Arc<str>>,
     /// Woken to make discovery run now (D reported an unknown engine, or P came back).
     pub refresh: Notify,
     /// Discovery metrics.
@@ -59,11 +60,14 @@ impl Prefill {
             }
         }
         for pair in lock(&self.pairs).iter() {
-            let marked = draining.contains(&*pair.engine_id);
+            let Some(engine_id) = pair.engine_id.as_deref() else {
+                continue;
+            };
+            let marked = draining.contains(engine_id);
             if pair.draining.swap(marked, Ordering::Relaxed) != marked {
                 tracing::info!(
                     prefill = self.backend.url(),
-                    engine_id = &*pair.engine_id,
+                    engine_id,
                     draining = marked,
                     "registry drain mark"
                 );
@@ -72,7 +76,7 @@ impl Prefill {
     }
 
     /// The dp ranks and engine ids currently known, by rank.
-    pub fn ranks(&self) -> Vec<(Rank, Arc<str>)> {
+    pub fn ranks(&self) -> Vec<(Rank, Option<Arc<str>>)> {
         lock(&self.pairs)
             .iter()
             .map(|pair| (pair.dp_rank, pair.engine_id.clone()))

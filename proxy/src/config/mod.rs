@@ -2,8 +2,9 @@
 //! their validation into a [`Config`].
 //!
 //! The prefill and decode flags are vLLM's Mooncake proxy's: `--prefill URL [BOOTSTRAP_PORT|none]`
-//! (repeatable; `none` or no port means 8998, the bootstrap host is the prefill URL's host) and
-//! `--decode URL` (repeatable); `targets.rs` checks them.
+//! (repeatable; `none` or no port means 8998, or no bootstrap server in sequential mode; the
+//! bootstrap host is the prefill URL's host) and `--decode URL` (repeatable); `targets.rs`
+//! checks them.
 
 mod targets;
 
@@ -35,6 +36,18 @@ pub enum Mode {
     Sglang,
 }
 
+impl Mode {
+    /// The bootstrap port of a `--prefill` given without one (or with `none`): vLLM's 8998 where
+    /// D finds P's KV through a bootstrap server; none in sequential mode, where D gets what P
+    /// answered and a NIXL prefill runs no bootstrap server.
+    pub fn default_bootstrap_port(self) -> Option<u16> {
+        match self {
+            Mode::Sequential => None,
+            Mode::Concurrent | Mode::Sglang => Some(DEFAULT_BOOTSTRAP_PORT),
+        }
+    }
+}
+
 /// The pd-proxy: an OpenAI-compatible front door that sends each request to a prefill and a
 /// decode server at the same time.
 #[derive(Debug, Parser)]
@@ -46,8 +59,9 @@ pub struct Args {
     /// Port to listen on.
     #[arg(long, env = "PD_PROXY_PORT", default_value_t = 8000)]
     pub port: u16,
-    /// A prefill server: its URL and, optionally, its bootstrap port (`none` or omitted: 8998).
-    /// Repeatable. Without the flag, PD_PROXY_PREFILL is read: comma-separated `URL[ PORT]` entries.
+    /// A prefill server: its URL and, optionally, its bootstrap port (`none` or omitted: 8998;
+    /// in sequential mode, no bootstrap server). Repeatable. Without the flag, PD_PROXY_PREFILL
+    /// is read: comma-separated `URL[ PORT]` entries.
     #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append)]
     pub prefill: Vec<String>,
     /// The `--prefill` values grouped by occurrence (filled by [`Args::parse_from`]).
@@ -317,12 +331,16 @@ impl Args {
     /// Validates the flags into a configuration. `prefill_env` is the value of [`PREFILL_ENV`],
     /// used only when no `--prefill` flag was given.
     pub fn into_config(self, prefill_env: Option<&str>) -> Result<Config, ConfigError> {
+        let default_port = self.mode.default_bootstrap_port();
         let prefills = if self.prefill_groups.is_empty() {
-            parse_prefill_env(prefill_env.unwrap_or(""))?
+            parse_prefill_env(prefill_env.unwrap_or(""), default_port)?
         } else {
             self.prefill_groups
                 .iter()
-                .map(|values| parse_prefill(&values[0], values.get(1).map(String::as_str)))
+                .map(|values| {
+                    let port = values.get(1).map(String::as_str);
+                    parse_prefill(&values[0], port, default_port)
+                })
                 .collect::<Result<Vec<_>, _>>()?
         };
         if prefills.is_empty() {
@@ -405,20 +423,48 @@ mod tests {
             vec![
                 PrefillTarget {
                     url: "http://10.0.0.5:8100".into(),
-                    bootstrap_addr: "http://10.0.0.5:8998".into()
+                    bootstrap_addr: Some("http://10.0.0.5:8998".into())
                 },
                 PrefillTarget {
                     url: "http://10.0.0.6:8100".into(),
-                    bootstrap_addr: "http://10.0.0.6:9000".into()
+                    bootstrap_addr: Some("http://10.0.0.6:9000".into())
                 },
                 PrefillTarget {
                     url: "http://[fd00::1]:8100".into(),
-                    bootstrap_addr: "http://[fd00::1]:8998".into()
+                    bootstrap_addr: Some("http://[fd00::1]:8998".into())
                 },
             ]
         );
         assert_eq!(config.decodes, vec!["http://10.0.0.7:8200".to_owned()]);
         assert_eq!(config.prefill_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn in_sequential_mode_a_prefill_without_a_port_has_no_bootstrap_server() {
+        let config = config(&[
+            "--mode",
+            "sequential",
+            "--prefill",
+            "http://10.0.0.5:8100",
+            "--prefill",
+            "http://10.0.0.6:8100",
+            "none",
+            "--prefill",
+            "http://10.0.0.7:8100",
+            "9000",
+            "--decode",
+            "http://10.0.0.8:8200",
+        ])
+        .unwrap();
+        let bootstraps: Vec<_> = config
+            .prefills
+            .iter()
+            .map(|p| p.bootstrap_addr.as_deref())
+            .collect();
+        assert_eq!(bootstraps, [None, None, Some("http://10.0.0.7:9000")]);
+        let targets = parse_prefill_env("http://a:1, http://b:2 9000", None).unwrap();
+        assert_eq!(targets[0].bootstrap_addr, None);
+        assert_eq!(targets[1].bootstrap_addr.as_deref(), Some("http://b:9000"));
     }
 
     #[test]
@@ -468,11 +514,11 @@ mod tests {
 
     #[test]
     fn prefill_env_lists_entries() {
-        let targets = parse_prefill_env("http://a:1 9000, http://b:2 ,").unwrap();
+        let targets = parse_prefill_env("http://a:1 9000, http://b:2 ,", Some(8998)).unwrap();
         assert_eq!(targets.len(), 2);
-        assert_eq!(targets[0].bootstrap_addr, "http://a:9000");
-        assert_eq!(targets[1].bootstrap_addr, "http://b:8998");
-        assert!(parse_prefill_env("http://a:1 2 3").is_err());
+        assert_eq!(targets[0].bootstrap_addr.as_deref(), Some("http://a:9000"));
+        assert_eq!(targets[1].bootstrap_addr.as_deref(), Some("http://b:8998"));
+        assert!(parse_prefill_env("http://a:1 2 3", Some(8998)).is_err());
         let args = Args::try_parse_args(["pd-proxy", "--decode", "http://d:1"]).unwrap();
         assert_eq!(
             args.into_config(Some("http://a:1")).unwrap().prefills.len(),

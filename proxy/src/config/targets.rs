@@ -1,5 +1,6 @@
 //! Where the backends are: `--prefill URL [BOOTSTRAP_PORT|none]`, `PD_PROXY_PREFILL` and
-//! `--decode URL`, each URL checked and its bootstrap server found as vLLM's proxy finds it.
+//! `--decode URL`, each URL checked and its bootstrap server found as vLLM's proxy finds it (or
+//! none, for a prefill given without a port in a mode that needs no bootstrap server).
 
 use reqwest::Url;
 
@@ -16,8 +17,10 @@ pub const PREFILL_ENV: &str = "PD_PROXY_PREFILL";
 pub struct PrefillTarget {
     /// Its base URL, without a trailing slash, e.g. `http://10.0.0.5:8100`.
     pub url: String,
-    /// Its bootstrap server, e.g. `http://10.0.0.5:8998` (what D receives as `remote_bootstrap_addr`).
-    pub bootstrap_addr: String,
+    /// Its bootstrap server, e.g. `http://10.0.0.5:8998` (what D receives as
+    /// `remote_bootstrap_addr`); `None` when it has none (sequential mode's NIXL prefills): it
+    /// is then one dp rank, 0, without an engine id, usable once its `/health` passes.
+    pub bootstrap_addr: Option<String>,
 }
 
 /// Checks a backend URL and returns it without a trailing slash.
@@ -49,14 +52,19 @@ pub(super) fn base_url(url: &Url) -> String {
 }
 
 /// Turns one `--prefill URL [BOOTSTRAP_PORT|none]` into a target, as vLLM's proxy does: the
-/// bootstrap host is the URL's host (IPv6 stays bracketed), the port defaults to 8998.
-pub fn parse_prefill(url_text: &str, port: Option<&str>) -> Result<PrefillTarget, ConfigError> {
+/// bootstrap host is the URL's host (IPv6 stays bracketed); without a port (or with `none`)
+/// the port is `default_port`, and no bootstrap server at all when that is `None`.
+pub fn parse_prefill(
+    url_text: &str,
+    port: Option<&str>,
+    default_port: Option<u16>,
+) -> Result<PrefillTarget, ConfigError> {
     let url = parse_backend_url("--prefill", url_text)?;
     let port = match port.map(str::trim) {
-        None => DEFAULT_BOOTSTRAP_PORT,
-        Some(text) if text.eq_ignore_ascii_case("none") => DEFAULT_BOOTSTRAP_PORT,
+        None => default_port,
+        Some(text) if text.eq_ignore_ascii_case("none") => default_port,
         Some(text) => match text.parse::<u16>() {
-            Ok(port) if port != 0 => port,
+            Ok(port) if port != 0 => Some(port),
             _ => {
                 return Err(ConfigError::BadBootstrapPort {
                     url: url_text.to_owned(),
@@ -69,20 +77,24 @@ pub fn parse_prefill(url_text: &str, port: Option<&str>) -> Result<PrefillTarget
     let host = url.host_str().expect("checked by parse_backend_url");
     Ok(PrefillTarget {
         url: base_url(&url),
-        bootstrap_addr: format!("http://{host}:{port}"),
+        bootstrap_addr: port.map(|port| format!("http://{host}:{port}")),
     })
 }
 
-/// Parses [`PREFILL_ENV`]: comma-separated entries, each `URL` or `URL BOOTSTRAP_PORT`.
-pub fn parse_prefill_env(text: &str) -> Result<Vec<PrefillTarget>, ConfigError> {
+/// Parses [`PREFILL_ENV`]: comma-separated entries, each `URL` or `URL BOOTSTRAP_PORT` (the
+/// port defaulting as [`parse_prefill`] says).
+pub fn parse_prefill_env(
+    text: &str,
+    default_port: Option<u16>,
+) -> Result<Vec<PrefillTarget>, ConfigError> {
     text.split(',')
         .map(str::trim)
         .filter(|entry| !entry.is_empty())
         .map(|entry| {
             let words: Vec<&str> = entry.split_whitespace().collect();
             match words.as_slice() {
-                [url] => parse_prefill(url, None),
-                [url, port] => parse_prefill(url, Some(port)),
+                [url] => parse_prefill(url, None, default_port),
+                [url, port] => parse_prefill(url, Some(port), default_port),
                 _ => Err(ConfigError::BadPrefillEntry(entry.to_owned())),
             }
         })

@@ -68,7 +68,7 @@ pub async fn decode_with_retry(
         if let Some(pair) = pair.filter(|_| err.is_unknown_engine()) {
             tracing::debug!(
                 decode = decode.url(),
-                engine = &*pair.engine_id,
+                engine = pair.engine_id.as_deref(),
                 "decode did not find the remote engine; rediscovering its prefill"
             );
             state.pool.prefills[pair.prefill_index].refresh.notify_one();

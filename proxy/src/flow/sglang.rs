@@ -32,12 +32,13 @@ fn bootstrap_of(addr: &str) -> Option<(String, u16)> {
 
 /// Runs the SGLang flow.
 pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refusal> {
-    let Some((host, port)) = bootstrap_of(&call.pair.bootstrap_addr) else {
+    let addr = call.pair.bootstrap_addr.as_deref();
+    let Some((host, port)) = addr.and_then(bootstrap_of) else {
         return Err(Refusal::from((
             ApiError::bad_gateway(format!(
                 "prefill {} has no usable bootstrap address ({})",
                 call.pair.backend.url(),
-                call.pair.bootstrap_addr
+                addr.unwrap_or("none")
             )),
             Outcome::PrefillError,
         )));

@@ -1,6 +1,9 @@
 //! Shared test helpers: mock P and D servers and a mock bootstrap server on 127.0.0.1:0 that
-//! record what they receive, and a real proxy started in-process.
+//! record what they receive, and a real proxy started in-process; the real bootstrap server in
+//! `registry.rs`.
 #![allow(dead_code)] // each test binary uses a different subset
+
+pub mod registry;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -482,7 +485,7 @@ pub fn config(prefills: Vec<PrefillTarget>, decodes: Vec<String>) -> Config {
 pub fn target(prefill: &Mock, bootstrap: &str) -> PrefillTarget {
     PrefillTarget {
         url: prefill.url(),
-        bootstrap_addr: bootstrap.to_owned(),
+        bootstrap_addr: Some(bootstrap.to_owned()),
     }
 }
 
@@ -512,16 +515,68 @@ pub async fn proxy_with_bootstrap(topology: Value) -> (Mock, Mock, Bootstrap, Pr
     (prefill, decode, bootstrap, proxy)
 }
 
+/// `POST /v1/completions` with a small prompt: the status.
+pub async fn complete_status(proxy: &ProxyHandle) -> u16 {
+    client()
+        .post(format!("{}/v1/completions", proxy.url()))
+        .json(&json!({"prompt": "hi"}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// The status of `GET /ready`.
+pub async fn ready_status(proxy: &ProxyHandle) -> u16 {
+    client()
+        .get(format!("{}/ready", proxy.url()))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// Sends requests until D receives `engine` as `remote_engine_id`.
+pub async fn wait_for_engine(proxy: &ProxyHandle, decode: &Mock, engine: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let before = decode.seen().len();
+        if complete_status(proxy).await == 200 {
+            let seen = decode.seen();
+            if seen[before..]
+                .iter()
+                .any(|s| s.body["kv_transfer_params"]["remote_engine_id"] == engine)
+            {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{engine} was never used");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the proxy's metrics satisfy `check`.
+pub async fn wait_metrics(proxy: &ProxyHandle, what: &str, check: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !check(&metrics(proxy).await) {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Waits until `/ready` answers 200.
 pub async fn wait_ready(proxy: &ProxyHandle) {
+    wait_ready_at(&proxy.url()).await;
+}
+
+/// Waits until `{url}/ready` answers 200 (a proxy started as its own process).
+pub async fn wait_ready_at(url: &str) {
     let client = client();
     let deadline = Instant::now() + WAIT;
     loop {
-        let response = client
-            .get(format!("{}/ready", proxy.url()))
-            .send()
-            .await
-            .unwrap();
+        let response = client.get(format!("{url}/ready")).send().await.unwrap();
         if response.status() == 200 {
             return;
         }
