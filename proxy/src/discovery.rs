@@ -1,19 +1,22 @@
 //! Learning each prefill's dp ranks and their engine ids: wait for P's `/health`, then
 //! `GET {bootstrap}/query`. Retried with backoff forever in the background, repeated periodically
 //! and on demand (D reported an unknown engine, P came back healthy, or the bootstrap server's
-//! `GET /watch` reported a worker change), so a new or restarted P is picked up at once and one
-//! failure never makes the proxy unusable. A bootstrap server without `/watch` (vLLM's own, or
-//! an older pd-bootstrap) is simply polled; a prefill without a bootstrap server is one dp rank,
-//! 0, once its `/health` passes.
+//! `GET /watch` reported a worker change, also while a retry waits), so a new or restarted P is
+//! picked up at once and one failure never makes the proxy unusable. A bootstrap server without
+//! `/watch` (vLLM's own, or an older pd-bootstrap) is simply polled; a prefill without a
+//! bootstrap server is one dp rank, 0, once its `/health` passes.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
 use futures_util::StreamExt;
 use pd_service::error_chain;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 use worker_client::{BootstrapClient, RetryPolicy, WatchUpdate};
 
 use crate::backend::{DiscoveredRank, Pool, Prefill};
+use crate::backoff::Backoff;
 use crate::config::DiscoveryConfig;
 
 /// Why one discovery attempt failed (it is retried).
@@ -218,8 +221,9 @@ pub async fn follow_changes(prefill: &Prefill, bootstrap: &BootstrapClient) {
     metrics.watching.set(0);
 }
 
-/// Discovers prefill `index` forever: retries with exponential backoff until an attempt
-/// succeeds, then waits for the refresh interval or a refresh request, and starts again.
+/// Discovers prefill `index` forever: retries with backoff until an attempt succeeds, then
+/// waits for the refresh interval, and starts again. Every wait ends early when discovery is
+/// asked for, which also starts the backoff over.
 async fn poll_forever(
     pool: &Pool,
     index: usize,
@@ -228,22 +232,9 @@ async fn poll_forever(
     config: &DiscoveryConfig,
 ) {
     let prefill = &pool.prefills[index];
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(config.backoff_min)
-        .with_max_delay(config.backoff_max)
-        .with_jitter()
-        .without_max_times();
+    let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
     loop {
-        let attempt = || discover_once(pool, index, client, bootstrap, config);
-        let result = attempt
-            .retry(backoff)
-            .sleep(tokio::time::sleep)
-            .notify(|err, delay| {
-                prefill.discovery_metrics.discovery(false);
-                tracing::warn!(prefill = prefill.backend.url(), retry_in = ?delay, "discovery failed: {err}");
-            })
-            .await;
-        match result {
+        let pause = match discover_once(pool, index, client, bootstrap, config).await {
             Ok(changed) => {
                 prefill.discovery_metrics.discovery(true);
                 if changed {
@@ -255,17 +246,31 @@ async fn poll_forever(
                         "discovered dp ranks and engine ids"
                     );
                 }
+                backoff.reset();
+                config.interval
             }
             Err(err) => {
                 prefill.discovery_metrics.discovery(false);
-                tracing::warn!(prefill = prefill.backend.url(), "discovery failed: {err}");
+                let pause = backoff.next_pause();
+                tracing::warn!(prefill = prefill.backend.url(), retry_in = ?pause, "discovery failed: {err}");
+                pause
             }
-        }
-        // Never rediscover more often than the first backoff step, however often it is asked.
-        tokio::time::sleep(config.backoff_min).await;
-        tokio::select! {
-            () = tokio::time::sleep(config.interval) => {}
-            () = prefill.refresh.notified() => {}
+        };
+        if wait(&prefill.refresh, pause, config.backoff_min).await {
+            backoff.reset();
         }
     }
+}
+
+/// Waits `pause`, or less when `refresh` is notified, but never less than `spacing` (two
+/// discoveries are never closer, however often they are asked for). Returns whether it was
+/// notified.
+async fn wait(refresh: &Notify, pause: Duration, spacing: Duration) -> bool {
+    let earliest = Instant::now() + spacing;
+    let notified = tokio::select! {
+        () = tokio::time::sleep(pause) => false,
+        () = refresh.notified() => true,
+    };
+    tokio::time::sleep_until(earliest).await;
+    notified
 }

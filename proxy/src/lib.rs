@@ -18,6 +18,7 @@
 
 pub mod admin;
 pub mod backend;
+mod backoff;
 pub mod body;
 pub mod config;
 pub mod discovery;

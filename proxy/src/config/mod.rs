@@ -173,9 +173,10 @@ pub struct HealthConfig {
 pub struct DiscoveryConfig {
     /// Time between two discoveries once one succeeded.
     pub interval: Duration,
-    /// First retry delay after a failed discovery (doubling, with jitter).
+    /// First backoff step after a failed discovery (doubling; each pause is drawn between half
+    /// and all of its step), and the least time between two discoveries.
     pub backoff_min: Duration,
-    /// Longest retry delay.
+    /// The largest step: no retry waits longer, jitter included.
     pub backoff_max: Duration,
     /// How long one `/health` or `/query` call may take.
     pub timeout: Duration,

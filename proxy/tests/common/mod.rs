@@ -397,7 +397,8 @@ pub struct Bootstrap {
 
 pub struct BootstrapState {
     pub answer: Mutex<(u16, Value)>,
-    pub queries: AtomicUsize,
+    /// When each `/query` arrived.
+    pub queries: Mutex<Vec<Instant>>,
     /// Requests to other routes (answered 404).
     pub misses: AtomicUsize,
 }
@@ -418,14 +419,14 @@ impl Bootstrap {
     pub async fn start(answer: Value) -> Self {
         let state = Arc::new(BootstrapState {
             answer: Mutex::new((200, answer)),
-            queries: AtomicUsize::new(0),
+            queries: Mutex::new(Vec::new()),
             misses: AtomicUsize::new(0),
         });
         let router = Router::new()
             .route(
                 "/query",
                 get(|State(state): State<Arc<BootstrapState>>| async move {
-                    state.queries.fetch_add(1, Ordering::SeqCst);
+                    state.queries.lock().unwrap().push(Instant::now());
                     let (status, body) = state.answer.lock().unwrap().clone();
                     (
                         StatusCode::from_u16(status).unwrap(),
@@ -461,7 +462,12 @@ impl Bootstrap {
     }
 
     pub fn queries(&self) -> usize {
-        self.state.queries.load(Ordering::SeqCst)
+        self.state.queries.lock().unwrap().len()
+    }
+
+    /// When each `/query` arrived.
+    pub fn query_times(&self) -> Vec<Instant> {
+        self.state.queries.lock().unwrap().clone()
     }
 
     pub fn misses(&self) -> usize {

@@ -1,0 +1,68 @@
+//! Discovery's retries: a wake-up (here a registration the bootstrap server's `/watch` reports)
+//! ends a retry's wait at once, and no wait is longer than the backoff's cap, jitter included.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::registry::{real_bootstrap, register_rank};
+use common::*;
+use serde_json::json;
+
+#[tokio::test]
+async fn a_registration_wakes_discovery_while_it_waits_to_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = real_bootstrap(dir.path()).await;
+    let url = bootstrap.url();
+    let prefill = Mock::prefill().await;
+    let decode = Mock::decode().await;
+    let mut config = config(vec![target(&prefill, &url)], vec![decode.url()]);
+    // The binary's backoff: from 100 ms, doubling, up to 5 s.
+    config.discovery.backoff_min = Duration::from_millis(100);
+    config.discovery.backoff_max = Duration::from_secs(5);
+    let proxy = start_proxy(config).await;
+    // Nothing is registered: five attempts fail, after which the next wait is 0.8 to 1.6 s.
+    let failed = format!("backend=\"{}\",outcome=\"error\"", prefill.url());
+    wait_metrics(&proxy, "five failed discoveries", |m| {
+        sample(m, "pd_proxy_discoveries_total", &failed) >= 5.0
+    })
+    .await;
+    let registered = Instant::now();
+    register_rank(&url, "engine-a0", 0, false).await;
+    wait_ready(&proxy).await;
+    assert!(
+        registered.elapsed() < Duration::from_millis(600),
+        "routable {:?} after the registration",
+        registered.elapsed()
+    );
+    assert_eq!(complete_status(&proxy).await, 200);
+    proxy.shutdown().await.unwrap();
+    bootstrap.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn no_retry_waits_longer_than_the_backoff_cap() {
+    let bootstrap = Bootstrap::start(json!({})).await;
+    bootstrap.set(503, json!({"detail": "topology is not ready."}));
+    let prefill = Mock::prefill().await;
+    let decode = Mock::decode().await;
+    // Backoff from 20 ms up to 200 ms.
+    let proxy = start_proxy(config(
+        vec![target(&prefill, &bootstrap.url())],
+        vec![decode.url()],
+    ))
+    .await;
+    eventually("fifteen attempts", || bootstrap.queries() >= 15).await;
+    let times = bootstrap.query_times();
+    // From the fifth attempt on, every wait is drawn at the cap; the attempt itself and the
+    // timers' slack on a busy machine get 80 ms.
+    let waits: Vec<Duration> = times[4..15]
+        .windows(2)
+        .map(|pair| pair[1] - pair[0])
+        .collect();
+    assert!(
+        waits.iter().all(|wait| *wait <= Duration::from_millis(280)),
+        "{waits:?}"
+    );
+    proxy.shutdown().await.unwrap();
+}
