@@ -131,10 +131,17 @@ pub async fn discover_once(
 }
 
 /// Discovers prefill `index` forever: polls as [`poll_forever`] does, and wakes it on every
-/// change the bootstrap server reports ([`follow_changes`]).
-pub async fn run(pool: Arc<Pool>, index: usize, client: reqwest::Client, config: DiscoveryConfig) {
+/// change the bootstrap server reports ([`follow_changes`]). `recheck` paces the retries while P
+/// does not answer `/health` (the health checks' recovery interval).
+pub async fn run(
+    pool: Arc<Pool>,
+    index: usize,
+    client: reqwest::Client,
+    config: DiscoveryConfig,
+    recheck: Duration,
+) {
     let prefill = pool.prefills[index].clone();
-    let poll = |bootstrap| poll_forever(&pool, index, &client, bootstrap, &config);
+    let poll = |bootstrap| poll_forever(&pool, index, &client, bootstrap, &config, recheck);
     let Some(addr) = &prefill.bootstrap_addr else {
         return poll(None).await;
     };
@@ -221,15 +228,17 @@ pub async fn follow_changes(prefill: &Prefill, bootstrap: &BootstrapClient) {
     metrics.watching.set(0);
 }
 
-/// Discovers prefill `index` forever: retries with backoff until an attempt succeeds, then
-/// waits for the refresh interval, and starts again. Every wait ends early when discovery is
-/// asked for, which also starts the backoff over.
+/// Discovers prefill `index` forever: retries with backoff until an attempt succeeds (a P that
+/// does not answer `/health` is asked again every `recheck` at most, as the health checks ask a
+/// failing backend), then waits for the refresh interval, and starts again. Every wait ends
+/// early when discovery is asked for, which also starts the backoff over.
 async fn poll_forever(
     pool: &Pool,
     index: usize,
     client: &reqwest::Client,
     bootstrap: Option<&BootstrapClient>,
     config: &DiscoveryConfig,
+    recheck: Duration,
 ) {
     let prefill = &pool.prefills[index];
     let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
@@ -251,7 +260,10 @@ async fn poll_forever(
             }
             Err(err) => {
                 prefill.discovery_metrics.discovery(false);
-                let pause = backoff.next_pause();
+                let pause = match err {
+                    DiscoveryError::NotHealthy { .. } => backoff.next_pause().min(recheck),
+                    _ => backoff.next_pause(),
+                };
                 tracing::warn!(prefill = prefill.backend.url(), retry_in = ?pause, "discovery failed: {err}");
                 pause
             }

@@ -1,10 +1,12 @@
-//! Active health checks: `GET {url}/health` on every backend at a fixed interval, with failure
-//! and success thresholds so one slow answer does not take a backend out.
+//! Active health checks: `GET {url}/health` on every backend at an interval (a shorter one
+//! while it fails or is out of rotation, so a restarted engine is back soon after it answers),
+//! with failure and success thresholds so one slow answer does not take a backend out.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::Url;
+use tokio::time::Instant;
 
 use crate::backend::{Backend, Prefill};
 use crate::config::HealthConfig;
@@ -35,43 +37,73 @@ pub async fn models(client: &reqwest::Client, url: &Url, timeout: Duration) -> O
     Some(models.data.into_iter().map(|m| m.id).collect())
 }
 
-/// Checks `backend` forever. When a prefill comes back healthy its discovery is woken, since a
-/// restarted P registers under a new engine id. A healthy decode's `/v1/models` is read at each
-/// check, so that it is only paired with prefills of a model it serves.
+/// Checks `backend` forever: every interval, or every recovery interval while it fails or is
+/// out of rotation (from the moment real traffic takes it out). When a prefill comes back
+/// healthy its discovery is woken, since a restarted P registers under a new engine id. A
+/// healthy decode's `/v1/models` is read at each check, so that it is only paired with
+/// prefills of a model it serves.
 pub async fn check_forever(
     backend: Arc<Backend>,
     prefill: Option<Arc<Prefill>>,
     client: reqwest::Client,
     config: HealthConfig,
 ) {
-    let mut ticker = tokio::time::interval(config.interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticker.tick().await;
         let passed = check(&client, &backend.health_url, config.timeout).await;
-        if passed && prefill.is_none() {
-            if let Some(served) = models(&client, &backend.models_url, config.timeout).await {
-                backend.set_models(served);
-            }
+        record(&backend, prefill.as_deref(), &client, passed, &config).await;
+        pause(&backend, &config).await;
+    }
+}
+
+/// Counts one check of `backend` (reading a decode's models when it passed), and tells of a
+/// change of state.
+async fn record(
+    backend: &Backend,
+    prefill: Option<&Prefill>,
+    client: &reqwest::Client,
+    passed: bool,
+    config: &HealthConfig,
+) {
+    if passed && prefill.is_none() {
+        if let Some(served) = models(client, &backend.models_url, config.timeout).await {
+            backend.set_models(served);
         }
-        match backend.record_check(passed, &config) {
-            Some(true) => {
-                tracing::info!(
-                    role = backend.role().as_str(),
-                    backend = backend.url(),
-                    "backend is healthy again"
-                );
-                if let Some(prefill) = &prefill {
-                    prefill.refresh.notify_one();
-                }
-            }
-            Some(false) => tracing::warn!(
+    }
+    match backend.record_check(passed, config) {
+        Some(true) => {
+            tracing::info!(
                 role = backend.role().as_str(),
                 backend = backend.url(),
-                failures = config.failure_threshold,
-                "backend failed its health checks; no requests go to it until it recovers"
-            ),
-            None => {}
+                "backend is healthy again"
+            );
+            if let Some(prefill) = prefill {
+                prefill.refresh.notify_one();
+            }
+        }
+        Some(false) => tracing::warn!(
+            role = backend.role().as_str(),
+            backend = backend.url(),
+            failures = config.failure_threshold,
+            "backend failed its health checks; no requests go to it until it recovers"
+        ),
+        None => {}
+    }
+}
+
+/// Waits until `backend`'s next check: the interval, or the recovery interval while it fails
+/// or is out of rotation. Taken out meanwhile, it is checked at most the recovery interval
+/// later (never later than planned, however often it is taken out).
+async fn pause(backend: &Backend, config: &HealthConfig) {
+    let pause = if backend.is_recovering() {
+        config.recovery()
+    } else {
+        config.interval
+    };
+    let mut due = Instant::now() + pause;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(due) => return,
+            () = backend.ejected() => due = due.min(Instant::now() + config.recovery()),
         }
     }
 }

@@ -81,6 +81,7 @@ impl Proxy {
                 index,
                 client.clone(),
                 config.discovery.clone(),
+                config.health.recovery(),
             )));
             tasks.push(tokio::spawn(health::check_forever(
                 prefill.backend.clone(),

@@ -1,5 +1,7 @@
 //! Discovery's retries: a wake-up (here a registration the bootstrap server's `/watch` reports)
-//! ends a retry's wait at once, and no wait is longer than the backoff's cap, jitter included.
+//! ends a retry's wait at once, no wait is longer than the backoff's cap, jitter included, and
+//! a prefill that registers before its `/health` answers is asked again at the health checks'
+//! recovery interval, not the backoff's.
 
 mod common;
 
@@ -36,6 +38,41 @@ async fn a_registration_wakes_discovery_while_it_waits_to_retry() {
         registered.elapsed()
     );
     assert_eq!(complete_status(&proxy).await, 200);
+    proxy.shutdown().await.unwrap();
+    bootstrap.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_prefill_registered_before_its_health_answers_is_used_soon_after_it_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = real_bootstrap(dir.path()).await;
+    let url = bootstrap.url();
+    register_rank(&url, "engine-a0", 0, false).await;
+    let prefill = Mock::prefill().await;
+    let decode = Mock::decode().await;
+    let mut config = config(vec![target(&prefill, &url)], vec![decode.url()]);
+    config.discovery.backoff_min = Duration::from_millis(100);
+    config.discovery.backoff_max = Duration::from_secs(5);
+    let proxy = start_proxy(config).await;
+    wait_for_engine(&proxy, &decode, "engine-a0").await;
+    // P restarts: the new engine registers (the watch wakes discovery) before /health answers.
+    // The health checks (every 60 s here) see none of it; discovery fails five times.
+    prefill.set_healthy(false);
+    register_rank(&url, "engine-b0", 0, true).await;
+    let failed = format!("backend=\"{}\",outcome=\"error\"", prefill.url());
+    wait_metrics(&proxy, "five failed discoveries", |m| {
+        sample(m, "pd_proxy_discoveries_total", &failed) >= 5.0
+    })
+    .await;
+    prefill.set_healthy(true);
+    let answering = Instant::now();
+    wait_for_engine(&proxy, &decode, "engine-b0").await;
+    // At most the 0.5 s recovery interval, where the backoff would wait 0.8 s or more.
+    assert!(
+        answering.elapsed() < Duration::from_millis(750),
+        "used {:?} after its /health answered",
+        answering.elapsed()
+    );
     proxy.shutdown().await.unwrap();
     bootstrap.shutdown().await.unwrap();
 }

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use reqwest::Url;
+use tokio::sync::Notify;
 
 use crate::config::HealthConfig;
 use crate::endpoint::Endpoint;
@@ -76,6 +77,9 @@ pub struct Backend {
     models: RwLock<Arc<[String]>>,
     failures: AtomicU32,
     successes: AtomicU32,
+    /// Woken when real traffic took the backend out, so its checks switch to the recovery
+    /// interval at once.
+    recheck: Notify,
     outstanding: AtomicUsize,
     /// Drained by an operator at this proxy (`POST /admin/drain`).
     drained: AtomicBool,
@@ -106,6 +110,7 @@ impl Backend {
             models: RwLock::new(Arc::from(Vec::new())),
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
+            recheck: Notify::new(),
             outstanding: AtomicUsize::new(0),
             drained: AtomicBool::new(false),
             engine_load: AtomicUsize::new(UNKNOWN),
@@ -191,6 +196,17 @@ impl Backend {
         self.outstanding.load(Ordering::Relaxed)
     }
 
+    /// Whether it is out of rotation or failed its last check: it is then checked at the
+    /// recovery interval.
+    pub fn is_recovering(&self) -> bool {
+        !self.is_healthy() || self.failures.load(Ordering::Relaxed) > 0
+    }
+
+    /// Resolves when real traffic took the backend out (see [`Backend::eject`]).
+    pub async fn ejected(&self) {
+        self.recheck.notified().await;
+    }
+
     /// Records one health check; returns the new state when it changed. The backend's one
     /// health-check task calls this; [`Backend::eject`] may also reset the streaks.
     pub fn record_check(&self, passed: bool, config: &HealthConfig) -> Option<bool> {
@@ -215,9 +231,11 @@ impl Backend {
 
     /// Takes the backend out at once because real traffic says it is dead (`why`: a refused
     /// connection, or a prefill that did not answer within its timeout), not a blip. Active
-    /// health checks bring it back after `--health-success-threshold` passes.
+    /// health checks, at the recovery interval from now on, bring it back after
+    /// `--health-success-threshold` passes.
     pub fn eject(&self, why: &str) {
         self.successes.store(0, Ordering::Relaxed);
+        self.recheck.notify_one();
         if self.healthy.swap(false, Ordering::Relaxed) {
             self.metrics.healthy.set(0);
             tracing::warn!(backend = %self.url, role = self.role.as_str(), "{why}: backend taken out until it passes health checks");

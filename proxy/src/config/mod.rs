@@ -111,6 +111,11 @@ pub struct Args {
     /// Seconds between two health checks (`GET /health`) of each backend.
     #[arg(long, env = "PD_PROXY_HEALTH_CHECK_INTERVAL", default_value = "5", value_parser = parse_seconds)]
     pub health_check_interval: Duration,
+    /// Seconds between two health checks of a backend that failed its last one or is out of
+    /// rotation, so that a restarted engine is back soon after it answers (at most the
+    /// interval).
+    #[arg(long, env = "PD_PROXY_HEALTH_RECOVERY_INTERVAL", default_value = "0.5", value_parser = parse_seconds)]
+    pub health_recovery_interval: Duration,
     /// Seconds one health check may take.
     #[arg(long, env = "PD_PROXY_HEALTH_CHECK_TIMEOUT", default_value = "2", value_parser = parse_seconds)]
     pub health_check_timeout: Duration,
@@ -160,12 +165,23 @@ pub struct ClientLimits {
 pub struct HealthConfig {
     /// Time between two checks of one backend.
     pub interval: Duration,
+    /// Time between two checks of a backend that failed its last one or is out of rotation
+    /// (used up to `interval`).
+    pub recovery_interval: Duration,
     /// How long one check may take.
     pub timeout: Duration,
     /// Consecutive failures that mark a backend unhealthy.
     pub failure_threshold: u32,
     /// Consecutive successes that mark it healthy again.
     pub success_threshold: u32,
+}
+
+impl HealthConfig {
+    /// The time between two checks of a backend that failed its last one or is out of
+    /// rotation: the recovery interval, up to the interval.
+    pub fn recovery(&self) -> Duration {
+        self.recovery_interval.min(self.interval)
+    }
 }
 
 /// How each prefill's dp ranks are (re)discovered.
@@ -242,6 +258,7 @@ impl Config {
             },
             health: HealthConfig {
                 interval: Duration::from_secs(5),
+                recovery_interval: Duration::from_millis(500),
                 timeout: Duration::from_secs(2),
                 failure_threshold: 3,
                 success_threshold: 2,
@@ -378,6 +395,7 @@ impl Args {
         config.connect_timeout = self.connect_timeout;
         config.health = HealthConfig {
             interval: self.health_check_interval,
+            recovery_interval: self.health_recovery_interval,
             timeout: self.health_check_timeout,
             failure_threshold: self.health_failure_threshold,
             success_threshold: self.health_success_threshold,
@@ -549,6 +567,7 @@ mod tests {
         assert_eq!(config.routing.decode_policy, Policy::LeastLoaded);
         assert_eq!(config.mode, Mode::Sequential);
         assert_eq!(config.request_timeout, Duration::from_millis(1500));
+        assert_eq!(config.health.recovery(), Duration::from_millis(500));
         assert_eq!(config.api_key, None);
         for bad in [
             &["--policy", "random"][..],
