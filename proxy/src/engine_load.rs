@@ -73,6 +73,10 @@ pub async fn scrape_forever(
             .timeout(timeout)
             .send()
             .await;
+        if answer.is_ok() {
+            // An engine that answers is alive, however slow its /health (see `health`).
+            backend.progressed();
+        }
         without_metrics &= matches!(&answer, Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND);
         let queue = match answer {
             Ok(response) if response.status() == reqwest::StatusCode::NOT_FOUND => {

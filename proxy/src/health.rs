@@ -1,6 +1,8 @@
 //! Active health checks: `GET {url}/health` on every backend at an interval (a shorter one
 //! while it fails or is out of rotation, so a restarted engine is back soon after it answers),
-//! with failure and success thresholds so one slow answer does not take a backend out.
+//! with failure and success thresholds so one bad answer does not take a backend out. A check
+//! that runs out of time is a failure only when the backend also answered nothing in between:
+//! a busy engine answers slowly, a dead one not at all.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,11 +13,23 @@ use tokio::time::Instant;
 use crate::backend::{Backend, Prefill};
 use crate::config::HealthConfig;
 
-/// Whether `url` answers 2xx within `timeout`.
-pub async fn check(client: &reqwest::Client, url: &Url, timeout: Duration) -> bool {
+/// What one health check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// A 2xx answer.
+    Passed,
+    /// Another status, or no connection, or a broken one.
+    Failed,
+    /// No answer within the timeout.
+    TimedOut,
+}
+
+/// Asks `url` once, within `timeout`.
+pub async fn check(client: &reqwest::Client, url: &Url, timeout: Duration) -> Check {
     match client.get(url.clone()).timeout(timeout).send().await {
-        Ok(response) => response.status().is_success(),
-        Err(_) => false,
+        Ok(response) if response.status().is_success() => Check::Passed,
+        Err(err) if err.is_timeout() => Check::TimedOut,
+        _ => Check::Failed,
     }
 }
 
@@ -48,9 +62,22 @@ pub async fn check_forever(
     client: reqwest::Client,
     config: HealthConfig,
 ) {
+    let mut progress = backend.progress();
     loop {
-        let passed = check(&client, &backend.health_url, config.timeout).await;
-        record(&backend, prefill.as_deref(), &client, passed, &config).await;
+        let check = check(&client, &backend.health_url, config.timeout).await;
+        let progressed = progress != backend.progress();
+        progress = backend.progress();
+        match check {
+            Check::TimedOut if progressed => tracing::debug!(
+                role = backend.role().as_str(),
+                backend = backend.url(),
+                "health check timed out, but the backend is answering requests: not counted"
+            ),
+            Check::Passed => record(&backend, prefill.as_deref(), &client, true, &config).await,
+            Check::Failed | Check::TimedOut => {
+                record(&backend, prefill.as_deref(), &client, false, &config).await
+            }
+        }
         pause(&backend, &config).await;
     }
 }

@@ -145,11 +145,14 @@ impl Stream for Relay {
                 }
             }
         }
-        let Some((stream, _)) = &mut this.decode else {
+        let Some((stream, call)) = &mut this.decode else {
             return Poll::Ready(None);
         };
         match stream.poll_next_unpin(cx) {
-            Poll::Ready(Some(Ok(chunk))) => Poll::Ready(Some(Ok(chunk))),
+            Poll::Ready(Some(Ok(chunk))) => {
+                call.progressed();
+                Poll::Ready(Some(Ok(chunk)))
+            }
             Poll::Ready(Some(Err(err))) => {
                 let (_, call) = this.decode.take().expect("decode is set");
                 call.finish(err.outcome());

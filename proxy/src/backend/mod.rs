@@ -14,7 +14,7 @@ pub use pair::{DiscoveredRank, Pair};
 pub use pool::Pool;
 pub use prefill::Prefill;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use reqwest::Url;
@@ -80,6 +80,8 @@ pub struct Backend {
     /// Woken when real traffic took the backend out, so its checks switch to the recovery
     /// interval at once.
     recheck: Notify,
+    /// Signs of life seen on real traffic and `/metrics` reads (see [`Backend::progressed`]).
+    progress: AtomicU64,
     outstanding: AtomicUsize,
     /// Drained by an operator at this proxy (`POST /admin/drain`).
     drained: AtomicBool,
@@ -111,6 +113,7 @@ impl Backend {
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             recheck: Notify::new(),
+            progress: AtomicU64::new(0),
             outstanding: AtomicUsize::new(0),
             drained: AtomicBool::new(false),
             engine_load: AtomicUsize::new(UNKNOWN),
@@ -202,6 +205,18 @@ impl Backend {
         !self.is_healthy() || self.failures.load(Ordering::Relaxed) > 0
     }
 
+    /// Counts one sign of life: an answer of the backend began, a chunk of one arrived, or it
+    /// answered a `/metrics` read.
+    pub fn progressed(&self) {
+        self.progress.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The signs of life counted so far: a health check that runs out of time counts as
+    /// failed only when this did not move since the previous check.
+    pub fn progress(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed)
+    }
+
     /// Resolves when real traffic took the backend out (see [`Backend::eject`]).
     pub async fn ejected(&self) {
         self.recheck.notified().await;
@@ -273,11 +288,18 @@ impl Call {
         &self.backend
     }
 
+    /// Counts one sign of life of the backend: the answer began, or a chunk of it arrived.
+    pub fn progressed(&self) {
+        self.backend.progressed();
+    }
+
     /// Counts the call as ended with `outcome`.
     pub fn finish(mut self, outcome: CallOutcome) {
         self.finished = true;
-        if outcome == CallOutcome::ConnectError {
-            self.backend.eject("connection refused");
+        match outcome {
+            CallOutcome::ConnectError => self.backend.eject("connection refused"),
+            CallOutcome::Ok | CallOutcome::HttpError => self.backend.progressed(),
+            _ => {}
         }
         self.backend.metrics.call(outcome);
     }

@@ -116,7 +116,9 @@ pub struct Args {
     /// interval).
     #[arg(long, env = "PD_PROXY_HEALTH_RECOVERY_INTERVAL", default_value = "0.5", value_parser = parse_seconds)]
     pub health_recovery_interval: Duration,
-    /// Seconds one health check may take.
+    /// Seconds one health check may take. A check that runs out of time counts as failed only
+    /// when the backend also answered nothing since the previous check (a busy engine answers
+    /// slowly, a dead one not at all).
     #[arg(long, env = "PD_PROXY_HEALTH_CHECK_TIMEOUT", default_value = "2", value_parser = parse_seconds)]
     pub health_check_timeout: Duration,
     /// Consecutive failed health checks that mark a backend unhealthy.

@@ -211,6 +211,8 @@ pub struct MockState {
     pub behavior: Mutex<Behavior>,
     pub seen: Mutex<Vec<Seen>>,
     pub healthy: AtomicBool,
+    /// How long `GET /health` takes to answer (a busy engine's).
+    pub health_delay: Mutex<Duration>,
     pub health_checks: AtomicUsize,
     /// What `GET /metrics` answers (404 when none).
     pub metrics: Mutex<Option<String>>,
@@ -247,6 +249,7 @@ impl Mock {
             behavior: Mutex::new(behavior),
             seen: Mutex::new(Vec::new()),
             healthy: AtomicBool::new(true),
+            health_delay: Mutex::new(Duration::ZERO),
             health_checks: AtomicUsize::new(0),
             metrics: Mutex::new(None),
         });
@@ -281,6 +284,11 @@ impl Mock {
         self.state.healthy.store(healthy, Ordering::SeqCst);
     }
 
+    /// Makes `GET /health` answer only after `delay`.
+    pub fn set_health_delay(&self, delay: Duration) {
+        *self.state.health_delay.lock().unwrap() = delay;
+    }
+
     pub fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().unwrap().clone()
     }
@@ -313,6 +321,8 @@ async fn mock_metrics(State(state): State<Arc<MockState>>) -> Response {
 
 async fn mock_health(State(state): State<Arc<MockState>>) -> Response {
     state.health_checks.fetch_add(1, Ordering::SeqCst);
+    let delay = *state.health_delay.lock().unwrap();
+    tokio::time::sleep(delay).await;
     let status = if state.healthy.load(Ordering::SeqCst) {
         StatusCode::OK
     } else {
