@@ -58,6 +58,7 @@ async fn serve(
 fn respond(started: Started, mut tracker: Tracker, start: Instant) -> Response {
     let Started {
         decode,
+        decode_call,
         prefill,
         overhead,
         route,
@@ -71,14 +72,14 @@ fn respond(started: Started, mut tracker: Tracker, start: Instant) -> Response {
         .is_some_and(|value| value.as_bytes().starts_with(b"text/event-stream"));
     let metrics = tracker.metrics().clone();
     let body = if decode.complete {
-        decode.call.finish(CallOutcome::Ok);
+        decode_call.finish(CallOutcome::Ok);
         if let Some(prefill) = prefill {
             detach(prefill);
         }
         tracker.finish(Outcome::Ok);
         Body::from(decode.first.unwrap_or_default())
     } else {
-        Body::from_stream(Relay::new(decode, prefill, sse, tracker))
+        Body::from_stream(Relay::new(decode, decode_call, prefill, sse, tracker))
     };
     let mut response = Response::new(body);
     *response.status_mut() = status;

@@ -91,17 +91,18 @@ pub struct Relay {
 pub struct RelayError(String);
 
 impl Relay {
-    /// Relays `decode`'s answer; `prefill` is P's call when it has not ended yet. `sse` says the
-    /// answer is an event stream, where errors can be told in-band.
+    /// Relays `decode`'s answer, of D's `call`; `prefill` is P's call when it has not ended
+    /// yet. `sse` says the answer is an event stream, where errors can be told in-band.
     pub fn new(
         decode: DecodeStart,
+        call: Call,
         prefill: Option<PrefillCall>,
         sse: bool,
         tracker: Tracker,
     ) -> Self {
         Relay {
             first: decode.first,
-            decode: Some((decode.rest, decode.call)),
+            decode: Some((decode.rest, call)),
             prefill,
             sse,
             tracker,
@@ -159,7 +160,7 @@ impl Stream for Relay {
                 let (error, outcome) = match err {
                     UpstreamError::Timeout(limit) => (
                         ApiError::gateway_timeout(format!(
-                            "decode did not finish within {limit:?}"
+                            "decode did not finish within the request timeout ({limit:?})"
                         )),
                         Outcome::DecodeTimeout,
                     ),

@@ -127,7 +127,7 @@ impl Shared {
     }
 
     /// A healthy decode serving `model` (when known) for `request`; for a retry (`instead_of`
-    /// set) another one when there is one, else the same again.
+    /// set) another one, never the same again.
     pub fn pick_decode(
         &self,
         instead_of: Option<&Arc<Backend>>,
@@ -145,10 +145,8 @@ impl Shared {
             load: |decode: &Arc<Backend>| decode.load(),
             id: |decode: &Arc<Backend>| decode.id(),
         };
-        match self.decode_policy.pick(&candidates, request) {
-            Some(index) => Some(decodes[index].clone()),
-            None => instead_of.cloned(),
-        }
+        let index = self.decode_policy.pick(&candidates, request)?;
+        Some(decodes[index].clone())
     }
 
     /// The share of `request`'s prompt the best-placed healthy decode holds, if the decode

@@ -79,9 +79,15 @@ pub struct Args {
     /// Whether D starts with P (concurrent) or after P answered (sequential, for NIXL).
     #[arg(long, env = "PD_PROXY_MODE", value_enum, default_value_t = Mode::Concurrent)]
     pub mode: Mode,
-    /// Seconds a whole request to D may take, streaming included.
+    /// Seconds a whole request may take, from its arrival to the end of its answer: P, D,
+    /// a retry and the streaming included.
     #[arg(long, env = "PD_PROXY_REQUEST_TIMEOUT", default_value = "600", value_parser = parse_seconds)]
     pub request_timeout: Duration,
+    /// Seconds D may take to send its first byte once P has answered (its wait for the KV and
+    /// its first token); a D that takes longer fails the request with a 504, without a retry.
+    /// At most the request timeout.
+    #[arg(long, env = "PD_PROXY_DECODE_FIRST_BYTE_TIMEOUT", default_value = "60", value_parser = parse_seconds)]
+    pub decode_first_byte_timeout: Duration,
     /// Seconds P may take to answer. P only computes the prompt (max_tokens 1), so a P that
     /// takes longer is frozen: the request fails with a 504 naming it, D is cancelled, and P is
     /// taken out until it passes its health checks again. At most the request timeout.
@@ -217,10 +223,12 @@ pub struct Config {
     pub routing: RoutingConfig,
     /// Concurrent or sequential P and D.
     pub mode: Mode,
-    /// Time limit of one request to D, streaming included.
+    /// Time limit of a whole request, from its arrival, streaming included.
     pub request_timeout: Duration,
     /// Time limit of one request to P.
     pub prefill_timeout: Duration,
+    /// Time limit of D's first byte, from P's answer.
+    pub decode_first_byte_timeout: Duration,
     /// Time limit of a TCP connect to any backend.
     pub connect_timeout: Duration,
     /// What a client may cost.
@@ -250,6 +258,7 @@ impl Config {
             mode: Mode::Concurrent,
             request_timeout: Duration::from_secs(600),
             prefill_timeout: Duration::from_secs(30),
+            decode_first_byte_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(5),
             clients: ClientLimits {
                 header_read_timeout: Duration::from_secs(10),
@@ -387,6 +396,7 @@ impl Args {
         config.mode = self.mode;
         config.request_timeout = self.request_timeout;
         config.prefill_timeout = self.prefill_timeout.min(self.request_timeout);
+        config.decode_first_byte_timeout = self.decode_first_byte_timeout.min(self.request_timeout);
         config.clients = ClientLimits {
             header_read_timeout: self.header_read_timeout,
             body_read_timeout: self.body_read_timeout,
@@ -570,6 +580,11 @@ mod tests {
         assert_eq!(config.mode, Mode::Sequential);
         assert_eq!(config.request_timeout, Duration::from_millis(1500));
         assert_eq!(config.health.recovery(), Duration::from_millis(500));
+        // D's first byte is due within the whole request's limit.
+        assert_eq!(
+            config.decode_first_byte_timeout,
+            Duration::from_millis(1500)
+        );
         assert_eq!(config.api_key, None);
         for bad in [
             &["--policy", "random"][..],

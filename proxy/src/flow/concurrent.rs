@@ -12,6 +12,6 @@ pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refus
     let prefill_body = Bytes::from(body.prefill(&body::prefill_params(&call.transfer_id, false)));
     let prefill = call.prefill(prefill_body);
     let overhead = call.start.elapsed();
-    call.decode(&body, decode_body, Some(prefill), overhead)
+    call.decode(&body, decode_body, Some(prefill), None, overhead)
         .await
 }

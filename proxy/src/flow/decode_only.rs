@@ -6,13 +6,16 @@ use std::time::Instant;
 use axum::http::HeaderMap;
 use bytes::Bytes;
 
-use super::{retry, Refusal, Started};
+use super::retry::{self, DecodeCall};
+use super::{Refusal, Started};
 use crate::backend::Backend;
 use crate::body::Body;
 use crate::routing::RequestInfo;
 use crate::state::{AppState, Route};
 
 /// Sends the client's body, without transfer instructions, to `decode` (one retry on another).
+/// Without P there is no first-byte deadline: D computes the prompt itself, within the
+/// request's deadline.
 pub(super) async fn run(
     state: &AppState,
     route: Route,
@@ -25,12 +28,18 @@ pub(super) async fn run(
     let alone = Bytes::from(body.alone());
     let overhead = start.elapsed();
     let request = RequestInfo::new(&body, headers);
-    let (decode, _) =
-        retry::decode_with_retry(state, route, None, decode, common, alone, None, &request).await?;
-    Ok(Started {
+    let decoding = retry::decode_with_retry(DecodeCall {
+        state,
+        route,
+        pair: None,
         decode,
+        common,
+        body: alone,
+        request: &request,
+        deadline: start + state.upstream.request_timeout,
         prefill: None,
-        overhead,
-        route: None,
+        prefilled: None,
     })
+    .await?;
+    Ok(Started::new(decoding, overhead))
 }

@@ -31,7 +31,7 @@ impl From<Failure> for Refusal {
 pub fn prefill_failure(pair: &Pair, err: &UpstreamError) -> Failure {
     let who = format!("prefill {} (dp rank {})", pair.backend.url(), pair.dp_rank);
     match err {
-        UpstreamError::Timeout(limit) => (
+        UpstreamError::Timeout(limit) | UpstreamError::FirstByteTimeout(limit) => (
             ApiError::gateway_timeout(format!("{who} did not answer within {limit:?}")),
             Outcome::PrefillTimeout,
         ),
@@ -77,7 +77,15 @@ pub fn decode_refusal(decode: &Backend, err: UpstreamError) -> Refusal {
         }
         UpstreamError::Timeout(limit) => Refusal::from((
             ApiError::gateway_timeout(format!(
-                "decode {} did not answer within {limit:?}",
+                "decode {} did not answer within the request timeout ({limit:?})",
+                decode.url()
+            )),
+            Outcome::DecodeTimeout,
+        )),
+        UpstreamError::FirstByteTimeout(limit) => Refusal::from((
+            ApiError::gateway_timeout(format!(
+                "decode {} sent nothing within {limit:?} of the prefill's answer \
+                 (--decode-first-byte-timeout); it was not retried",
                 decode.url()
             )),
             Outcome::DecodeTimeout,

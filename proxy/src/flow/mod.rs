@@ -2,7 +2,8 @@
 //! body to D's answer beginning: the policies choose a (prefill, dp rank) pair and a decode,
 //! then [`concurrent`] (P and D at once, the Mooncake way) or [`sequential`] (P first, its
 //! `kv_transfer_params` handed to D, the NIXL way) calls them, and [`retry`] gives D one retry on
-//! another decode. Every future is owned by the request, so a client that goes away cancels both
+//! another decode. Every call ends by the request's deadline (`--request-timeout` from its
+//! arrival). Every future is owned by the request, so a client that goes away cancels both
 //! calls.
 
 mod concurrent;
@@ -21,6 +22,7 @@ use bytes::Bytes;
 
 pub use failure::Refusal;
 use failure::{prefill_failure, refused, unavailable};
+use retry::{DecodeCall, Decoding};
 
 use crate::backend::Pair;
 use crate::body::Body;
@@ -41,6 +43,8 @@ pub static X_DATA_PARALLEL_RANK: HeaderName = HeaderName::from_static("x-data-pa
 pub struct Started {
     /// D's answer so far.
     pub decode: DecodeStart,
+    /// D's call, to be finished when its answer ends.
+    pub decode_call: crate::backend::Call,
     /// P's call, when it is still running.
     pub prefill: Option<PrefillCall>,
     /// The proxy's own time before D's call was issued.
@@ -60,6 +64,8 @@ struct Call<'a> {
     transfer_id: String,
     headers: &'a HeaderMap,
     start: Instant,
+    /// When the whole request must be over.
+    deadline: Instant,
 }
 
 impl Call<'_> {
@@ -75,12 +81,13 @@ impl Call<'_> {
         let call = self.pair.call();
         let pair = self.pair.clone();
         let state = self.state.clone();
-        let (route, headers) = (self.route, self.prefill_headers());
+        let (route, headers, deadline) = (self.route, self.prefill_headers(), self.deadline);
         Box::pin(async move {
             let started = Instant::now();
+            let endpoint = route.endpoint(&pair.backend);
             let answered = state
                 .upstream
-                .prefill(call, route.endpoint(&pair.backend), headers, body)
+                .prefill(call, endpoint, headers, body, deadline)
                 .await;
             state
                 .route_metrics(route)
@@ -91,33 +98,45 @@ impl Call<'_> {
 }
 
 impl Call<'_> {
-    /// Calls D with `decode_body` (racing `prefill` when given) and returns once its answer has
-    /// begun; `body` is the client's, for the decode policy should D be retried.
+    /// Calls D with `decode_body` (racing `prefill` when given; `prefilled` when P already
+    /// answered) and returns once its answer has begun; `body` is the client's, for the decode
+    /// policy should D be retried.
     async fn decode(
         &self,
         body: &Body<'_>,
         decode_body: Bytes,
         prefill: Option<PrefillCall>,
+        prefilled: Option<Instant>,
         overhead: Duration,
     ) -> Result<Started, Refusal> {
         let request = RequestInfo::new(body, self.headers);
-        let (decode, prefill) = retry::decode_with_retry(
-            self.state,
-            self.route,
-            Some(&self.pair),
-            self.decode.clone(),
-            &self.common,
-            decode_body,
+        let decoding = retry::decode_with_retry(DecodeCall {
+            state: self.state,
+            route: self.route,
+            pair: Some(&self.pair),
+            decode: self.decode.clone(),
+            common: &self.common,
+            body: decode_body,
+            request: &request,
+            deadline: self.deadline,
             prefill,
-            &request,
-        )
+            prefilled,
+        })
         .await?;
-        Ok(Started {
-            decode,
-            prefill,
+        Ok(Started::new(decoding, overhead))
+    }
+}
+
+impl Started {
+    /// D's answer, begun after `overhead` of the proxy's own time.
+    fn new(decoding: Decoding, overhead: Duration) -> Self {
+        Started {
+            decode: decoding.answer,
+            decode_call: decoding.call,
+            prefill: decoding.prefill,
             overhead,
             route: None,
-        })
+        }
     }
 }
 
@@ -218,6 +237,7 @@ pub async fn start(
         transfer_id: format!("xfer-{}", state.ids.next()),
         headers,
         start,
+        deadline: start + state.upstream.request_timeout,
     };
     let started = match state.mode {
         Mode::Concurrent => concurrent::run(call, body).await,

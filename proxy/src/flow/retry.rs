@@ -1,71 +1,81 @@
 //! Calling D, and the one retry on another decode when D fails before its first byte, while
 //! P's call (concurrent mode) is watched: if P fails first, D is dropped (cancelled) and the
-//! client is told at once.
+//! client is told at once. D's first byte is due `--decode-first-byte-timeout` after P's
+//! answer, everything before the request's deadline; a call that ran out of time is never made
+//! again, and a retry never goes to the decode that failed.
 
+use std::future::pending;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::http::HeaderMap;
 use bytes::Bytes;
 
 use super::failure::{decode_refusal, Refusal};
-use crate::backend::{Backend, Pair};
-use crate::relay::PrefillCall;
+use crate::backend::{Backend, Call, Pair};
+use crate::relay::{Failure, PrefillCall};
 use crate::routing::RequestInfo;
 use crate::state::{Route, Shared};
-use crate::upstream::DecodeStart;
+use crate::upstream::{DecodeStart, UpstreamError};
 
-/// D's answer has begun; P's call when it is still running.
-pub type Decoding = (DecodeStart, Option<PrefillCall>);
+/// One request's call to D: what D is sent, and what it races.
+pub struct DecodeCall<'a> {
+    /// What the handlers share.
+    pub state: &'a Shared,
+    /// The route called.
+    pub route: Route,
+    /// The prefill D pulls from (none when D serves the request alone).
+    pub pair: Option<&'a Pair>,
+    /// The decode chosen first.
+    pub decode: Arc<Backend>,
+    /// The headers D gets.
+    pub common: &'a HeaderMap,
+    /// D's body.
+    pub body: Bytes,
+    /// The request, for the decode policy should D be retried.
+    pub request: &'a RequestInfo<'a>,
+    /// When the whole request must be over.
+    pub deadline: Instant,
+    /// P's call while it runs (concurrent mode).
+    pub prefill: Option<PrefillCall>,
+    /// When P answered, if it has (sequential mode: before D is called).
+    pub prefilled: Option<Instant>,
+}
 
-/// Sends `body` to `decode` (and once more to another decode if that fails retryably before
-/// its first byte), racing `prefill` when it is given; `pair` is the prefill D pulls from (none
-/// when D serves the request alone).
-#[allow(clippy::too_many_arguments)]
-pub async fn decode_with_retry(
-    state: &Shared,
-    route: Route,
-    pair: Option<&Pair>,
-    mut decode: Arc<Backend>,
-    common: &HeaderMap,
-    body: Bytes,
-    mut prefill: Option<PrefillCall>,
-    request: &RequestInfo<'_>,
-) -> Result<Decoding, Refusal> {
+/// D's answer has begun.
+pub struct Decoding {
+    /// D's status and first bytes.
+    pub answer: DecodeStart,
+    /// D's call, to be finished when its answer ends.
+    pub call: Call,
+    /// P's call when it is still running.
+    pub prefill: Option<PrefillCall>,
+}
+
+/// Sends the body to the decode (and once more to another decode if that fails retryably
+/// before its first byte), racing P's call when it runs.
+pub async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decoding, Refusal> {
+    let state = call.state;
+    let mut decode = call.decode.clone();
     let mut retried = false;
     loop {
-        let call = decode.call();
-        let issued = std::time::Instant::now();
-        let decoding =
-            state
-                .upstream
-                .decode(call, route.endpoint(&decode), common.clone(), body.clone());
-        let result = match prefill.as_mut() {
-            None => decoding.await,
-            Some(prefilling) => {
-                tokio::pin!(decoding);
-                tokio::select! {
-                    biased;
-                    prefilled = prefilling => match prefilled {
-                        // D is dropped, and so cancelled, on the way out.
-                        Err(failure) => return Err(Refusal::from(failure)),
-                        Ok(_) => {
-                            prefill = None;
-                            decoding.await
-                        }
-                    },
-                    decoded = &mut decoding => decoded,
-                }
-            }
-        };
-        let err = match result {
-            Ok(started) => {
-                let waited = started.first_at.saturating_duration_since(issued);
-                state.route_metrics(route).decode_first_byte(waited);
-                return Ok((started, prefill));
+        let counted = decode.call();
+        let issued = Instant::now();
+        let err = match first_byte(&mut call, &decode).await? {
+            Ok(answer) => {
+                counted.progressed();
+                let waited = answer.first_at.saturating_duration_since(issued);
+                state.route_metrics(call.route).decode_first_byte(waited);
+                return Ok(Decoding {
+                    answer,
+                    call: counted,
+                    prefill: call.prefill.take(),
+                });
             }
             Err(err) => err,
         };
-        if let Some(pair) = pair.filter(|_| err.is_unknown_engine()) {
+        counted.finish(err.outcome());
+        if let Some(pair) = call.pair.filter(|_| err.is_unknown_engine()) {
             tracing::debug!(
                 decode = decode.url(),
                 engine = pair.engine_id.as_deref(),
@@ -74,15 +84,67 @@ pub async fn decode_with_retry(
             state.pool.prefills[pair.prefill_index].refresh.notify_one();
         }
         if !retried && err.retryable() {
-            let model = pair.and_then(|pair| pair.model.as_deref());
-            if let Some(next) = state.pick_decode(Some(&decode), model, request) {
+            let model = call.pair.and_then(|pair| pair.model.as_deref());
+            if let Some(next) = state.pick_decode(Some(&decode), model, call.request) {
                 tracing::debug!(decode = decode.url(), error = %err, "decode failed before its first byte; retrying");
-                state.route_metrics(route).retry();
+                state.route_metrics(call.route).retry();
                 decode = next;
                 retried = true;
                 continue;
             }
         }
         return Err(decode_refusal(&decode, err));
+    }
+}
+
+/// One call to `decode`, until its first byte or its failure, racing P's call: P's failure
+/// ends it with what that means for the client (D is dropped, and so cancelled), P's answer
+/// starts D's first-byte deadline.
+async fn first_byte(
+    call: &mut DecodeCall<'_>,
+    decode: &Backend,
+) -> Result<Result<DecodeStart, UpstreamError>, Refusal> {
+    let state = call.state;
+    let upstream = &state.upstream;
+    let endpoint = call.route.endpoint(decode);
+    let decoding = upstream.decode(
+        endpoint,
+        call.common.clone(),
+        call.body.clone(),
+        call.deadline,
+    );
+    tokio::pin!(decoding);
+    loop {
+        let due = call.prefilled.map(|at| at + upstream.first_byte_timeout);
+        tokio::select! {
+            biased;
+            prefilled = answer(&mut call.prefill) => match prefilled {
+                Err(failure) => return Err(Refusal::from(failure)),
+                Ok(_) => {
+                    call.prefill = None;
+                    call.prefilled = Some(Instant::now());
+                }
+            },
+            decoded = &mut decoding => return Ok(decoded),
+            () = until(due) => {
+                return Ok(Err(UpstreamError::FirstByteTimeout(upstream.first_byte_timeout)))
+            }
+        }
+    }
+}
+
+/// P's answer, or never when P's call is not running.
+async fn answer(prefill: &mut Option<PrefillCall>) -> Result<Bytes, Failure> {
+    match prefill {
+        Some(prefilling) => prefilling.await,
+        None => pending().await,
+    }
+}
+
+/// Resolves at `due`, or never.
+async fn until(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due.into()).await,
+        None => pending().await,
     }
 }

@@ -41,5 +41,7 @@ pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refus
         })?;
     let decode_body = Bytes::from(body.decode(&body::raw_json(&params)));
     let overhead = before_prefill + answered.elapsed();
-    call.decode(&body, decode_body, None, overhead).await
+    // D's first byte is due --decode-first-byte-timeout after P's answer.
+    call.decode(&body, decode_body, None, Some(answered), overhead)
+        .await
 }

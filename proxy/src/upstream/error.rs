@@ -22,6 +22,9 @@ pub enum UpstreamError {
     /// The time limit passed.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// D sent no first byte within this long of P's answer (`--decode-first-byte-timeout`).
+    #[error("no first byte within {0:?} of the prefill's answer")]
+    FirstByteTimeout(Duration),
     /// A non-2xx answer.
     #[error("answered {status}")]
     Status {
@@ -52,19 +55,19 @@ impl UpstreamError {
     pub fn outcome(&self) -> CallOutcome {
         match self {
             UpstreamError::Connect(_) => CallOutcome::ConnectError,
-            UpstreamError::Timeout(_) => CallOutcome::Timeout,
+            UpstreamError::Timeout(_) | UpstreamError::FirstByteTimeout(_) => CallOutcome::Timeout,
             UpstreamError::Status { .. } => CallOutcome::HttpError,
             UpstreamError::Broken(_) => CallOutcome::Error,
         }
     }
 
     /// Whether trying another decode may help: no connection, a broken answer, or a status
-    /// that says "busy or broken" (408, 429, 5xx). A timeout is not retried: the client already
-    /// waited the whole request timeout.
+    /// that says "busy or broken" (408, 429, 5xx). A timeout is never retried: a call that
+    /// already took all the time it had is not made again.
     pub fn retryable(&self) -> bool {
         match self {
             UpstreamError::Connect(_) | UpstreamError::Broken(_) => true,
-            UpstreamError::Timeout(_) => false,
+            UpstreamError::Timeout(_) | UpstreamError::FirstByteTimeout(_) => false,
             UpstreamError::Status { status, .. } => {
                 status.is_server_error()
                     || *status == StatusCode::REQUEST_TIMEOUT
@@ -150,6 +153,7 @@ mod tests {
         }
         assert!(UpstreamError::Connect("refused".into()).retryable());
         assert!(!UpstreamError::Timeout(Duration::from_secs(1)).retryable());
+        assert!(!UpstreamError::FirstByteTimeout(Duration::from_secs(1)).retryable());
     }
 
     #[test]

@@ -1,4 +1,6 @@
-//! Calling P and D: one shared HTTP client, each call counted on its backend until it ends.
+//! Calling P and D: one shared HTTP client, each call bounded by the request's deadline (P's
+//! also by the prefill timeout) and counted on its backend until it ends (D's by the flow, which
+//! also holds it to its first-byte deadline).
 
 mod answer;
 mod connections;
@@ -38,10 +40,8 @@ pub struct DecodeStart {
     pub complete: bool,
     /// When the first chunk (or the end) arrived.
     pub first_at: Instant,
-    /// The rest of the body.
+    /// The rest of the body, read until the request's deadline.
     pub rest: Answer,
-    /// The call, finished when the body ends.
-    pub call: Call,
 }
 
 /// The shared clients and the time limits.
@@ -53,8 +53,10 @@ pub struct Upstream {
     connections: Arc<Connections>,
     /// Time limit of a call to P.
     pub prefill_timeout: Duration,
-    /// Time limit of a call to D, streaming included.
+    /// Time limit of a whole request, streaming included.
     pub request_timeout: Duration,
+    /// Time limit of D's first byte, from P's answer.
+    pub first_byte_timeout: Duration,
 }
 
 impl Upstream {
@@ -78,19 +80,21 @@ impl Upstream {
             connections,
             prefill_timeout: config.prefill_timeout,
             request_timeout: config.request_timeout,
+            first_byte_timeout: config.decode_first_byte_timeout,
         })
     }
 
     /// POSTs `body` to `endpoint` and waits for the head of the answer; the body is then read
-    /// under the same time limit.
+    /// until the same deadline, `due` (`timeout` is the limit that set it, for messages).
     async fn post(
         &self,
         endpoint: &Endpoint,
         headers: HeaderMap,
         body: Bytes,
+        due: Instant,
         timeout: Duration,
     ) -> Result<Head, UpstreamError> {
-        let mut deadline = Box::pin(tokio::time::sleep(timeout));
+        let mut deadline = Box::pin(tokio::time::sleep_until(due.into()));
         let sending = async {
             match &endpoint.plain {
                 Some(target) => {
@@ -144,18 +148,24 @@ impl Upstream {
         })
     }
 
-    /// Sends P its body and reads the whole answer, which must be 2xx.
+    /// Sends P its body and reads the whole answer, which must be 2xx, within the prefill
+    /// timeout and before the request's `deadline`.
     pub async fn prefill(
         &self,
         call: Call,
         endpoint: &Endpoint,
         headers: HeaderMap,
         body: Bytes,
+        deadline: Instant,
     ) -> Result<Bytes, UpstreamError> {
+        let frozen_at = Instant::now() + self.prefill_timeout;
+        let (due, limit) = if frozen_at <= deadline {
+            (frozen_at, self.prefill_timeout)
+        } else {
+            (deadline, self.request_timeout)
+        };
         let result = async {
-            let mut head = self
-                .post(endpoint, headers, body, self.prefill_timeout)
-                .await?;
+            let mut head = self.post(endpoint, headers, body, due, limit).await?;
             if head.status.is_success() {
                 head.body.whole(usize::MAX).await
             } else {
@@ -164,9 +174,11 @@ impl Upstream {
         }
         .await;
         if let Err(UpstreamError::Timeout(limit)) = &result {
-            // P only computes the prompt: one that takes this long is frozen, not busy.
-            call.backend()
-                .eject(&format!("prefill did not answer within {limit:?}"));
+            if due == frozen_at {
+                // P only computes the prompt: one that takes this long is frozen, not busy.
+                call.backend()
+                    .eject(&format!("prefill did not answer within {limit:?}"));
+            }
         }
         call.finish(match &result {
             Ok(_) => CallOutcome::Ok,
@@ -176,40 +188,30 @@ impl Upstream {
     }
 
     /// Sends D its body and waits for the status and the first chunk of a 2xx answer (a non-2xx
-    /// answer is read whole, up to 64 KiB, into the error).
+    /// answer is read whole, up to 64 KiB, into the error), all of it, the rest of the body
+    /// included, before the request's `deadline`.
     pub async fn decode(
         &self,
-        call: Call,
         endpoint: &Endpoint,
         headers: HeaderMap,
         body: Bytes,
+        deadline: Instant,
     ) -> Result<DecodeStart, UpstreamError> {
-        let fail = |call: Call, err: UpstreamError| {
-            call.finish(err.outcome());
-            Err(err)
-        };
         let Head {
             status,
             content_type,
             content_length,
             body: mut rest,
-        } = match self
-            .post(endpoint, headers, body, self.request_timeout)
-            .await
-        {
-            Ok(head) => head,
-            Err(err) => return fail(call, err),
-        };
+        } = self
+            .post(endpoint, headers, body, deadline, self.request_timeout)
+            .await?;
         if !status.is_success() {
-            let err = rest.into_error(status, content_type).await;
-            return fail(call, err);
+            return Err(rest.into_error(status, content_type).await);
         }
         let first = loop {
-            match rest.next().await {
-                Some(Ok(chunk)) if chunk.is_empty() => continue,
-                Some(Ok(chunk)) => break Some(chunk),
-                Some(Err(err)) => return fail(call, err),
-                None => break None,
+            match rest.next().await.transpose()? {
+                Some(chunk) if chunk.is_empty() => continue,
+                chunk => break chunk,
             }
         };
         let complete = match (&first, content_length) {
@@ -224,7 +226,6 @@ impl Upstream {
             complete,
             first_at: Instant::now(),
             rest,
-            call,
         })
     }
 }
