@@ -289,6 +289,16 @@ pub fn decode_params(transfer_id: &str, pair: &Pair) -> String {
     sent_params(true, pair.kv_source.as_deref(), transfer_id)
 }
 
+/// `kv_transfer_params` for D in concurrent mode pulling the KV of `transfer_id` from
+/// `engine_id` at `bootstrap_addr`: the pair's engine once it re-registered under a new id.
+pub fn decode_params_from(transfer_id: &str, bootstrap_addr: &str, engine_id: &str) -> String {
+    sent_params(
+        true,
+        Some(&kv_source(bootstrap_addr, engine_id)),
+        transfer_id,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;

@@ -1,7 +1,8 @@
 //! Discovery's retries: a wake-up (here a registration the bootstrap server's `/watch` reports)
 //! ends a retry's wait at once, no wait is longer than the backoff's cap, jitter included, and
 //! a prefill that registers before its `/health` answers is asked again at the health checks'
-//! recovery interval, not the backoff's.
+//! recovery interval, not the backoff's. And a D that fails as vLLM's does when it cannot find
+//! a prefill that re-registered under a new engine id is told the new id.
 
 mod common;
 
@@ -101,5 +102,55 @@ async fn no_retry_waits_longer_than_the_backoff_cap() {
         waits.iter().all(|wait| *wait <= Duration::from_millis(280)),
         "{waits:?}"
     );
+    proxy.shutdown().await.unwrap();
+}
+
+/// P restarted under a new engine id that discovery has not learnt (no watch on this bootstrap
+/// server, periodic discovery off): D fails as vLLM 0.32's does (a generic 500 whole, an SSE
+/// error event streamed), the proxy finds the new id in the registry and asks the same D again
+/// with it and the same transfer id, once; P is not called again.
+#[tokio::test]
+async fn a_decode_that_cannot_find_a_re_registered_prefill_is_told_its_new_engine_id() {
+    let (prefill, decode, bootstrap, proxy) =
+        proxy_with_bootstrap(topology(&[(0, "engine-old")])).await;
+    for (stream, known, engine) in [
+        (false, "engine-old", "engine-new"),
+        (true, "engine-new", "engine-newer"),
+    ] {
+        wait_for_engine(&proxy, &decode, known).await;
+        bootstrap.set(200, topology(&[(0, engine)]));
+        decode.set(|b| b.pulls_only_from = Some(engine.to_owned()));
+        let (calls_to_p, calls_to_d) = (prefill.seen().len(), decode.seen().len());
+        let answer = client()
+            .post(format!("{}/v1/completions", proxy.url()))
+            .json(&json!({"prompt": "hi", "stream": stream}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        let text = answer.text().await.unwrap();
+        assert!(!text.contains("error"), "stream={stream}: {text}");
+        let seen = decode.seen();
+        assert_eq!(seen.len(), calls_to_d + 2, "D is asked twice");
+        assert_eq!(prefill.seen().len(), calls_to_p + 1, "P is asked once");
+        let params = |i: usize| seen[calls_to_d + i].body["kv_transfer_params"].clone();
+        assert_eq!(params(0)["remote_engine_id"], known);
+        assert_eq!(params(1)["remote_engine_id"], engine);
+        assert_eq!(params(0)["transfer_id"], params(1)["transfer_id"]);
+    }
+    proxy.shutdown().await.unwrap();
+}
+
+/// The same failure while the registry still lists the engine D was told: not an unknown
+/// engine, so no second call to that D (the only decode), and the client gets D's error.
+#[tokio::test]
+async fn a_decode_failure_with_the_engine_still_registered_is_not_repeated() {
+    let (_prefill, decode, _bootstrap, proxy) =
+        proxy_with_bootstrap(topology(&[(0, "engine-a")])).await;
+    wait_for_engine(&proxy, &decode, "engine-a").await;
+    decode.set(|b| b.pulls_only_from = Some("engine-elsewhere".to_owned()));
+    let before = decode.seen().len();
+    assert_eq!(complete_status(&proxy).await, 500);
+    assert_eq!(decode.seen().len(), before + 1);
     proxy.shutdown().await.unwrap();
 }

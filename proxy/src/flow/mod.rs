@@ -12,6 +12,7 @@ mod failure;
 mod retry;
 mod sequential;
 mod sglang;
+mod unknown_engine;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -100,7 +101,7 @@ impl Call<'_> {
 impl Call<'_> {
     /// Calls D with `decode_body` (racing `prefill` when given; `prefilled` when P already
     /// answered) and returns once its answer has begun; `body` is the client's, for the decode
-    /// policy should D be retried.
+    /// policy should D be retried; `reroute` makes D's body for another engine id of the pair.
     async fn decode(
         &self,
         body: &Body<'_>,
@@ -108,6 +109,7 @@ impl Call<'_> {
         prefill: Option<PrefillCall>,
         prefilled: Option<Instant>,
         overhead: Duration,
+        reroute: Option<&(dyn Fn(&str) -> Bytes + Sync)>,
     ) -> Result<Started, Refusal> {
         let request = RequestInfo::new(body, self.headers);
         let decoding = retry::decode_with_retry(DecodeCall {
@@ -121,6 +123,7 @@ impl Call<'_> {
             deadline: self.deadline,
             prefill,
             prefilled,
+            reroute,
         })
         .await?;
         Ok(Started::new(decoding, overhead))

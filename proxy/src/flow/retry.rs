@@ -2,7 +2,8 @@
 //! P's call (concurrent mode) is watched: if P fails first, D is dropped (cancelled) and the
 //! client is told at once. D's first byte is due `--decode-first-byte-timeout` after P's
 //! answer, everything before the request's deadline; a call that ran out of time is never made
-//! again, and a retry never goes to the decode that failed.
+//! again, and a retry never goes to the decode that failed, except once when the registry
+//! shows that the pair's engine re-registered under a new id (see `unknown_engine.rs`).
 
 use std::future::pending;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use axum::http::HeaderMap;
 use bytes::Bytes;
 
 use super::failure::{decode_refusal, Refusal};
+use super::unknown_engine::registered_instead;
 use crate::backend::{Backend, Call, Pair};
 use crate::relay::{Failure, PrefillCall};
 use crate::routing::RequestInfo;
@@ -40,6 +42,9 @@ pub struct DecodeCall<'a> {
     pub prefill: Option<PrefillCall>,
     /// When P answered, if it has (sequential mode: before D is called).
     pub prefilled: Option<Instant>,
+    /// D's body for another engine id of the pair (concurrent mode), for when D failed because
+    /// the pair's engine re-registered under a new id.
+    pub reroute: Option<&'a (dyn Fn(&str) -> Bytes + Sync)>,
 }
 
 /// D's answer has begun.
@@ -57,7 +62,7 @@ pub struct Decoding {
 pub async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decoding, Refusal> {
     let state = call.state;
     let mut decode = call.decode.clone();
-    let mut retried = false;
+    let (mut retried, mut rerouted) = (false, false);
     loop {
         let counted = decode.call();
         let issued = Instant::now();
@@ -75,13 +80,16 @@ pub async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decoding, Ref
             Err(err) => err,
         };
         counted.finish(err.outcome());
-        if let Some(pair) = call.pair.filter(|_| err.is_unknown_engine()) {
-            tracing::debug!(
-                decode = decode.url(),
-                engine = pair.engine_id.as_deref(),
-                "decode did not find the remote engine; rediscovering its prefill"
-            );
-            state.pool.prefills[pair.prefill_index].refresh.notify_one();
+        if let (Some(pair), Some(reroute), false) = (call.pair, call.reroute, rerouted) {
+            if err.may_be_unknown_engine() {
+                if let Some(engine) = registered_instead(state, pair, call.deadline).await {
+                    // D is not at fault: the same decode, told the engine's new id.
+                    call.body = reroute(&engine);
+                    rerouted = true;
+                    state.route_metrics(call.route).retry();
+                    continue;
+                }
+            }
         }
         if !retried && err.retryable() {
             let model = call.pair.and_then(|pair| pair.model.as_deref());

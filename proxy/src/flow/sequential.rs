@@ -42,6 +42,6 @@ pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refus
     let decode_body = Bytes::from(body.decode(&body::raw_json(&params)));
     let overhead = before_prefill + answered.elapsed();
     // D's first byte is due --decode-first-byte-timeout after P's answer.
-    call.decode(&body, decode_body, None, Some(answered), overhead)
+    call.decode(&body, decode_body, None, Some(answered), overhead, None)
         .await
 }

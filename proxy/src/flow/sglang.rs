@@ -65,7 +65,7 @@ pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refus
     let prefill_body = Bytes::from(body.render(&[host, port, room, Edit::Set("stream", "false")]));
     let prefill = call.prefill(prefill_body);
     let overhead = call.start.elapsed();
-    call.decode(&body, decode_body, Some(prefill), None, overhead)
+    call.decode(&body, decode_body, Some(prefill), None, overhead, None)
         .await
 }
 

@@ -76,19 +76,48 @@ impl UpstreamError {
         }
     }
 
-    /// Whether D's answer says it could not find the remote engine on the bootstrap server
-    /// (vLLM: `remote engine_id X not found from bootstrap server Y`), or is a 404.
-    pub fn is_unknown_engine(&self) -> bool {
+    /// Whether D's failure may come from a remote engine it could not find, so that the
+    /// registry is worth asking: any 404 or 5xx answer. vLLM 0.32 says no more than that: D's
+    /// failed KV load is a generic `500 Internal server error` (whole answers) or a first SSE
+    /// event carrying that error (streamed answers, see [`UpstreamError::from_stream_start`]);
+    /// earlier releases said `remote engine_id X not found from bootstrap server Y`.
+    pub fn may_be_unknown_engine(&self) -> bool {
         match self {
-            UpstreamError::Status { status, body, .. } => {
-                *status == StatusCode::NOT_FOUND || {
-                    let text = String::from_utf8_lossy(body);
-                    text.contains("not found from bootstrap server")
-                        || (text.contains("engine_id") && text.contains("not found"))
-                }
+            UpstreamError::Status { status, .. } => {
+                *status == StatusCode::NOT_FOUND || status.is_server_error()
             }
             _ => false,
         }
+    }
+
+    /// The failure a streamed answer reports in its first event, before any token: vLLM
+    /// answers 200 and then `data: {"error": {..., "code": 500}}` when the request fails
+    /// after its stream began but before it produced anything (a failed KV load among
+    /// others). Nothing has reached the client yet, so it is a failure like a 500 answer:
+    /// retried, and relayed as OpenAI's JSON error with the event's code as status.
+    pub fn from_stream_start(first: &[u8]) -> Option<Self> {
+        let event = first
+            .strip_prefix(b"data:")?
+            .trim_ascii_start()
+            .split(|&b| b == b'\n')
+            .next()?
+            .trim_ascii_end();
+        if !event.starts_with(br#"{"error""#) {
+            return None;
+        }
+        let json: serde_json::Value = serde_json::from_slice(event).ok()?;
+        let code = json
+            .pointer("/error/code")
+            .and_then(serde_json::Value::as_u64);
+        let status = code
+            .and_then(|code| StatusCode::from_u16(u16::try_from(code).ok()?).ok())
+            .filter(|status| status.is_client_error() || status.is_server_error())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Some(UpstreamError::Status {
+            status,
+            content_type: Some(HeaderValue::from_static("application/json")),
+            body: Bytes::copy_from_slice(event),
+        })
     }
 
     /// The message in a backend's error body: OpenAI's `error.message`, FastAPI's `detail`, or
@@ -131,16 +160,46 @@ mod tests {
         }
     }
 
+    /// What vLLM 0.32's D answers when the remote engine is not found (a whole answer, and
+    /// the first bytes of a streamed one), as `examples/tests/real_vllm.rs` sees it.
+    const VLLM_WHOLE: &str = r#"{"error":{"message":"Internal server error","type":"InternalServerError","param":null,"code":500}}"#;
+    const VLLM_STREAM: &[u8] = b"data: {\"error\": {\"message\": \"Internal server error\", \"type\": \"InternalServerError\", \"param\": null, \"code\": 500}}\n\ndata: [DONE]\n\n";
+
     #[test]
-    fn unknown_engines_are_recognized() {
-        assert!(status(404, "").is_unknown_engine());
-        assert!(status(
-            500,
-            r#"{"error":{"message":"remote engine_id e1 not found from bootstrap server http://h:8998"}}"#
-        )
-        .is_unknown_engine());
-        assert!(!status(500, "out of memory").is_unknown_engine());
-        assert!(!UpstreamError::Timeout(Duration::from_secs(1)).is_unknown_engine());
+    fn failures_that_may_hide_an_unknown_engine() {
+        assert!(status(404, "").may_be_unknown_engine());
+        assert!(status(500, VLLM_WHOLE).may_be_unknown_engine());
+        assert!(status(503, "").may_be_unknown_engine());
+        assert!(!status(400, "bad prompt").may_be_unknown_engine());
+        assert!(!UpstreamError::Timeout(Duration::from_secs(1)).may_be_unknown_engine());
+        assert!(!UpstreamError::Connect("refused".into()).may_be_unknown_engine());
+    }
+
+    #[test]
+    fn a_stream_that_begins_with_an_error_is_a_failure() {
+        let err = UpstreamError::from_stream_start(VLLM_STREAM).expect("an error event");
+        assert!(err.may_be_unknown_engine() && err.retryable());
+        assert_eq!(
+            err.backend_message(),
+            "answered 500 Internal Server Error: Internal server error"
+        );
+        let UpstreamError::Status { body, .. } = err else {
+            unreachable!()
+        };
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["error"]["code"], 500);
+        let limited = br#"data: {"error": {"message": "slow down", "code": 429}}"#;
+        assert!(matches!(
+            UpstreamError::from_stream_start(limited),
+            Some(UpstreamError::Status { status, .. }) if status == StatusCode::TOO_MANY_REQUESTS
+        ));
+        for tokens in [
+            &br#"data: {"id":"cmpl-1","choices":[{"text":"error"}]}"#[..],
+            b"data: [DONE]\n\n",
+            b"{\"error\": \"not a stream\"}",
+        ] {
+            assert!(UpstreamError::from_stream_start(tokens).is_none());
+        }
     }
 
     #[test]

@@ -214,6 +214,9 @@ impl Upstream {
                 chunk => break chunk,
             }
         };
+        if let Some(err) = first.as_deref().and_then(UpstreamError::from_stream_start) {
+            return Err(err);
+        }
         let complete = match (&first, content_length) {
             (None, _) => true,
             (Some(chunk), Some(length)) => chunk.len() as u64 == length,

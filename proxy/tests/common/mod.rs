@@ -176,6 +176,9 @@ pub struct Behavior {
     pub chunks: Vec<String>,
     /// Wait between two chunks (the first goes out with the headers).
     pub chunk_gap: Duration,
+    /// The one remote engine this decode can pull from: a request naming another fails as
+    /// vLLM 0.32's D does when the bootstrap server does not know that engine.
+    pub pulls_only_from: Option<String>,
 }
 
 impl Behavior {
@@ -190,6 +193,7 @@ impl Behavior {
                 "[DONE]".to_owned(),
             ],
             chunk_gap: Duration::ZERO,
+            pulls_only_from: None,
         }
     }
 
@@ -312,6 +316,33 @@ impl Mock {
     }
 }
 
+/// What vLLM 0.32's D answers when the remote engine is not on the bootstrap server (seen in
+/// examples/tests/real_vllm.rs): a generic 500, or, streamed, a 200 whose first event is it.
+fn vllm_unknown_engine(stream: bool) -> Response {
+    let error = r#"{"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}"#;
+    let (status, content_type, body) = match stream {
+        true => (
+            StatusCode::OK,
+            "text/event-stream",
+            format!("data: {error}\n\ndata: [DONE]\n\n"),
+        ),
+        false => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "application/json",
+            error.replace(": ", ":").replace(", ", ","),
+        ),
+    };
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CONNECTION, "close"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
 async fn mock_metrics(State(state): State<Arc<MockState>>) -> Response {
     match state.metrics.lock().unwrap().clone() {
         Some(text) => (StatusCode::OK, [(header::CONNECTION, "close")], text).into_response(),
@@ -358,6 +389,16 @@ async fn mock_completion(
     let guard = EndGuard(end);
     let behavior = state.behavior.lock().unwrap().clone();
     tokio::time::sleep(behavior.delay).await;
+    let engine = state.seen.lock().unwrap().last().unwrap().body["kv_transfer_params"]
+        ["remote_engine_id"]
+        .clone();
+    if behavior
+        .pulls_only_from
+        .is_some_and(|only| engine != only.as_str())
+    {
+        guard.finish();
+        return vllm_unknown_engine(stream);
+    }
     let status = StatusCode::from_u16(behavior.status).unwrap();
     if !stream || !status.is_success() {
         guard.finish();
