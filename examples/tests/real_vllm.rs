@@ -1,0 +1,404 @@
+//! Real vLLM engines behind bootstrap-server and pd-proxy: vLLM's CPU build (the pinned
+//! environment of `examples/vllm/cpu/venv.sh`, which `.ci/run` makes) serving the tiny
+//! random-weight model, made once per run of this file.
+//!
+//! Greedy decoding of fixed weights is deterministic, so every answer through the proxy must
+//! equal, token for token, the answer of one engine alone (the prefill engine called directly,
+//! with a `cache_salt` of its own so that nothing it cached is reused).
+//!
+//! Each test starts its own engines (20 to 120 s each on two cores); the clusters run one at a
+//! time (the adapter check, named to sort first, runs beside the first). A failure names the
+//! engine and shows the tail of its log.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use pd_examples::cluster::{free_port, Cluster, ClusterSpec, PrefillShape, Process};
+use pd_examples::openai_client::send;
+use pd_examples::vllm::{self, wait_ready, Connector, EngineRole, VllmEngines};
+use serde_json::{json, Value};
+use tokio::sync::{Mutex, OnceCell};
+
+/// One real cluster at a time: two cores hold two engines starting, not four.
+static ONE_CLUSTER: Mutex<()> = Mutex::const_new(());
+
+/// The environment's Python and the tiny model, made once for the whole file.
+static SETUP: OnceCell<(PathBuf, String, tempfile::TempDir)> = OnceCell::const_new();
+
+const SHORT_PROMPT: &str = "The quick brown fox jumps over the lazy dog.";
+/// About 80 tokens of the tiny model's tokenizer: three KV blocks of 32.
+const LONG_PROMPT: &str = "Prefill computes the key and value cache of the whole prompt in one \
+    pass; decode then produces one token at a time from that cache. Disaggregated serving runs \
+    the two phases on separate engines, and moves the cache from the prefill engine to the \
+    decode engine over a transfer engine. Explain why the sky is blue, in one sentence.";
+
+async fn engines(connector: Connector) -> VllmEngines {
+    let (python, model, _) = SETUP
+        .get_or_try_init(|| async {
+            let python = vllm::cpu_python().await?;
+            let dir = tempfile::Builder::new()
+                .prefix("tiny-model-")
+                .tempdir()
+                .unwrap();
+            let model = vllm::tiny_model(&python, dir.path()).await?;
+            Ok::<_, pd_examples::cluster::ClusterError>((python, model, dir))
+        })
+        .await
+        .unwrap_or_else(|err| panic!("the vLLM environment and the tiny model: {err}"));
+    VllmEngines::new(
+        python.clone(),
+        model.clone(),
+        vllm::TINY_MODEL_NAME.into(),
+        connector,
+    )
+}
+
+fn spec(name: &str, vllm: VllmEngines) -> (ClusterSpec, tempfile::TempDir) {
+    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let run_dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
+    let mut spec = ClusterSpec::demo(bin_dir, run_dir.path().to_path_buf());
+    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
+    spec.decodes = 1;
+    spec.vllm = Some(vllm);
+    (spec, run_dir)
+}
+
+async fn start(spec: &ClusterSpec) -> Cluster {
+    match Cluster::start(spec).await {
+        Ok(cluster) => cluster,
+        Err(err) => panic!("the real-engine cluster did not start: {err}"),
+    }
+}
+
+/// A greedy request of `max_tokens` exact tokens, asking for the token ids.
+fn greedy(path: &str, prompt: &str, stream: bool) -> Value {
+    let mut body = json!({
+        "model": vllm::TINY_MODEL_NAME, "max_tokens": 12, "temperature": 0, "ignore_eos": true,
+        "stream": stream, "return_token_ids": true,
+    });
+    if path.contains("chat") {
+        body["messages"] = json!([{"role": "user", "content": prompt}]);
+    } else {
+        body["prompt"] = json!(prompt);
+    }
+    body
+}
+
+/// POSTs `body` to `base` + `path` and returns the generated text, failing the test on any
+/// error (naming `who`).
+async fn text(http: &reqwest::Client, base: &str, path: &str, body: &Value, who: &str) -> String {
+    let answer = send(
+        http,
+        &format!("{base}{path}"),
+        body,
+        Duration::from_secs(120),
+    )
+    .await
+    .unwrap_or_else(|err| panic!("{who}: {err}"));
+    assert_eq!(answer.status, 200, "{who}: {}", answer.text);
+    assert_eq!(answer.stream_error, None, "{who}");
+    answer.text
+}
+
+/// One engine's own answer: the prefill engine called directly, its prefix cache not shared.
+async fn reference(http: &reqwest::Client, engine: &Process, path: &str, body: &Value) -> String {
+    let mut alone = body.clone();
+    alone["cache_salt"] = json!(uuid::Uuid::new_v4().to_string());
+    alone["stream"] = json!(false);
+    text(http, &engine.url, path, &alone, "the engine alone").await
+}
+
+/// Every P/D answer through the proxy (completions and chat, whole and streamed, a short
+/// prompt and one of several KV blocks, and four at once) equals the engine's own.
+async fn assert_pd_equals_one_engine(cluster: &Cluster) {
+    let http = reqwest::Client::new();
+    let engine = &cluster.prefills[0];
+    let mut cases = Vec::new();
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        for prompt in [SHORT_PROMPT, LONG_PROMPT] {
+            for stream in [false, true] {
+                cases.push((path, greedy(path, prompt, stream)));
+            }
+        }
+    }
+    for (path, body) in &cases {
+        let expected = reference(&http, engine, path, body).await;
+        let through = text(&http, &cluster.proxy.url, path, body, "the proxy").await;
+        assert_eq!(through, expected, "{path} {body}");
+    }
+    let at_once = join_all((0..4).map(|i| {
+        let (http, proxy) = (&http, &cluster.proxy.url);
+        let body = greedy(
+            "/v1/completions",
+            &format!("{LONG_PROMPT} Request {i}."),
+            i % 2 == 1,
+        );
+        async move {
+            let through = text(http, proxy, "/v1/completions", &body, "the proxy").await;
+            (body, through)
+        }
+    }))
+    .await;
+    for (body, through) in at_once {
+        let expected = reference(&http, engine, "/v1/completions", &body).await;
+        assert_eq!(through, expected, "{body}");
+    }
+}
+
+/// One counter of an engine's `/metrics` (summed over its label sets matching `labels`).
+async fn counter(engine: &Process, name: &str, labels: &str) -> f64 {
+    let metrics = reqwest::get(format!("{}/metrics", engine.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(name) && line.contains(labels))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn prompt_tokens_by_source(decode: &Process) -> (f64, f64) {
+    let name = "vllm:prompt_tokens_by_source_total";
+    (
+        counter(decode, name, "source=\"external_kv_transfer\"").await,
+        counter(decode, name, "source=\"local_compute\"").await,
+    )
+}
+
+/// How many tokens the engine makes of the prompt of `body` (its own `POST /tokenize`).
+async fn token_count(engine: &Process, body: &Value) -> f64 {
+    let tokens: Value = reqwest::Client::new()
+        .post(format!("{}/tokenize", engine.url))
+        .json(&json!({"model": body["model"], "prompt": body["prompt"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    tokens["count"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("/tokenize: {tokens}"))
+}
+
+/// The engine id of dp rank 0 that the bootstrap server's `/query` lists.
+async fn registered_engine(bootstrap: &Process) -> String {
+    let topology: Value = reqwest::get(format!("{}/query", bootstrap.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let engine = &topology["0"];
+    assert!(
+        engine["worker_addr"]["0"]["0"]
+            .as_str()
+            .is_some_and(|addr| addr.starts_with("tcp://127.0.0.1:")),
+        "/query lists P's worker: {topology}"
+    );
+    engine["engine_id"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mooncake_pd_through_the_proxy_equals_one_engine() {
+    let _one = ONE_CLUSTER.lock().await;
+    let (spec, _dir) = spec("real-mooncake-", engines(Connector::Mooncake).await);
+    let mut cluster = start(&spec).await;
+    let first_engine = registered_engine(&cluster.bootstraps[0]).await;
+
+    assert_pd_equals_one_engine(&cluster).await;
+
+    // D took the prompt's KV from P and computed none of it.
+    let http = reqwest::Client::new();
+    let (pulled_before, computed_before) = prompt_tokens_by_source(&cluster.decodes[0]).await;
+    // A prompt no engine has seen from its first block on: nothing of it is in D's prefix cache.
+    let body = greedy(
+        "/v1/completions",
+        &format!("Once more: {LONG_PROMPT}"),
+        false,
+    );
+    let answer = send(
+        &http,
+        &format!("{}/v1/completions", cluster.proxy.url),
+        &body,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    let (pulled, computed) = prompt_tokens_by_source(&cluster.decodes[0]).await;
+    let prompt_tokens = token_count(&cluster.prefills[0], &body).await;
+    assert!(
+        prompt_tokens > 64.0,
+        "the prompt spans several blocks: {prompt_tokens} tokens"
+    );
+    assert!(
+        pulled - pulled_before >= prompt_tokens - 1.0 && computed - computed_before <= 1.0,
+        "D pulled the KV of the prompt's {prompt_tokens} tokens and computed at most the last: \
+         pulled {pulled_before} -> {pulled}, computed {computed_before} -> {computed}"
+    );
+
+    // A D asked for an engine nobody registered fails cleanly and at once, and serves on. Its
+    // answer is what pd-proxy's unknown-engine check expects of vLLM 0.32 (and what its mock D
+    // in proxy/tests plays): a generic 500 whole, a 200 whose first event is that error streamed.
+    for stream in [false, true] {
+        let unknown = json!({"model": vllm::TINY_MODEL_NAME, "prompt": SHORT_PROMPT,
+            "max_tokens": 4, "stream": stream,
+            "kv_transfer_params": {"do_remote_decode": false, "do_remote_prefill": true,
+                "remote_bootstrap_addr": cluster.bootstraps[0].url,
+                "remote_engine_id": "nobody-registered", "transfer_id": format!("xfer-nobody-{stream}")}});
+        let started = Instant::now();
+        let refused = http
+            .post(format!("{}/v1/completions", cluster.decodes[0].url))
+            .json(&unknown)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .unwrap();
+        let status = refused.status().as_u16();
+        let text = refused.text().await.unwrap();
+        let error = r#"{"error":{"message":"Internal server error","type":"InternalServerError","#;
+        match stream {
+            false => assert!(status == 500 && text.starts_with(error), "{status} {text}"),
+            true => assert!(
+                status == 200
+                    && text
+                        .replace(": ", ":")
+                        .replace(", ", ",")
+                        .starts_with(&format!("data:{error}")),
+                "{status} {text}"
+            ),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "at once: {:?}",
+            started.elapsed()
+        );
+    }
+
+    // P restarted under a new engine id: the registry takes it over under default flags, the
+    // proxy follows within seconds of its /health, and the answers stay equal.
+    let prefill_port: u16 = cluster.prefills[0]
+        .url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    cluster.prefills[0].kill().await;
+    let vllm = spec.vllm.as_ref().unwrap();
+    let bootstrap = cluster.bootstraps[0].url.clone();
+    let mut restarted = vllm
+        .spawn(
+            &spec.run_dir,
+            "prefill-0-restarted",
+            EngineRole::Prefill,
+            prefill_port,
+            Some(&bootstrap),
+            free_port(),
+        )
+        .unwrap();
+    wait_ready(&mut restarted)
+        .await
+        .unwrap_or_else(|err| panic!("{err}"));
+    let healthy_at = Instant::now();
+    cluster.prefills[0] = restarted;
+    let body = greedy("/v1/completions", LONG_PROMPT, false);
+    let through = loop {
+        let answer = send(
+            &http,
+            &format!("{}/v1/completions", cluster.proxy.url),
+            &body,
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+        if answer.status == 200 {
+            break answer.text;
+        }
+        assert!(
+            healthy_at.elapsed() < Duration::from_secs(30),
+            "the proxy did not follow the restart: {} {}",
+            answer.status,
+            answer.text
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let followed_in = healthy_at.elapsed();
+    eprintln!("the proxy served through the restarted P {followed_in:?} after its /health");
+    assert!(
+        followed_in < Duration::from_secs(5),
+        "the proxy followed the restart in {followed_in:?}"
+    );
+    let second_engine = registered_engine(&cluster.bootstraps[0]).await;
+    assert_ne!(
+        first_engine, second_engine,
+        "the restarted P registered under a new engine id"
+    );
+    assert_eq!(
+        through,
+        reference(&http, &cluster.prefills[0], "/v1/completions", &body).await
+    );
+    assert_pd_equals_one_engine(&cluster).await;
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nixl_sequential_pd_through_the_proxy_equals_one_engine() {
+    let _one = ONE_CLUSTER.lock().await;
+    let (spec, _dir) = spec("real-nixl-", engines(Connector::Nixl).await);
+    let cluster = start(&spec).await;
+    let http = reqwest::Client::new();
+    for (path, prompt) in [
+        ("/v1/completions", LONG_PROMPT),
+        ("/v1/chat/completions", SHORT_PROMPT),
+    ] {
+        for stream in [false, true] {
+            let body = greedy(path, prompt, stream);
+            let expected = reference(&http, &cluster.prefills[0], path, &body).await;
+            let through = text(&http, &cluster.proxy.url, path, &body, "the proxy").await;
+            assert_eq!(through, expected, "{path} {body}");
+        }
+    }
+    cluster.shutdown().await;
+}
+
+/// The adapter exists for one line of vLLM: without it, vLLM's own MooncakeConnector must fail
+/// on this host for exactly that reason. The day this test fails, vLLM fixed it: remove
+/// `examples/vllm/cpu/pd_cpu_mooncake.py`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapter_still_needed_stock_mooncake_connector_fails_on_cpu() {
+    let mut stock = engines(Connector::Mooncake).await;
+    stock.mooncake_adapter = false;
+    let run_dir = tempfile::Builder::new()
+        .prefix("real-stock-")
+        .tempdir()
+        .unwrap();
+    let mut engine = stock
+        .spawn(
+            run_dir.path(),
+            "stock-decode",
+            EngineRole::Decode,
+            free_port(),
+            None,
+            free_port(),
+        )
+        .unwrap();
+    let err = wait_ready(&mut engine)
+        .await
+        .expect_err("stock MooncakeConnector starts on CPU");
+    let log = std::fs::read_to_string(&engine.log).unwrap();
+    assert!(
+        log.contains("self.device_id = torch.accelerator.current_device_index()"),
+        "it failed for another reason: {err}"
+    );
+    engine.kill().await;
+    assert!(Path::new(&format!("{}/pd_cpu_mooncake.py", vllm::CPU_DIR)).is_file());
+}
