@@ -2,8 +2,9 @@
 # Builds the workspace binaries and runs a local P/D cluster on 127.0.0.1: two bootstrap
 # servers, two simulated prefill engines (dp=2,tp=2 and dp=1,tp=2), two simulated decode
 # engines and the proxy on port 8000. Sends a few requests, then runs until Ctrl-C.
-# Flags go to pd-cluster (see --help), e.g. --once to exit after the requests, --engine sglang
-# to play SGLang instead of vLLM, or
+# Flags go to pd-cluster (see --help), e.g. --once to exit after the requests, --engine
+# sim-sglang to play SGLang instead of vLLM, --engine vllm for real vLLM engines (vLLM's CPU
+# build and a tiny model, prepared on first use: docs/real-engines.md), or
 # --transfer ucx to move the KV over UCX (built with --features ucx; needs libucx-dev).
 # --python (this script's own flag) registers the prefill workers from Python through the
 # pd_bootstrap package, built with maturin into target/py-venv (needs python3-venv and PyPI).

@@ -9,6 +9,7 @@ pub mod mocks;
 pub mod output;
 pub mod proxy;
 pub mod proxy_scale;
+pub mod real_vllm;
 pub mod report;
 pub mod routing;
 pub mod sglang;

@@ -11,7 +11,7 @@ use pd_examples::bench::chart::{grouped_bars, Series};
 use pd_examples::bench::output::Output;
 use pd_examples::bench::proxy::{self, ProxyCommand};
 use pd_examples::bench::report::Row;
-use pd_examples::bench::{proxy_scale, routing, sglang, transfer, watch};
+use pd_examples::bench::{proxy_scale, real_vllm, routing, sglang, transfer, watch};
 
 /// Measure the bootstrap server (and, with the peers installed, the proxy against them).
 #[derive(Debug, Parser)]
@@ -118,7 +118,14 @@ enum Suite {
         #[arg(long, default_value_t = 8)]
         pulls: usize,
     },
-    /// Everything above, one section each.
+    /// Real vLLM engines (vLLM's CPU build, the tiny model, Mooncake over TCP): TTFT and total
+    /// time through pd-proxy against the same P and D calls made directly. Not part of `all`.
+    RealVllm {
+        /// Requests per path and streaming mode (one at a time, after one warm-up each).
+        #[arg(long, default_value_t = 40)]
+        requests: usize,
+    },
+    /// Everything above but real-vllm, one section each.
     All,
 }
 
@@ -342,6 +349,12 @@ async fn run(args: &Args, settings: &Settings, machine: &str) -> Result<Output, 
         };
         let rows = routing::compare(&settings.bin_dir, &settings.work_dir, workload).await?;
         out.routing(&rows)?;
+    }
+    if let Suite::RealVllm { requests } = args.suite {
+        let rows = real_vllm::compare(&settings.bin_dir, &settings.work_dir, requests).await?;
+        let table = real_vllm::table(&rows);
+        eprint!("{table}");
+        out.text(&table);
     }
     if wants(|s| matches!(s, Suite::Transfer { .. })) {
         heading(&mut out, all, "KV data plane: pull bandwidth beside memcpy");

@@ -16,7 +16,7 @@ use serde_json::json;
 /// bootstrap servers, two simulated prefill engines (dp=2,tp=2 and dp=1,tp=2) registering under
 /// leases (vLLM) or over `PUT /route` (SGLang), two simulated decode engines and pd-proxy; or,
 /// with `--engine vllm`, one bootstrap server and real vLLM prefill and decode engines (vLLM's
-/// CPU build and a tiny model made here, unless `--python`/`--model` say otherwise). Send
+/// CPU build and a tiny model made here, unless `--vllm-python`/`--model` say otherwise). Send
 /// requests through the proxy (completions and chat, whole and streamed, and with SGLang
 /// `/generate`; simulated decodes pull and verify the KV); then run until
 /// Ctrl-C (or exit with --once). Exits non-zero when a port is taken, a process fails to start,
@@ -61,7 +61,7 @@ struct Args {
     /// Which engines to run: sim (sim-engine on vLLM's Mooncake wire, the proxy's concurrent
     /// mode), sim-sglang (sim-engine on SGLang's wire: prefill ranks on `PUT /route`, the proxy's
     /// SGLang mode, `/generate` served too, no leases), or vllm (real vLLM engines: one prefill,
-    /// one decode; see --connector, --model, --python).
+    /// one decode; see --connector, --model, --vllm-python).
     #[arg(long, value_enum, default_value_t = EngineKind::Sim)]
     engine: EngineKind,
     /// With --engine vllm: the KV connector, mooncake (over TCP, P registered with the
@@ -75,8 +75,8 @@ struct Args {
     model: Option<String>,
     /// With --engine vllm: a Python with vLLM (and the connector's transfer engine) installed,
     /// instead of the pinned CPU environment examples/vllm/cpu/venv.sh makes.
-    #[arg(long)]
-    python: Option<PathBuf>,
+    #[arg(long, value_name = "PYTHON")]
+    vllm_python: Option<PathBuf>,
     /// With --engine vllm: one more argument for every engine (repeatable), e.g.
     /// `--engine-arg=--tensor-parallel-size=2`.
     #[arg(long, allow_hyphen_values = true)]
@@ -113,7 +113,7 @@ impl EngineKind {
 /// The real engines of `--engine vllm`: the pinned CPU environment and the tiny model, or the
 /// caller's Python and model.
 async fn vllm_engines(args: &Args, run_dir: &std::path::Path) -> Result<VllmEngines, String> {
-    let python = match &args.python {
+    let python = match &args.vllm_python {
         Some(python) => python.clone(),
         None => {
             println!("Preparing vLLM's CPU environment (the first time downloads about 3 GB)...");
