@@ -38,6 +38,16 @@ pub enum Connector {
     Nixl,
 }
 
+impl Connector {
+    /// vLLM's class name of the connector (`kv_connector`).
+    pub fn class_name(self) -> &'static str {
+        match self {
+            Connector::Mooncake => "MooncakeConnector",
+            Connector::Nixl => "NixlConnector",
+        }
+    }
+}
+
 impl std::fmt::Display for Connector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let value = self.to_possible_value().expect("no variant is skipped");
@@ -139,7 +149,7 @@ impl VllmEngines {
                         .into();
                 }
                 let mut config = serde_json::json!({
-                    "kv_connector": "MooncakeConnector",
+                    "kv_connector": self.connector.class_name(),
                     "kv_role": match role {
                         EngineRole::Prefill => "kv_producer",
                         EngineRole::Decode => "kv_consumer",
@@ -152,7 +162,7 @@ impl VllmEngines {
                 config
             }
             Connector::Nixl => serde_json::json!({
-                "kv_connector": "NixlConnector",
+                "kv_connector": self.connector.class_name(),
                 "kv_role": "kv_both",
                 "kv_buffer_device": "cpu",
             }),

@@ -242,9 +242,11 @@ async fn poll_forever(
 ) {
     let prefill = &pool.prefills[index];
     let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
+    let mut last_failure = None;
     loop {
         let pause = match discover_once(pool, index, client, bootstrap, config).await {
             Ok(changed) => {
+                last_failure = None;
                 prefill.discovery_metrics.discovery(true);
                 if changed {
                     let ranks = prefill.ranks();
@@ -264,7 +266,14 @@ async fn poll_forever(
                     DiscoveryError::NotHealthy { .. } => backoff.next_pause().min(recheck),
                     _ => backoff.next_pause(),
                 };
-                tracing::warn!(prefill = prefill.backend.url(), retry_in = ?pause, "discovery failed: {err}");
+                // Once per streak of failures of one kind; the repeats (every 0.5 s while a
+                // model loads) at debug.
+                let kind = std::mem::discriminant(&err);
+                if last_failure.replace(kind) == Some(kind) {
+                    tracing::debug!(prefill = prefill.backend.url(), retry_in = ?pause, "discovery failed: {err}");
+                } else {
+                    tracing::warn!(prefill = prefill.backend.url(), retry_in = ?pause, "discovery failed: {err} (repeats are logged at debug)");
+                }
                 pause
             }
         };

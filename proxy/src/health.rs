@@ -62,11 +62,10 @@ pub async fn check_forever(
     client: reqwest::Client,
     config: HealthConfig,
 ) {
-    let mut progress = backend.progress();
+    backend.take_progress();
     loop {
         let check = check(&client, &backend.health_url, config.timeout).await;
-        let progressed = progress != backend.progress();
-        progress = backend.progress();
+        let progressed = backend.take_progress();
         match check {
             Check::TimedOut if progressed => tracing::debug!(
                 role = backend.role().as_str(),

@@ -109,6 +109,18 @@ impl Proxy {
                 config.health.clone(),
             )));
         }
+        for prefill in config
+            .prefills
+            .iter()
+            .filter(|p| p.bootstrap_addr.is_none())
+        {
+            tracing::warn!(
+                prefill = %prefill.url,
+                "no bootstrap server for this prefill (sequential mode, no port given): it is \
+                 used as one dp rank once its /health passes, with no engine ids or registry \
+                 drain marks; give `--prefill URL PORT` to discover it through a bootstrap server"
+            );
+        }
         tracing::info!(
             addr = %listener.local_addr()?,
             prefills = ?config.prefills.iter().map(|p| format!("{} (bootstrap {})", p.url, p.bootstrap_addr.as_deref().unwrap_or("none"))).collect::<Vec<_>>(),

@@ -32,7 +32,7 @@ async fn a_decode_silent_after_the_prefill_answered_fails_at_its_first_byte_dead
     for decode in &cluster.decodes {
         decode.set(|b| b.delay = Duration::from_secs(60));
     }
-    let (status, text, took) = timed(&cluster, json!({"prompt": "hi"})).await;
+    let (status, text, took) = timed(&cluster, json!({"prompt": "hi", "stream": true})).await;
     assert_eq!(status, 504, "{text}");
     assert!(
         message(&text).contains("--decode-first-byte-timeout"),
@@ -75,13 +75,14 @@ async fn in_sequential_mode_the_first_byte_is_due_after_the_prefills_answer() {
     cluster
         .decode()
         .set(|b| b.delay = Duration::from_millis(200));
-    let (status, text, _) = timed(&cluster, json!({"prompt": "hi"})).await;
+    let streamed = json!({"prompt": "hi", "stream": true});
+    let (status, text, _) = timed(&cluster, streamed.clone()).await;
     assert_eq!(status, 200, "{text}");
     // 600 ms after P's answer: too late.
     cluster
         .decode()
         .set(|b| b.delay = Duration::from_millis(600));
-    let (status, text, took) = timed(&cluster, json!({"prompt": "hi"})).await;
+    let (status, text, took) = timed(&cluster, streamed).await;
     assert_eq!(status, 504, "{text}");
     assert!(took < Duration::from_millis(1300), "{took:?}");
 }
@@ -150,4 +151,19 @@ async fn a_stream_ends_at_the_requests_deadline_counted_from_its_arrival() {
         took >= Duration::from_millis(1000) && took < Duration::from_millis(1300),
         "{took:?}"
     );
+}
+
+/// A whole (not streamed) answer's first byte comes only when D has generated all of it, so
+/// the first-byte deadline does not apply to it: only the request's.
+#[tokio::test]
+async fn a_whole_answer_is_bounded_by_the_request_timeout_alone() {
+    let cluster = Cluster::start(1, &[(0, "engine-0")], |config| {
+        config.decode_first_byte_timeout = Duration::from_millis(200);
+    })
+    .await;
+    cluster
+        .decode()
+        .set(|b| b.delay = Duration::from_millis(700));
+    let (status, text, _) = timed(&cluster, json!({"prompt": "hi"})).await;
+    assert_eq!(status, 200, "{text}");
 }

@@ -119,7 +119,12 @@ async fn prefill_not_healthy_at_first_delays_discovery() {
 async fn changed_engine_id_is_rediscovered_when_decode_reports_it() {
     let cluster = Cluster::start(1, &[(0, "engine-old")], |_| {}).await;
     assert_eq!(complete_status(&cluster.proxy).await, 200);
-    let queries = cluster.bootstrap.queries();
+    let discovered = format!("backend=\"{}\",outcome=\"ok\"", cluster.prefill.url());
+    let before = sample(
+        &metrics(&cluster.proxy).await,
+        "pd_proxy_discoveries_total",
+        &discovered,
+    );
     // P restarted under a new engine id; D cannot find the old one.
     cluster.bootstrap.set(200, topology(&[(0, "engine-new")]));
     cluster.decode().set(|b| {
@@ -131,7 +136,11 @@ async fn changed_engine_id_is_rediscovered_when_decode_reports_it() {
         )
     });
     assert_eq!(complete_status(&cluster.proxy).await, 500);
-    eventually("a rediscovery", || cluster.bootstrap.queries() > queries).await;
+    // (D fails whatever it is told, so the request fails even once D was told the new id.)
+    wait_metrics(&cluster.proxy, "a rediscovery", |m| {
+        sample(m, "pd_proxy_discoveries_total", &discovered) > before
+    })
+    .await;
     cluster.decode().set(|b| *b = Behavior::ok(decode_answer()));
     wait_for_engine(&cluster.proxy, cluster.decode(), "engine-new").await;
 }

@@ -92,14 +92,21 @@ async fn no_retry_waits_longer_than_the_backoff_cap() {
     .await;
     eventually("fifteen attempts", || bootstrap.queries() >= 15).await;
     let times = bootstrap.query_times();
-    // From the fifth attempt on, every wait is drawn at the cap; the attempt itself and the
-    // timers' slack on a busy machine get 80 ms.
-    let waits: Vec<Duration> = times[4..15]
+    // From the fifth attempt on, every wait is drawn at the cap (between 100 and 200 ms); the
+    // attempt itself and the timers' slack on a busy machine may add to one, but the old
+    // backoff's jitter (up to twice the cap) would show in the median. backoff.rs's unit test
+    // proves the cap itself.
+    let mut waits: Vec<Duration> = times[4..15]
         .windows(2)
         .map(|pair| pair[1] - pair[0])
         .collect();
+    waits.sort();
     assert!(
-        waits.iter().all(|wait| *wait <= Duration::from_millis(280)),
+        waits[waits.len() / 2] <= Duration::from_millis(230),
+        "{waits:?}"
+    );
+    assert!(
+        waits.iter().all(|wait| *wait < Duration::from_millis(400)),
         "{waits:?}"
     );
     proxy.shutdown().await.unwrap();

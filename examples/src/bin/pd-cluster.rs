@@ -259,7 +259,7 @@ async fn main() -> std::process::ExitCode {
         .map_or("sim-model", |vllm| vllm.served_name.as_str())
         .to_owned();
     let kv = match args.engine {
-        EngineKind::Vllm => format!("vLLM's {}Connector", args.connector),
+        EngineKind::Vllm => format!("vLLM's {}", args.connector.class_name()),
         _ => args.transfer.to_string(),
     };
     println!(

@@ -14,7 +14,7 @@ pub use pair::{DiscoveredRank, Pair};
 pub use pool::Pool;
 pub use prefill::Prefill;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use reqwest::Url;
@@ -80,8 +80,9 @@ pub struct Backend {
     /// Woken when real traffic took the backend out, so its checks switch to the recovery
     /// interval at once.
     recheck: Notify,
-    /// Signs of life seen on real traffic and `/metrics` reads (see [`Backend::progressed`]).
-    progress: AtomicU64,
+    /// A sign of life was seen on real traffic or a `/metrics` read since the health checker
+    /// last asked (see [`Backend::progressed`]).
+    alive: AtomicBool,
     outstanding: AtomicUsize,
     /// Drained by an operator at this proxy (`POST /admin/drain`).
     drained: AtomicBool,
@@ -113,7 +114,7 @@ impl Backend {
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             recheck: Notify::new(),
-            progress: AtomicU64::new(0),
+            alive: AtomicBool::new(false),
             outstanding: AtomicUsize::new(0),
             drained: AtomicBool::new(false),
             engine_load: AtomicUsize::new(UNKNOWN),
@@ -205,16 +206,19 @@ impl Backend {
         !self.is_healthy() || self.failures.load(Ordering::Relaxed) > 0
     }
 
-    /// Counts one sign of life: an answer of the backend began, a chunk of one arrived, or it
-    /// answered a `/metrics` read.
+    /// Notes a sign of life: an answer of the backend began, a chunk of one arrived, or it
+    /// answered a `/metrics` read. Called per streamed chunk, so it writes the shared flag only
+    /// when it is not already set (a read of a line every core keeps, not a write to it).
     pub fn progressed(&self) {
-        self.progress.fetch_add(1, Ordering::Relaxed);
+        if !self.alive.load(Ordering::Relaxed) {
+            self.alive.store(true, Ordering::Relaxed);
+        }
     }
 
-    /// The signs of life counted so far: a health check that runs out of time counts as
-    /// failed only when this did not move since the previous check.
-    pub fn progress(&self) -> u64 {
-        self.progress.load(Ordering::Relaxed)
+    /// Whether a sign of life was seen since the previous call (which clears it): a health
+    /// check that runs out of time counts as failed only when none was.
+    pub fn take_progress(&self) -> bool {
+        self.alive.swap(false, Ordering::Relaxed)
     }
 
     /// Resolves when real traffic took the backend out (see [`Backend::eject`]).

@@ -39,6 +39,7 @@ pub(super) async fn run(
         deadline: start + state.upstream.request_timeout,
         prefill: None,
         prefilled: None,
+        streamed: false,
         reroute: None,
     })
     .await?;

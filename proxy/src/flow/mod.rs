@@ -123,6 +123,7 @@ impl Call<'_> {
             deadline: self.deadline,
             prefill,
             prefilled,
+            streamed: streams(body),
             reroute,
         })
         .await?;
@@ -248,6 +249,12 @@ pub async fn start(
         Mode::Sglang => sglang::run(call, body).await,
     };
     with_route(started, route_header)
+}
+
+/// Whether the client asked for a streamed answer (`"stream": true`).
+fn streams(body: &Body<'_>) -> bool {
+    body.get("stream")
+        .is_some_and(|value| value.get() == "true")
 }
 
 /// A healthy decode for `pair`'s model, or why there is none.

@@ -42,6 +42,10 @@ pub struct DecodeCall<'a> {
     pub prefill: Option<PrefillCall>,
     /// When P answered, if it has (sequential mode: before D is called).
     pub prefilled: Option<Instant>,
+    /// Whether D streams its answer. Only then is its first byte due
+    /// `--decode-first-byte-timeout` after P's answer: a whole answer's first byte comes when
+    /// all of it is generated, so only the request's deadline bounds it.
+    pub streamed: bool,
     /// D's body for another engine id of the pair (concurrent mode), for when D failed because
     /// the pair's engine re-registered under a new id.
     pub reroute: Option<&'a (dyn Fn(&str) -> Bytes + Sync)>,
@@ -82,11 +86,12 @@ pub async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decoding, Ref
         counted.finish(err.outcome());
         if let (Some(pair), Some(reroute), false) = (call.pair, call.reroute, rerouted) {
             if err.may_be_unknown_engine() {
-                if let Some(engine) = registered_instead(state, pair, call.deadline).await {
+                let lookup = registered_instead(state, pair, call.deadline);
+                if let Some(engine) = while_prefilling(&mut call, lookup).await? {
                     // D is not at fault: the same decode, told the engine's new id.
                     call.body = reroute(&engine);
                     rerouted = true;
-                    state.route_metrics(call.route).retry();
+                    state.route_metrics(call.route).engine_reroute();
                     continue;
                 }
             }
@@ -123,7 +128,10 @@ async fn first_byte(
     );
     tokio::pin!(decoding);
     loop {
-        let due = call.prefilled.map(|at| at + upstream.first_byte_timeout);
+        let due = call
+            .prefilled
+            .filter(|_| call.streamed)
+            .map(|at| at + upstream.first_byte_timeout);
         tokio::select! {
             biased;
             prefilled = answer(&mut call.prefill) => match prefilled {
@@ -137,6 +145,28 @@ async fn first_byte(
             () = until(due) => {
                 return Ok(Err(UpstreamError::FirstByteTimeout(upstream.first_byte_timeout)))
             }
+        }
+    }
+}
+
+/// Runs `work` while P's call goes on (a call is only driven while it is polled): P's failure
+/// ends it with what that means for the client, P's answer is recorded.
+async fn while_prefilling<T>(
+    call: &mut DecodeCall<'_>,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, Refusal> {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            prefilled = answer(&mut call.prefill) => match prefilled {
+                Err(failure) => return Err(Refusal::from(failure)),
+                Ok(_) => {
+                    call.prefill = None;
+                    call.prefilled = Some(Instant::now());
+                }
+            },
+            done = &mut work => return Ok(done),
         }
     }
 }

@@ -37,7 +37,9 @@ pub(super) async fn registered_instead(
         .await
         .ok()?;
     let topology: Topology = answer.error_for_status().ok()?.json().await.ok()?;
-    let listed = topology.get(&pair.dp_rank)?.engine_id.as_deref();
+    let listed = topology
+        .get(&pair.dp_rank)
+        .and_then(|group| group.engine_id.as_deref());
     if listed == Some(known) {
         return None;
     }

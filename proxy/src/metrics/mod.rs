@@ -67,6 +67,7 @@ pub struct RouteMetrics {
     overhead: Histogram,
     in_flight: IntGauge,
     retries: IntCounter,
+    engine_reroutes: IntCounter,
     prefill: Histogram,
     decode_first_byte: Histogram,
 }
@@ -97,6 +98,11 @@ impl RouteMetrics {
     /// Counts one retry of D on another decode.
     pub fn retry(&self) {
         self.retries.inc();
+    }
+
+    /// Counts one call of D made again with the new engine id of a re-registered prefill.
+    pub fn engine_reroute(&self) {
+        self.engine_reroutes.inc();
     }
 
     /// Records how long P took to answer (its whole call).
@@ -130,6 +136,7 @@ pub struct Metrics {
     overhead: HistogramVec,
     in_flight: IntGaugeVec,
     retries: IntCounterVec,
+    engine_reroutes: IntCounterVec,
     prefill: HistogramVec,
     decode_first_byte: HistogramVec,
     calls: IntCounterVec,
@@ -232,6 +239,15 @@ impl Metrics {
             route,
         )
         .expect("valid metric");
+        let engine_reroutes = IntCounterVec::new(
+            Opts::new(
+                "pd_proxy_engine_reroutes_total",
+                "Requests whose D was asked again with the new engine id of a prefill that \
+                 re-registered (D could not find the engine it was told)",
+            ),
+            route,
+        )
+        .expect("valid metric");
         let calls = IntCounterVec::new(
             Opts::new(
                 "pd_proxy_backend_requests_total",
@@ -309,6 +325,7 @@ impl Metrics {
             Box::new(overhead.clone()),
             Box::new(in_flight.clone()),
             Box::new(retries.clone()),
+            Box::new(engine_reroutes.clone()),
             Box::new(prefill.clone()),
             Box::new(decode_first_byte.clone()),
             Box::new(calls.clone()),
@@ -332,6 +349,7 @@ impl Metrics {
             overhead,
             in_flight,
             retries,
+            engine_reroutes,
             prefill,
             decode_first_byte,
             calls,
@@ -363,6 +381,7 @@ impl Metrics {
             overhead: self.overhead.with_label_values(&[route]),
             in_flight: self.in_flight.with_label_values(&[route]),
             retries: self.retries.with_label_values(&[route]),
+            engine_reroutes: self.engine_reroutes.with_label_values(&[route]),
             prefill: self.prefill.with_label_values(&[route]),
             decode_first_byte: self.decode_first_byte.with_label_values(&[route]),
         }

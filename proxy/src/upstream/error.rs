@@ -77,14 +77,15 @@ impl UpstreamError {
     }
 
     /// Whether D's failure may come from a remote engine it could not find, so that the
-    /// registry is worth asking: any 404 or 5xx answer. vLLM 0.32 says no more than that: D's
-    /// failed KV load is a generic `500 Internal server error` (whole answers) or a first SSE
-    /// event carrying that error (streamed answers, see [`UpstreamError::from_stream_start`]);
-    /// earlier releases said `remote engine_id X not found from bootstrap server Y`.
+    /// registry is worth asking: a 404 or a 500. vLLM 0.32 says no more than that: D's failed
+    /// KV load is a generic `500 Internal server error` (whole answers) or a first SSE event
+    /// carrying that error (streamed answers, see [`UpstreamError::from_stream_start`]);
+    /// earlier releases said `remote engine_id X not found from bootstrap server Y`. An
+    /// overloaded D's 503 or 429 is not asked about.
     pub fn may_be_unknown_engine(&self) -> bool {
         match self {
             UpstreamError::Status { status, .. } => {
-                *status == StatusCode::NOT_FOUND || status.is_server_error()
+                *status == StatusCode::NOT_FOUND || *status == StatusCode::INTERNAL_SERVER_ERROR
             }
             _ => false,
         }
@@ -96,15 +97,11 @@ impl UpstreamError {
     /// others). Nothing has reached the client yet, so it is a failure like a 500 answer:
     /// retried, and relayed as OpenAI's JSON error with the event's code as status.
     pub fn from_stream_start(first: &[u8]) -> Option<Self> {
-        let event = first
-            .strip_prefix(b"data:")?
-            .trim_ascii_start()
-            .split(|&b| b == b'\n')
-            .next()?
-            .trim_ascii_end();
+        let event = first.strip_prefix(b"data:")?.trim_ascii_start();
         if !event.starts_with(br#"{"error""#) {
             return None;
         }
+        let event = event.split(|&b| b == b'\n').next()?.trim_ascii_end();
         let json: serde_json::Value = serde_json::from_slice(event).ok()?;
         let code = json
             .pointer("/error/code")
@@ -169,7 +166,7 @@ mod tests {
     fn failures_that_may_hide_an_unknown_engine() {
         assert!(status(404, "").may_be_unknown_engine());
         assert!(status(500, VLLM_WHOLE).may_be_unknown_engine());
-        assert!(status(503, "").may_be_unknown_engine());
+        assert!(!status(503, "overloaded").may_be_unknown_engine());
         assert!(!status(400, "bad prompt").may_be_unknown_engine());
         assert!(!UpstreamError::Timeout(Duration::from_secs(1)).may_be_unknown_engine());
         assert!(!UpstreamError::Connect("refused".into()).may_be_unknown_engine());
