@@ -220,7 +220,9 @@ impl VllmEngines {
         args.extend(self.extra_args.iter().cloned());
         let side_channel = side_channel.to_string();
         let mut env = vec![
+            // sitecustomize.py there: vLLM's engine core and worker die with their parent.
             ("PYTHONPATH", CPU_DIR),
+            ("PD_DIE_WITH_PARENT", "1"),
             ("VLLM_HOST_IP", "127.0.0.1"),
             ("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1"),
             ("VLLM_NIXL_SIDE_CHANNEL_PORT", &side_channel),

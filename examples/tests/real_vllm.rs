@@ -6,6 +6,8 @@
 //! equal, token for token, the answer of one engine alone (the prefill engine called directly,
 //! with a `cache_salt` of its own so that nothing it cached is reused).
 //!
+//! Every process of an engine dies with it, also when only its API server is killed.
+//!
 //! Each test starts its own engines (20 to 120 s each on two cores); the clusters run one at a
 //! time (the adapter check, named to sort first, runs beside the first). A failure names the
 //! engine and shows the tail of its log.
@@ -188,6 +190,20 @@ async fn token_count(engine: &Process, body: &Value) -> f64 {
         .unwrap_or_else(|| panic!("/tokenize: {tokens}"))
 }
 
+/// The processes of process group `group` (field 5 of `/proc/PID/stat`).
+fn group_members(group: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // After the command, which may hold spaces and parentheses: state ppid pgrp ...
+            let fields = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            fields.split_whitespace().nth(2) == Some(&group.to_string())
+        })
+        .collect()
+}
+
 /// The engine id of dp rank 0 that the bootstrap server's `/query` lists.
 async fn registered_engine(bootstrap: &Process) -> String {
     let topology: Value = reqwest::get(format!("{}/query", bootstrap.url))
@@ -292,6 +308,30 @@ async fn mooncake_pd_through_the_proxy_equals_one_engine() {
         .unwrap()
         .parse()
         .unwrap();
+    // P's API server dies alone, as when the launcher is killed: its engine core and worker
+    // (other processes, started by vLLM) die with it (examples/vllm/cpu/sitecustomize.py).
+    let leader = cluster.prefills[0].pid().unwrap() as i32;
+    let members: Vec<i32> = group_members(leader)
+        .into_iter()
+        .filter(|pid| *pid != leader)
+        .collect();
+    assert!(
+        members.len() >= 2,
+        "vLLM's engine core and worker: {members:?}"
+    );
+    // SAFETY: kill(2) with a pid this test's cluster started and a valid signal.
+    unsafe { libc::kill(leader, libc::SIGKILL) };
+    let killed = Instant::now();
+    while members
+        .iter()
+        .any(|pid| Path::new(&format!("/proc/{pid}")).exists())
+    {
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "vLLM's processes {members:?} outlived their API server"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     cluster.prefills[0].kill().await;
     let vllm = spec.vllm.as_ref().unwrap();
     let bootstrap = cluster.bootstraps[0].url.clone();
