@@ -106,6 +106,14 @@ async fn text(http: &reqwest::Client, base: &str, path: &str, body: &Value, who:
     answer.text
 }
 
+/// A completion through the proxy.
+async fn through_proxy(cluster: &Cluster, body: &Value) -> pd_examples::openai_client::Answer {
+    let url = format!("{}/v1/completions", cluster.proxy.url);
+    send(&reqwest::Client::new(), &url, body, Duration::from_secs(60))
+        .await
+        .unwrap()
+}
+
 /// One engine's own answer: the prefill engine called directly, its prefix cache not shared.
 async fn reference(http: &reqwest::Client, engine: &Process, path: &str, body: &Value) -> String {
     let mut alone = body.clone();
@@ -240,14 +248,7 @@ async fn mooncake_pd_through_the_proxy_equals_one_engine() {
         &format!("Once more: {LONG_PROMPT}"),
         false,
     );
-    let answer = send(
-        &http,
-        &format!("{}/v1/completions", cluster.proxy.url),
-        &body,
-        Duration::from_secs(60),
-    )
-    .await
-    .unwrap();
+    let answer = through_proxy(&cluster, &body).await;
     assert_eq!(answer.status, 200, "{}", answer.text);
     let (pulled, computed) = prompt_tokens_by_source(&cluster.decodes[0]).await;
     let prompt_tokens = token_count(&cluster.prefills[0], &body).await;
@@ -352,14 +353,7 @@ async fn mooncake_pd_through_the_proxy_equals_one_engine() {
     cluster.prefills[0] = restarted;
     let body = greedy("/v1/completions", LONG_PROMPT, false);
     let through = loop {
-        let answer = send(
-            &http,
-            &format!("{}/v1/completions", cluster.proxy.url),
-            &body,
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
+        let answer = through_proxy(&cluster, &body).await;
         if answer.status == 200 {
             break answer.text;
         }

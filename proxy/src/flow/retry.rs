@@ -134,18 +134,22 @@ async fn first_byte(
             .map(|at| at + upstream.first_byte_timeout);
         tokio::select! {
             biased;
-            prefilled = answer(&mut call.prefill) => match prefilled {
-                Err(failure) => return Err(Refusal::from(failure)),
-                Ok(_) => {
-                    call.prefill = None;
-                    call.prefilled = Some(Instant::now());
-                }
-            },
+            ended = answer(&mut call.prefill) => call.prefill_ended(ended)?,
             decoded = &mut decoding => return Ok(decoded),
             () = until(due) => {
                 return Ok(Err(UpstreamError::FirstByteTimeout(upstream.first_byte_timeout)))
             }
         }
+    }
+}
+
+impl DecodeCall<'_> {
+    /// Records P's answer, or makes its failure what the client is told.
+    fn prefill_ended(&mut self, ended: Result<Bytes, Failure>) -> Result<(), Refusal> {
+        ended.map_err(Refusal::from)?;
+        self.prefill = None;
+        self.prefilled = Some(Instant::now());
+        Ok(())
     }
 }
 
@@ -159,13 +163,7 @@ async fn while_prefilling<T>(
     loop {
         tokio::select! {
             biased;
-            prefilled = answer(&mut call.prefill) => match prefilled {
-                Err(failure) => return Err(Refusal::from(failure)),
-                Ok(_) => {
-                    call.prefill = None;
-                    call.prefilled = Some(Instant::now());
-                }
-            },
+            ended = answer(&mut call.prefill) => call.prefill_ended(ended)?,
             done = &mut work => return Ok(done),
         }
     }
