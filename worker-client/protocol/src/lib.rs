@@ -1,5 +1,6 @@
 //! The wire types of pd-bootstrap, one module per dialect, shared by the bootstrap server, the
-//! worker client, the proxy and the examples. Only serde: no HTTP, no runtime.
+//! worker client, the proxy and the examples. Only serde (and rmp for msgpack): no HTTP, no
+//! runtime.
 //!
 //! - [`vllm`]: vLLM's Mooncake connector wire (`POST /register`, `GET /query`, the request-keyed
 //!   routes and `kv_transfer_params`), with the optional fields that are ours.
@@ -7,12 +8,15 @@
 //!   the fields its router adds to P's and D's bodies.
 //! - [`native`]: pd-bootstrap's own routes (leases, `GET /workers`, `GET /watch`,
 //!   deregistration, readiness).
+//! - [`kv_events`]: the KV cache events vLLM and SGLang publish over ZMQ (msgpack), both of
+//!   vLLM's encodings.
 //!
 //! What every dialect shares (ranks, revisions, leases, the error body and the limits the server
 //! enforces) is defined here.
 
 use serde::{Deserialize, Serialize};
 
+pub mod kv_events;
 pub mod native;
 pub mod sglang;
 pub mod vllm;
