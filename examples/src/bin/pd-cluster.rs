@@ -193,7 +193,7 @@ async fn demo(proxy: &str, dialect: Dialect, model: &str) -> Result<(), String> 
             "  {label:<22} TTFT {:>6.1} ms  total {:>6.1} ms  ->{}",
             answer.ttft.as_secs_f64() * 1e3,
             answer.total.as_secs_f64() * 1e3,
-            answer.text
+            printable(&answer.text)
         );
     }
     Ok(())
@@ -315,6 +315,14 @@ async fn main() -> std::process::ExitCode {
     } else {
         std::process::ExitCode::FAILURE
     }
+}
+
+/// `text` with control characters shown as `·`: the tiny model's random tokens include them,
+/// and they must not reach the terminal.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '·' } else { c })
+        .collect()
 }
 
 /// Keeps the run folder and says where it is, or removes it with `--clean`.
