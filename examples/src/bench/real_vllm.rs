@@ -169,6 +169,13 @@ fn row(path: &str, stream: bool, answers: &[Answer]) -> RealRow {
     }
 }
 
+/// The section of the report: [`compare`]'s rows as a Markdown table (also on stderr).
+pub async fn section(bin_dir: &Path, run_dir: &Path, requests: usize) -> Result<String, String> {
+    let table = table(&compare(bin_dir, run_dir, requests).await?);
+    eprint!("{table}");
+    Ok(table)
+}
+
 /// The rows as a Markdown table.
 pub fn table(rows: &[RealRow]) -> String {
     let mut out = String::from("| path | streamed | requests | TTFT p50 ms | TTFT p90 ms | total p50 ms | total p90 ms |\n|---|---|---|---|---|---|---|\n");

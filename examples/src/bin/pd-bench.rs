@@ -118,8 +118,8 @@ enum Suite {
         #[arg(long, default_value_t = 8)]
         pulls: usize,
     },
-    /// Real vLLM engines (vLLM's CPU build, the tiny model, Mooncake over TCP): TTFT and total
-    /// time through pd-proxy against the same P and D calls made directly. Not part of `all`.
+    /// Real vLLM engines (CPU build, tiny model, Mooncake): TTFT and total time through
+    /// pd-proxy against the same P and D calls made directly. Not in `all`.
     RealVllm {
         /// Requests per path and streaming mode (one at a time, after one warm-up each).
         #[arg(long, default_value_t = 40)]
@@ -351,10 +351,7 @@ async fn run(args: &Args, settings: &Settings, machine: &str) -> Result<Output, 
         out.routing(&rows)?;
     }
     if let Suite::RealVllm { requests } = args.suite {
-        let rows = real_vllm::compare(&settings.bin_dir, &settings.work_dir, requests).await?;
-        let table = real_vllm::table(&rows);
-        eprint!("{table}");
-        out.text(&table);
+        out.text(&real_vllm::section(&settings.bin_dir, &settings.work_dir, requests).await?);
     }
     if wants(|s| matches!(s, Suite::Transfer { .. })) {
         heading(&mut out, all, "KV data plane: pull bandwidth beside memcpy");

@@ -1,0 +1,151 @@
+//! Writing a payload as vLLM 0.32 does (events as maps with a `type` key).
+
+use super::{BlockHash, EventBatch, ExtraValue, KvEvent};
+
+impl EventBatch {
+    /// Encodes the batch as vLLM 0.32 does: events as maps with a `type` key, `None` fields
+    /// left out.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + 16 * self.events.len());
+        let w = &mut out;
+        let items = if self.data_parallel_rank.is_some() {
+            3
+        } else {
+            2
+        };
+        write(rmp::encode::write_array_len(w, items));
+        write(rmp::encode::write_f64(w, self.ts));
+        write(rmp::encode::write_array_len(w, self.events.len() as u32));
+        for event in &self.events {
+            encode_event(w, event);
+        }
+        if let Some(rank) = self.data_parallel_rank {
+            write(rmp::encode::write_uint(w, rank.into()));
+        }
+        out
+    }
+}
+
+/// Writing into a `Vec` cannot fail.
+fn write<T, E: std::fmt::Debug>(result: Result<T, E>) {
+    result.expect("writing into memory does not fail");
+}
+
+fn encode_str(w: &mut Vec<u8>, s: &str) {
+    write(rmp::encode::write_str(w, s));
+}
+
+fn encode_int(w: &mut Vec<u8>, n: i128) {
+    match u64::try_from(n) {
+        Ok(n) => write(rmp::encode::write_uint(w, n)),
+        Err(_) => write(rmp::encode::write_sint(w, n as i64)),
+    }
+}
+
+fn encode_hash(w: &mut Vec<u8>, hash: &BlockHash) {
+    match hash {
+        BlockHash::Int(n) => encode_int(w, *n),
+        BlockHash::Bytes(b) => write(rmp::encode::write_bin(w, b)),
+    }
+}
+
+fn encode_hashes(w: &mut Vec<u8>, hashes: &[BlockHash]) {
+    write(rmp::encode::write_array_len(w, hashes.len() as u32));
+    hashes.iter().for_each(|h| encode_hash(w, h));
+}
+
+fn encode_value(w: &mut Vec<u8>, value: &ExtraValue) {
+    match value {
+        ExtraValue::Nil => write(rmp::encode::write_nil(w)),
+        ExtraValue::Bool(b) => write(rmp::encode::write_bool(w, *b)),
+        ExtraValue::Int(n) => encode_int(w, *n),
+        ExtraValue::Str(s) => encode_str(w, s),
+        ExtraValue::Bytes(b) => write(rmp::encode::write_bin(w, b)),
+        ExtraValue::List(items) => {
+            write(rmp::encode::write_array_len(w, items.len() as u32));
+            items.iter().for_each(|item| encode_value(w, item));
+        }
+    }
+}
+
+fn encode_event(w: &mut Vec<u8>, event: &KvEvent) {
+    match event {
+        KvEvent::BlockStored(s) => {
+            let optional = [
+                s.lora_id.is_some(),
+                s.medium.is_some(),
+                s.lora_name.is_some(),
+                !s.extra_keys.is_empty(),
+                s.group_idx.is_some(),
+            ];
+            let fields = 5 + optional.iter().filter(|f| **f).count() as u32;
+            write(rmp::encode::write_map_len(w, fields));
+            encode_str(w, "type");
+            encode_str(w, "BlockStored");
+            encode_str(w, "block_hashes");
+            encode_hashes(w, &s.block_hashes);
+            encode_str(w, "parent_block_hash");
+            match &s.parent_block_hash {
+                Some(hash) => encode_hash(w, hash),
+                None => write(rmp::encode::write_nil(w)),
+            }
+            encode_str(w, "token_ids");
+            write(rmp::encode::write_array_len(w, s.token_ids.len() as u32));
+            s.token_ids.iter().for_each(|t| encode_int(w, (*t).into()));
+            encode_str(w, "block_size");
+            encode_int(w, s.block_size.into());
+            if let Some(id) = s.lora_id {
+                encode_str(w, "lora_id");
+                encode_int(w, id.into());
+            }
+            if let Some(medium) = &s.medium {
+                encode_str(w, "medium");
+                encode_str(w, medium);
+            }
+            if let Some(name) = &s.lora_name {
+                encode_str(w, "lora_name");
+                encode_str(w, name);
+            }
+            if !s.extra_keys.is_empty() {
+                encode_str(w, "extra_keys");
+                write(rmp::encode::write_array_len(w, s.extra_keys.len() as u32));
+                for key in &s.extra_keys {
+                    match key {
+                        Some(values) => encode_value(w, &ExtraValue::List(values.clone())),
+                        None => write(rmp::encode::write_nil(w)),
+                    }
+                }
+            }
+            if let Some(group) = s.group_idx {
+                encode_str(w, "group_idx");
+                encode_int(w, group.into());
+            }
+        }
+        KvEvent::BlockRemoved(r) => {
+            let fields = 2 + u32::from(r.medium.is_some()) + u32::from(r.group_idx.is_some());
+            write(rmp::encode::write_map_len(w, fields));
+            encode_str(w, "type");
+            encode_str(w, "BlockRemoved");
+            encode_str(w, "block_hashes");
+            encode_hashes(w, &r.block_hashes);
+            if let Some(medium) = &r.medium {
+                encode_str(w, "medium");
+                encode_str(w, medium);
+            }
+            if let Some(group) = r.group_idx {
+                encode_str(w, "group_idx");
+                encode_int(w, group.into());
+            }
+        }
+        KvEvent::AllBlocksCleared => {
+            write(rmp::encode::write_map_len(w, 1));
+            encode_str(w, "type");
+            encode_str(w, "AllBlocksCleared");
+        }
+        KvEvent::Unknown(kind) => {
+            write(rmp::encode::write_map_len(w, 1));
+            encode_str(w, "type");
+            encode_str(w, kind);
+        }
+    }
+}
