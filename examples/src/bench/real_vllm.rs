@@ -177,7 +177,7 @@ pub async fn section(bin_dir: &Path, run_dir: &Path, requests: usize) -> Result<
 }
 
 /// The rows as a Markdown table.
-pub fn table(rows: &[RealRow]) -> String {
+fn table(rows: &[RealRow]) -> String {
     let mut out = String::from("| path | streamed | requests | TTFT p50 ms | TTFT p90 ms | total p50 ms | total p90 ms |\n|---|---|---|---|---|---|---|\n");
     for r in rows {
         out.push_str(&format!(
