@@ -1,6 +1,7 @@
 //! The operator's routes: `GET /admin/backends` shows every backend (health, drain marks,
 //! requests in flight through this proxy, idle or not) and `POST /admin/drain` drains a backend
-//! at this proxy or lifts that (with `--admin-key`). A rollout drains an engine (here, or for a
+//! at this proxy or lifts that (with `--admin-key`), and `GET /admin/kv-index` shows the index of
+//! the engines' KV cache events (with `--admin-key` and `--kv-events`). A rollout drains an engine (here, or for a
 //! prefill in its bootstrap server's registry, which reaches every proxy), waits until every
 //! proxy shows it idle, restarts it, and lifts the mark.
 
@@ -122,20 +123,7 @@ pub async fn drain(
     headers: HeaderMap,
     body: Result<Json<DrainRequest>, JsonRejection>,
 ) -> Result<Json<BackendState>, ApiError> {
-    let Some(key) = &state.admin_key else {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "permission_error",
-            "the admin routes are off: start pd-proxy with --admin-key to drain backends",
-        ));
-    };
-    if !key.admits(&headers) {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "authentication_error",
-            "draining needs the header Authorization: Bearer <key> with the proxy's --admin-key",
-        ));
-    }
+    admitted(&state, &headers, "draining")?;
     let Json(request) = body.map_err(|rejection| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -162,4 +150,42 @@ pub async fn drain(
         })?;
     backend.set_drained(request.draining);
     Ok(Json(state_of(backend, Vec::new())))
+}
+
+/// Whether `headers` carry the admin key (`what` names the action in the refusal).
+fn admitted(state: &AppState, headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
+    let Some(key) = &state.admin_key else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            format!("the admin routes are off: start pd-proxy with --admin-key for {what}"),
+        ));
+    };
+    if !key.admits(headers) {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            format!(
+                "{what} needs the header Authorization: Bearer <key> with the proxy's --admin-key"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `GET /admin/kv-index` (with `--admin-key`): the KV-event index, per engine: blocks held,
+/// the last sequence applied, gaps and rebuilds.
+pub async fn kv_index(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<crate::kv_events::KvIndexReport>, ApiError> {
+    admitted(&state, &headers, "the KV index")?;
+    let kv = state.kv.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            "no KV index: start pd-proxy with --kv-events to follow the engines' KV cache events",
+        )
+    })?;
+    Ok(Json(kv.report()))
 }

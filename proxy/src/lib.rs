@@ -30,6 +30,7 @@ pub mod handler;
 pub mod health;
 pub mod ids;
 pub mod intake;
+pub mod kv_events;
 pub mod kv_index;
 pub mod layers;
 pub mod metrics;

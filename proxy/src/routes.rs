@@ -43,6 +43,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/admin/backends", get(admin::backends))
         .route("/admin/drain", post(admin::drain))
+        .route("/admin/kv-index", get(admin::kv_index))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

@@ -13,7 +13,7 @@ use crate::metrics::Metrics;
 use crate::routes;
 use crate::state::{AppState, Shared};
 use crate::upstream::Upstream;
-use crate::{discovery, engine_load, health};
+use crate::{discovery, engine_load, health, kv_events};
 
 /// Why the proxy could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +97,17 @@ impl Proxy {
                     backend.clone(),
                     client.clone(),
                     interval,
+                    config.health.timeout,
+                )));
+            }
+        }
+        if let Some(kv) = &state.kv {
+            let backends = state.pool.prefills.iter().map(|p| &p.backend);
+            for backend in backends.chain(state.pool.decodes.iter()) {
+                tasks.push(tokio::spawn(kv_events::watch_backend(
+                    kv.clone(),
+                    backend.clone(),
+                    client.clone(),
                     config.health.timeout,
                 )));
             }

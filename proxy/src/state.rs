@@ -9,6 +9,7 @@ use crate::config::{Config, Mode};
 use crate::endpoint::Endpoint;
 use crate::ids::Ids;
 use crate::intake::Intake;
+use crate::kv_events::KvTracker;
 use crate::metrics::{DecisionMetrics, Metrics, RouteMetrics};
 use crate::routing::settings::DecodeOnlyRules;
 use crate::routing::{policy_for, Policy, RequestInfo, Slice};
@@ -71,6 +72,8 @@ pub struct Shared {
     pub decode_only: DecodeOnlyRules,
     /// The routing decision counters.
     pub decisions: DecisionMetrics,
+    /// The engines' KV cache events and their index (`--kv-events`).
+    pub kv: Option<Arc<KvTracker>>,
     pair_policy: Box<dyn Policy>,
     decode_policy: Box<dyn Policy>,
     completions: Arc<RouteMetrics>,
@@ -93,6 +96,10 @@ impl Shared {
             decode_policy: policy_for(config.routing.decode_policy, &config.routing),
             decode_only: config.routing.decode_only,
             decisions: metrics.decisions(),
+            kv: config
+                .kv_events
+                .clone()
+                .map(|kv| KvTracker::new(kv, metrics.kv())),
             completions: Arc::new(metrics.route("/v1/completions")),
             chat_completions: Arc::new(metrics.route("/v1/chat/completions")),
             generate: Arc::new(metrics.route("/generate")),

@@ -19,6 +19,7 @@ pub use self::targets::{
     parse_backend_url, parse_prefill, parse_prefill_env, PrefillTarget, DEFAULT_BOOTSTRAP_PORT,
     PREFILL_ENV,
 };
+pub use crate::kv_events::{KvEventsArgs, KvEventsConfig};
 pub use crate::routing::settings::{Policy, RoutingArgs, RoutingConfig};
 
 /// How P and D are called.
@@ -76,6 +77,9 @@ pub struct Args {
     /// The per-choice policies, their knobs and conditional disaggregation.
     #[command(flatten)]
     pub routing: RoutingArgs,
+    /// Following the engines' KV cache events.
+    #[command(flatten)]
+    pub kv_events: KvEventsArgs,
     /// Whether D starts with P (concurrent) or after P answered (sequential, for NIXL).
     #[arg(long, env = "PD_PROXY_MODE", value_enum, default_value_t = Mode::Concurrent)]
     pub mode: Mode,
@@ -243,6 +247,8 @@ pub struct Config {
     pub api_key: Option<String>,
     /// The key of the admin routes, if they are on.
     pub admin_key: Option<String>,
+    /// Following the engines' KV cache events (none: off).
+    pub kv_events: Option<KvEventsConfig>,
 }
 
 impl Config {
@@ -284,6 +290,7 @@ impl Config {
             engine_metrics_interval: Some(Duration::from_secs(2)),
             api_key: None,
             admin_key: None,
+            kv_events: None,
         }
     }
 }
@@ -388,6 +395,7 @@ impl Args {
         config.host = self.host;
         config.port = self.port;
         config.routing = self.routing.config(self.policy);
+        config.kv_events = self.kv_events.config();
         if config.routing.decode_only.prefix_share.is_some()
             && config.routing.decode_policy != Policy::CacheAware
         {

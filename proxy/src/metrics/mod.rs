@@ -3,10 +3,12 @@
 //! Label sets that the hot path touches are resolved once (per backend, per route) so a request
 //! only bumps atomics.
 
+mod kv;
 mod outcome;
 
 use std::time::Duration;
 
+pub use kv::KvMetrics;
 pub use outcome::{CallOutcome, Outcome};
 
 use crate::routing::decision::Decision;
@@ -130,6 +132,7 @@ impl DecisionMetrics {
 /// Every metric the proxy exports, in its own registry.
 pub struct Metrics {
     registry: prometheus::Registry,
+    kv: KvMetrics,
     requests: IntCounterVec,
     duration: HistogramVec,
     ttft: HistogramVec,
@@ -341,8 +344,10 @@ impl Metrics {
                 .register(collector)
                 .expect("metric names are unique");
         }
+        let kv = KvMetrics::new(&registry);
         Metrics {
             registry,
+            kv,
             requests,
             duration,
             ttft,
@@ -370,6 +375,11 @@ impl Metrics {
             self.decisions
                 .with_label_values(&[d.path_label(), d.reason_label()])
         }))
+    }
+
+    /// The KV-event index's handles.
+    pub fn kv(&self) -> KvMetrics {
+        self.kv.clone()
     }
 
     /// The handles of one route.

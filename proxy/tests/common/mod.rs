@@ -1,8 +1,9 @@
 //! Shared test helpers: mock P and D servers and a mock bootstrap server on 127.0.0.1:0 that
 //! record what they receive, and a real proxy started in-process; the real bootstrap server in
-//! `registry.rs`.
+//! `registry.rs`, an engine's KV-event publisher in `kv_publisher.rs`.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod kv_publisher;
 pub mod registry;
 
 use std::convert::Infallible;
@@ -220,6 +221,8 @@ pub struct MockState {
     pub health_checks: AtomicUsize,
     /// What `GET /metrics` answers (404 when none).
     pub metrics: Mutex<Option<String>>,
+    /// What `GET /kv_event_sources` answers (404 when none).
+    pub kv_event_sources: Mutex<Option<Value>>,
 }
 
 /// P's default answer: one token, and the `kv_transfer_params` a NIXL producer returns.
@@ -256,11 +259,13 @@ impl Mock {
             health_delay: Mutex::new(Duration::ZERO),
             health_checks: AtomicUsize::new(0),
             metrics: Mutex::new(None),
+            kv_event_sources: Mutex::new(None),
         });
         let router = Router::new()
             .route("/health", get(mock_health))
             .route("/v1/models", get(mock_models))
             .route("/metrics", get(mock_metrics))
+            .route("/kv_event_sources", get(mock_kv_event_sources))
             .route("/v1/completions", any(mock_completion))
             .route("/v1/chat/completions", any(mock_completion))
             .route("/generate", any(mock_completion))
@@ -277,6 +282,11 @@ impl Mock {
 
     pub fn set(&self, edit: impl FnOnce(&mut Behavior)) {
         edit(&mut self.state.behavior.lock().unwrap());
+    }
+
+    /// Makes `GET /kv_event_sources` answer `sources` (vLLM's publisher config per dp rank).
+    pub fn set_kv_event_sources(&self, sources: Value) {
+        *self.state.kv_event_sources.lock().unwrap() = Some(sources);
     }
 
     /// Makes `GET /metrics` answer `text`.
@@ -341,6 +351,13 @@ fn vllm_unknown_engine(stream: bool) -> Response {
         body,
     )
         .into_response()
+}
+
+async fn mock_kv_event_sources(State(state): State<Arc<MockState>>) -> Response {
+    match state.kv_event_sources.lock().unwrap().clone() {
+        Some(sources) => ([(header::CONNECTION, "close")], axum::Json(sources)).into_response(),
+        None => (StatusCode::NOT_FOUND, [(header::CONNECTION, "close")]).into_response(),
+    }
 }
 
 async fn mock_metrics(State(state): State<Arc<MockState>>) -> Response {
