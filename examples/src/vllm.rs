@@ -80,6 +80,10 @@ pub struct VllmEngines {
     pub small_host: bool,
     /// Load the MooncakeConnector through `pd_cpu_mooncake` (needed on CPU by vLLM 0.32.0).
     pub mooncake_adapter: bool,
+    /// Publish KV cache events (`--kv-events-config`: ZMQ PUB and replay sockets on free
+    /// ports, topic `kv`), which vLLM then lists at `GET /kv_event_sources`. vLLM binds only
+    /// wildcard endpoints (`tcp://*:PORT`, all interfaces); any other it connects to.
+    pub kv_events: bool,
     /// More arguments for every engine.
     pub extra_args: Vec<String>,
 }
@@ -121,6 +125,7 @@ impl VllmEngines {
             connector,
             small_host: true,
             mooncake_adapter: true,
+            kv_events: false,
             extra_args: Vec::new(),
         }
     }
@@ -216,6 +221,14 @@ impl VllmEngines {
                 ]
                 .map(String::from),
             );
+        }
+        if self.kv_events {
+            let events = serde_json::json!({
+                "enable_kv_cache_events": true, "publisher": "zmq", "topic": "kv",
+                "endpoint": format!("tcp://*:{}", crate::process::free_port()),
+                "replay_endpoint": format!("tcp://*:{}", crate::process::free_port()),
+            });
+            args.extend(["--kv-events-config".to_owned(), events.to_string()]);
         }
         args.extend(self.extra_args.iter().cloned());
         let side_channel = side_channel.to_string();

@@ -198,6 +198,27 @@ async fn token_count(engine: &Process, body: &Value) -> f64 {
         .unwrap_or_else(|| panic!("/tokenize: {tokens}"))
 }
 
+/// Waits (30 s at most) until the engines of the proxy's `GET /admin/kv-index` satisfy `check`.
+async fn wait_kv_index(cluster: &Cluster, check: impl Fn(&[Value]) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        let report: Value = reqwest::Client::new()
+            .get(format!("{}/admin/kv-index", cluster.proxy.url))
+            .bearer_auth("admin")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if report["engines"].as_array().is_some_and(|e| check(e)) {
+            return report;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{report}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// The processes of process group `group` (field 5 of `/proc/PID/stat`).
 fn group_members(group: i32) -> Vec<i32> {
     std::fs::read_dir("/proc")
@@ -233,11 +254,29 @@ async fn registered_engine(bootstrap: &Process) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mooncake_pd_through_the_proxy_equals_one_engine() {
     let _one = ONE_CLUSTER.lock().await;
-    let (spec, _dir) = spec("real-mooncake-", engines(Connector::Mooncake).await);
+    let mut engines = engines(Connector::Mooncake).await;
+    engines.kv_events = true;
+    let (mut spec, _dir) = spec("real-mooncake-", engines);
+    spec.proxy_args = ["--kv-events", "--admin-key", "admin"]
+        .map(String::from)
+        .to_vec();
     let mut cluster = start(&spec).await;
     let first_engine = registered_engine(&cluster.bootstraps[0]).await;
 
     assert_pd_equals_one_engine(&cluster).await;
+
+    // Both engines' KV cache events reached the proxy's index: P's blocks of the prompts it
+    // computed, D's of the KV it pulled.
+    let kv_index = wait_kv_index(&cluster, |engines| {
+        engines.len() == 2
+            && engines
+                .iter()
+                .all(|e| e["connected"] == true && e["blocks"].as_u64() > Some(0))
+    })
+    .await;
+    for engine in kv_index["engines"].as_array().unwrap() {
+        assert_eq!(engine["malformed"], 0, "{kv_index}");
+    }
 
     // D took the prompt's KV from P and computed none of it.
     let http = reqwest::Client::new();
