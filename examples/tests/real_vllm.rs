@@ -182,17 +182,16 @@ async fn prompt_tokens_by_source(decode: &Process) -> (f64, f64) {
     )
 }
 
+/// The JSON answer of `request`.
+async fn json_of(request: reqwest::RequestBuilder) -> Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
 /// How many tokens the engine makes of the prompt of `body` (its own `POST /tokenize`).
 async fn token_count(engine: &Process, body: &Value) -> f64 {
-    let tokens: Value = reqwest::Client::new()
-        .post(format!("{}/tokenize", engine.url))
-        .json(&json!({"model": body["model"], "prompt": body["prompt"]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let prompt = json!({"model": body["model"], "prompt": body["prompt"]});
+    let request = reqwest::Client::new().post(format!("{}/tokenize", engine.url));
+    let tokens = json_of(request.json(&prompt)).await;
     tokens["count"]
         .as_f64()
         .unwrap_or_else(|| panic!("/tokenize: {tokens}"))
@@ -202,15 +201,8 @@ async fn token_count(engine: &Process, body: &Value) -> f64 {
 async fn wait_kv_index(cluster: &Cluster, check: impl Fn(&[Value]) -> bool) -> Value {
     let started = Instant::now();
     loop {
-        let report: Value = reqwest::Client::new()
-            .get(format!("{}/admin/kv-index", cluster.proxy.url))
-            .bearer_auth("admin")
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let url = format!("{}/admin/kv-index", cluster.proxy.url);
+        let report = json_of(reqwest::Client::new().get(url).bearer_auth("admin")).await;
         if report["engines"].as_array().is_some_and(|e| check(e)) {
             return report;
         }
@@ -235,12 +227,8 @@ fn group_members(group: i32) -> Vec<i32> {
 
 /// The engine id of dp rank 0 that the bootstrap server's `/query` lists.
 async fn registered_engine(bootstrap: &Process) -> String {
-    let topology: Value = reqwest::get(format!("{}/query", bootstrap.url))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let url = format!("{}/query", bootstrap.url);
+    let topology = json_of(reqwest::Client::new().get(url)).await;
     let engine = &topology["0"];
     assert!(
         engine["worker_addr"]["0"]["0"]

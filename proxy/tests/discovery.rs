@@ -317,14 +317,7 @@ async fn a_prefill_and_a_decode_of_different_models_are_never_paired() {
     let proxy = start_proxy(config).await;
     let deadline = Instant::now() + WAIT;
     let readiness = loop {
-        let answer: serde_json::Value = client()
-            .get(format!("{}/ready", proxy.url()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let answer = get_json(&proxy, "/ready").await;
         if answer["prefills"][0]["models"] == json!(["other-model"])
             && answer["decodes"][0]["models"] == json!(["mock-model"])
         {

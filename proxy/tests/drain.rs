@@ -14,14 +14,7 @@ use serde_json::{json, Value};
 use worker_client::BootstrapClient;
 
 async fn admin_backends(proxy: &ProxyHandle) -> Value {
-    client()
-        .get(format!("{}/admin/backends", proxy.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    get_json(proxy, "/admin/backends").await
 }
 
 fn rank_draining(backends: &Value, dp_rank: u64) -> bool {

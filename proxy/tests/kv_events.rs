@@ -40,15 +40,12 @@ async fn start(
 }
 
 async fn report(proxy: &ProxyHandle) -> Value {
-    client()
-        .get(format!("{}/admin/kv-index", proxy.url()))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    json_of(
+        client()
+            .get(format!("{}/admin/kv-index", proxy.url()))
+            .bearer_auth(KEY),
+    )
+    .await
 }
 
 /// The decode's engine in the report.

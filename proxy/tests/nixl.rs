@@ -36,14 +36,7 @@ async fn a_prefill_without_a_bootstrap_server_is_used_once_its_health_passes() {
         "{:?}",
         healthy.elapsed()
     );
-    let ready: serde_json::Value = client()
-        .get(format!("{}/ready", proxy.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready = get_json(&proxy, "/ready").await;
     assert_eq!(
         ready["prefills"][0]["bootstrap_addr"],
         json!(null),

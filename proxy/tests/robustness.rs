@@ -46,15 +46,7 @@ async fn a_frozen_prefill_fails_fast_and_traffic_moves_away() {
         "{:?}",
         moved.elapsed()
     );
-    let ready: Value = cluster
-        .client
-        .get(cluster.url("/ready"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready = json_of(cluster.client.get(cluster.url("/ready"))).await;
     assert_eq!(ready["prefills"][0]["healthy"], false, "{ready}");
     eprintln!("freeze -> client error: {to_error:?}; -> traffic away: immediately after");
 }

@@ -768,6 +768,16 @@ impl Cluster {
     }
 }
 
+/// The JSON answer of `request` (a test failure if it is none).
+pub async fn json_of(request: reqwest::RequestBuilder) -> Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
+/// The proxy's `GET path` as JSON.
+pub async fn get_json(proxy: &ProxyHandle, path: &str) -> Value {
+    json_of(client().get(format!("{}{path}", proxy.url()))).await
+}
+
 /// The proxy's `/metrics` text.
 pub async fn metrics(proxy: &ProxyHandle) -> String {
     client()
