@@ -30,9 +30,9 @@ async fn start(
     let mut config = config(vec![target(&prefill, &bootstrap.url())], vec![decode.url()]);
     config.admin_key = Some(KEY.to_owned());
     config.kv_events = Some(KvEventsConfig {
-        port: None,
         max_blocks: 1_000_000,
         rescan: Duration::from_millis(100),
+        ..KvEventsConfig::default()
     });
     edit(&mut config);
     let proxy = start_proxy(config).await;

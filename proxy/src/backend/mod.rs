@@ -10,7 +10,7 @@ mod pair;
 mod pool;
 mod prefill;
 
-pub use pair::{DiscoveredRank, Pair};
+pub use pair::{pair_id, DiscoveredRank, Pair};
 pub use pool::Pool;
 pub use prefill::Prefill;
 

@@ -48,10 +48,15 @@ pub struct DiscoveredRank<'a> {
     pub dp_size: Rank,
 }
 
+/// The identity of dp rank `dp_rank` of the prefill whose backend identity is `backend_id`.
+pub fn pair_id(backend_id: u64, dp_rank: Rank) -> u64 {
+    backend_id ^ u64::from(dp_rank).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 impl Pair {
     /// A stable identity for the policies: the prefill's and the dp rank's.
     pub fn id(&self) -> u64 {
-        self.backend.id() ^ u64::from(self.dp_rank).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        pair_id(self.backend.id(), self.dp_rank)
     }
 
     /// Whether requests may be sent to this dp rank: its prefill is healthy and drained

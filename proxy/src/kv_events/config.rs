@@ -1,8 +1,10 @@
 //! The `--kv-events` flags.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use pd_service::parse_seconds;
 
 use crate::kv_index::KvIndexConfig;
 
@@ -26,6 +28,15 @@ pub struct KvEventsArgs {
         default_value_t = 2_000_000
     )]
     pub kv_index_max_blocks: usize,
+    /// The model's tokenizer directory (its `tokenizer.json`, and `tokenizer_config.json` or
+    /// `chat_template.jinja` for chats): prompts are tokenized in-process, exactly as the
+    /// engine does, for precise_prefix. Without it, the engines' own `POST /tokenize` is asked.
+    #[arg(long, env = "PD_PROXY_TOKENIZER", value_name = "DIR")]
+    pub tokenizer: Option<PathBuf>,
+    /// Seconds an engine's `POST /tokenize` may take (without --tokenizer); past it the
+    /// request is routed without its tokens.
+    #[arg(long, env = "PD_PROXY_TOKENIZE_TIMEOUT", default_value = "1", value_parser = parse_seconds)]
+    pub tokenize_timeout: Duration,
 }
 
 /// What [`KvEventsArgs`] configure, when `--kv-events` is on.
@@ -37,16 +48,36 @@ pub struct KvEventsConfig {
     pub max_blocks: usize,
     /// How often each backend is asked where it publishes.
     pub rescan: Duration,
+    /// `--tokenizer`.
+    pub tokenizer: Option<PathBuf>,
+    /// `--tokenize-timeout`.
+    pub tokenize_timeout: Duration,
 }
 
 impl KvEventsArgs {
-    /// The configuration, or `None` without `--kv-events`.
-    pub fn config(&self) -> Option<KvEventsConfig> {
-        self.kv_events.then(|| KvEventsConfig {
+    /// The configuration, or `None` without `--kv-events` (turned on by `needed`: a policy
+    /// routes on the events).
+    pub fn config(&self, needed: bool) -> Option<KvEventsConfig> {
+        (self.kv_events || needed).then(|| KvEventsConfig {
             port: self.kv_events_port,
             max_blocks: self.kv_index_max_blocks.max(1),
             rescan: Duration::from_secs(5),
+            tokenizer: self.tokenizer.clone(),
+            tokenize_timeout: self.tokenize_timeout,
         })
+    }
+}
+
+impl Default for KvEventsConfig {
+    /// The flags' defaults.
+    fn default() -> Self {
+        KvEventsConfig {
+            port: None,
+            max_blocks: 2_000_000,
+            rescan: Duration::from_secs(5),
+            tokenizer: None,
+            tokenize_timeout: Duration::from_secs(1),
+        }
     }
 }
 

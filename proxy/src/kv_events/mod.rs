@@ -5,17 +5,19 @@
 //! fails its health checks leaves the index at once; `GET /admin/kv-index` shows it all.
 
 mod config;
+mod holders;
+mod report;
 mod sources;
 mod subscriber;
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 pub use config::{KvEventsArgs, KvEventsConfig};
-use pd_protocol::kv_events::EventBatch;
-use pd_protocol::Rank;
-use serde::Serialize;
+pub use holders::Held;
+use pd_protocol::kv_events::{EventBatch, KvEvent};
+pub use report::{EngineReport, KvIndexReport};
 pub use sources::Source;
 
 use crate::backend::Backend;
@@ -41,6 +43,8 @@ pub struct Feed {
     gaps_dropped: AtomicU64,
     rebuilds: AtomicU64,
     malformed: AtomicU64,
+    /// Tokens per block, from the engine's `BlockStored` events (0 before the first).
+    block_size: AtomicU32,
 }
 
 impl Feed {
@@ -64,7 +68,7 @@ impl Feed {
 
 /// The index and the subscriptions feeding it.
 pub struct KvTracker {
-    index: Mutex<KvIndex>,
+    index: RwLock<KvIndex>,
     engines: Mutex<Vec<Engine>>,
     metrics: KvMetrics,
     config: KvEventsConfig,
@@ -74,11 +78,29 @@ impl KvTracker {
     /// An empty index of at most `config.max_blocks` entries.
     pub fn new(config: KvEventsConfig, metrics: KvMetrics) -> Arc<Self> {
         Arc::new(KvTracker {
-            index: Mutex::new(KvIndex::new(config.index())),
+            index: RwLock::new(KvIndex::new(config.index())),
             engines: Mutex::new(Vec::new()),
             metrics,
             config,
         })
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &KvEventsConfig {
+        &self.config
+    }
+
+    /// The counter of `precise_prefix` picks for `choice` and `reason`.
+    pub fn pick_counter(&self, choice: &str, reason: &str) -> prometheus::IntCounter {
+        self.metrics.picks.with_label_values(&[choice, reason])
+    }
+
+    fn read_index(&self) -> RwLockReadGuard<'_, KvIndex> {
+        self.index.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_index(&self) -> std::sync::RwLockWriteGuard<'_, KvIndex> {
+        self.index.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn feed(&self, slot: EngineSlot) -> Arc<Feed> {
@@ -93,7 +115,15 @@ impl KvTracker {
             self.metrics.malformed.inc();
             return;
         };
-        let mut index = lock(&self.index);
+        if let Some(KvEvent::BlockStored(stored)) = batch
+            .events
+            .iter()
+            .rev()
+            .find(|e| matches!(e, KvEvent::BlockStored(_)))
+        {
+            feed.block_size.store(stored.block_size, Ordering::Relaxed);
+        }
+        let mut index = self.write_index();
         for event in &batch.events {
             index.apply(slot, event);
         }
@@ -108,7 +138,7 @@ impl KvTracker {
     fn rebuild(&self, slot: EngineSlot) {
         self.feed(slot).rebuilds.fetch_add(1, Ordering::Relaxed);
         self.metrics.rebuilds.inc();
-        let mut index = lock(&self.index);
+        let mut index = self.write_index();
         index.clear_engine(slot);
         self.metrics.blocks.set(index.len() as i64);
     }
@@ -169,84 +199,6 @@ impl KvTracker {
             self.rebuild(slot);
         }
     }
-
-    /// What `GET /admin/kv-index` shows.
-    pub fn report(&self) -> KvIndexReport {
-        let index = lock(&self.index);
-        let stats = index.stats();
-        let engines = lock(&self.engines)
-            .iter()
-            .enumerate()
-            .map(|(slot, e)| EngineReport {
-                role: e.backend.role().as_str(),
-                backend: e.backend.url().to_owned(),
-                dp_rank: e.source.dp_rank,
-                endpoint: e.source.endpoint.clone(),
-                replay: e.source.replay.clone(),
-                connected: e.feed.connected.load(Ordering::Relaxed),
-                blocks: index.engine_blocks(EngineSlot(slot as u32)),
-                last_seq: Some(e.feed.last_seq.load(Ordering::Relaxed)).filter(|s| *s >= 0),
-                batches: e.feed.batches.load(Ordering::Relaxed),
-                gaps_replayed: e.feed.gaps_replayed.load(Ordering::Relaxed),
-                gaps_dropped: e.feed.gaps_dropped.load(Ordering::Relaxed),
-                rebuilds: e.feed.rebuilds.load(Ordering::Relaxed),
-                malformed: e.feed.malformed.load(Ordering::Relaxed),
-            })
-            .collect();
-        KvIndexReport {
-            blocks: stats.blocks,
-            bytes: stats.bytes,
-            max_blocks: self.config.max_blocks,
-            evictions: stats.evictions,
-            engines,
-        }
-    }
-}
-
-/// The answer of `GET /admin/kv-index`.
-#[derive(Debug, Serialize)]
-pub struct KvIndexReport {
-    /// (engine, block) entries held.
-    pub blocks: usize,
-    /// Their estimated memory.
-    pub bytes: usize,
-    /// The cap on entries (`--kv-index-max-blocks`).
-    pub max_blocks: usize,
-    /// Entries dropped to stay under the cap.
-    pub evictions: u64,
-    /// Every engine followed.
-    pub engines: Vec<EngineReport>,
-}
-
-/// One engine in [`KvIndexReport`].
-#[derive(Debug, Serialize)]
-pub struct EngineReport {
-    /// `prefill` or `decode`.
-    pub role: &'static str,
-    /// The backend's URL.
-    pub backend: String,
-    /// The dp rank.
-    pub dp_rank: Rank,
-    /// Its PUB socket.
-    pub endpoint: String,
-    /// Its replay socket.
-    pub replay: Option<String>,
-    /// Subscribed now.
-    pub connected: bool,
-    /// Blocks it holds, as far as its events tell.
-    pub blocks: usize,
-    /// The last sequence number applied.
-    pub last_seq: Option<i64>,
-    /// Batches applied.
-    pub batches: u64,
-    /// Gaps filled from its replay socket.
-    pub gaps_replayed: u64,
-    /// Gaps that dropped its entries (no replay, or it could not fill them).
-    pub gaps_dropped: u64,
-    /// Times its entries were dropped: a gap, a restart, a failed health check.
-    pub rebuilds: u64,
-    /// Messages that could not be decoded.
-    pub malformed: u64,
 }
 
 /// Watches `backend` forever: while it is healthy, asks where its dp ranks publish (every
