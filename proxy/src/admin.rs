@@ -1,7 +1,8 @@
 //! The operator's routes: `GET /admin/backends` shows every backend (health, drain marks,
 //! requests in flight through this proxy, idle or not) and `POST /admin/drain` drains a backend
 //! at this proxy or lifts that (with `--admin-key`), and `GET /admin/kv-index` shows the index of
-//! the engines' KV cache events (with `--admin-key` and `--kv-events`). A rollout drains an engine (here, or for a
+//! the engines' KV cache events (with `--admin-key` and `--kv-events`), and
+//! `POST /admin/kv-index/match` how much of a given prompt each engine holds. A rollout drains an engine (here, or for a
 //! prefill in its bootstrap server's registry, which reaches every proxy), waits until every
 //! proxy shows it idle, restarts it, and lifts the mark.
 
@@ -14,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::Backend;
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::routing::RequestInfo;
+use crate::state::{AppState, Route};
 
 /// One dp rank of a prefill.
 #[derive(Debug, Serialize)]
@@ -180,12 +182,88 @@ pub async fn kv_index(
     headers: HeaderMap,
 ) -> Result<Json<crate::kv_events::KvIndexReport>, ApiError> {
     admitted(&state, &headers, "the KV index")?;
-    let kv = state.kv.as_ref().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found_error",
-            "no KV index: start pd-proxy with --kv-events to follow the engines' KV cache events",
-        )
-    })?;
+    let kv = state.kv.as_ref().ok_or_else(no_kv_index)?;
     Ok(Json(kv.report()))
+}
+
+/// One engine's share of a prompt, in the answer of `POST /admin/kv-index/match`.
+#[derive(Debug, Serialize)]
+pub struct EngineMatch {
+    /// `prefill` or `decode`.
+    pub role: &'static str,
+    /// The backend's URL.
+    pub backend: String,
+    /// The dp rank.
+    pub dp_rank: Rank,
+    /// The prompt's leading tokens it holds.
+    pub cached_tokens: usize,
+}
+
+/// The answer of `POST /admin/kv-index/match`.
+#[derive(Debug, Serialize)]
+pub struct PromptMatch {
+    /// The prompt's tokens.
+    pub prompt_tokens: usize,
+    /// Every followed engine, the best placed first.
+    pub engines: Vec<EngineMatch>,
+}
+
+/// `POST /admin/kv-index/match` (with `--admin-key`): a completion's or chat's body (its
+/// `prompt` or `messages`, and `cache_salt`), tokenized as for routing, and how much of it each
+/// followed engine holds.
+pub async fn kv_match(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<PromptMatch>, ApiError> {
+    admitted(&state, &headers, "the KV index")?;
+    let (Some(kv), Some(prompt_tokens)) = (&state.kv, &state.prompt_tokens) else {
+        return Err(no_kv_index());
+    };
+    let invalid =
+        |message: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message);
+    let body = crate::body::Body::parse(&body).map_err(|err| invalid(err.to_string()))?;
+    let route = if body.get("messages").is_some() {
+        Route::ChatCompletions
+    } else if body.get("prompt").is_some() {
+        Route::Completions
+    } else {
+        return Err(invalid(
+            "`prompt` or `messages`: the body names no prompt".into(),
+        ));
+    };
+    let engine = state.pool.decodes.iter().find(|d| d.is_healthy());
+    let tokens = prompt_tokens
+        .of(route, &body, engine.map(|e| &**e))
+        .await
+        .ok_or_else(|| {
+            invalid(
+                "`prompt`/`messages`: the prompt could not be tokenized (see the proxy's log)"
+                    .into(),
+            )
+        })?;
+    let request = RequestInfo::new(&body, &headers).with_tokens(Some(&tokens));
+    let mut engines: Vec<EngineMatch> = kv
+        .holders(&request.kv_key(), &tokens)
+        .into_iter()
+        .map(|held| EngineMatch {
+            role: held.backend.role().as_str(),
+            backend: held.backend.url().to_owned(),
+            dp_rank: held.dp_rank,
+            cached_tokens: held.cached_tokens,
+        })
+        .collect();
+    engines.sort_by_key(|e| std::cmp::Reverse(e.cached_tokens));
+    Ok(Json(PromptMatch {
+        prompt_tokens: tokens.len(),
+        engines,
+    }))
+}
+
+fn no_kv_index() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found_error",
+        "no KV index: start pd-proxy with --kv-events to follow the engines' KV cache events",
+    )
 }

@@ -35,6 +35,7 @@ pub mod kv_index;
 pub mod layers;
 pub mod metrics;
 pub mod models;
+pub mod prompt_tokens;
 pub mod relay;
 pub mod routes;
 pub mod routing;

@@ -44,6 +44,7 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/backends", get(admin::backends))
         .route("/admin/drain", post(admin::drain))
         .route("/admin/kv-index", get(admin::kv_index))
+        .route("/admin/kv-index/match", post(admin::kv_match))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

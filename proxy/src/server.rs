@@ -24,6 +24,9 @@ pub enum ProxyError {
     /// The listening socket could not be bound.
     #[error(transparent)]
     Bind(#[from] BindError),
+    /// The model's tokenizer (`--tokenizer`) could not be loaded.
+    #[error("cannot load the tokenizer: {0}")]
+    Tokenizer(#[from] pd_tokenize::TokenizeError),
     /// Serving failed.
     #[error("server failed: {0}")]
     Serve(#[from] std::io::Error),
@@ -43,7 +46,7 @@ impl Proxy {
         let pool = Arc::new(Pool::new(&config, &metrics));
         let upstream = Upstream::new(&config)?;
         let listener = bind(&config.host, config.port).await?;
-        let state = Arc::new(Shared::new(&config, pool, upstream, metrics));
+        let state = Arc::new(Shared::new(&config, pool, upstream, metrics)?);
         Ok(Proxy {
             listener,
             state,

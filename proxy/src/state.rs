@@ -9,10 +9,11 @@ use crate::config::{Config, Mode};
 use crate::endpoint::Endpoint;
 use crate::ids::Ids;
 use crate::intake::Intake;
-use crate::kv_events::KvTracker;
+use crate::kv_events::{KvEventsConfig, KvTracker};
 use crate::metrics::{DecisionMetrics, Metrics, RouteMetrics};
+use crate::prompt_tokens::PromptTokens;
 use crate::routing::settings::DecodeOnlyRules;
-use crate::routing::{policy_for, Policy, RequestInfo, Slice};
+use crate::routing::{policy_for, Choice, Policy, RequestInfo, Slice};
 use crate::upstream::Upstream;
 
 /// The state every handler receives.
@@ -74,6 +75,8 @@ pub struct Shared {
     pub decisions: DecisionMetrics,
     /// The engines' KV cache events and their index (`--kv-events`).
     pub kv: Option<Arc<KvTracker>>,
+    /// The prompts' token ids, when a policy routes on the engines' events.
+    pub prompt_tokens: Option<PromptTokens>,
     pair_policy: Box<dyn Policy>,
     decode_policy: Box<dyn Policy>,
     completions: Arc<RouteMetrics>,
@@ -82,24 +85,43 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The shared state for `config`.
+    /// The shared state for `config`; fails only on a tokenizer that cannot be loaded.
     pub fn new(
         config: &Config,
         pool: Arc<Pool>,
         upstream: Upstream,
         metrics: Arc<Metrics>,
-    ) -> Self {
-        Shared {
+    ) -> Result<Self, pd_tokenize::TokenizeError> {
+        let routing = &config.routing;
+        let precise = [routing.prefill_policy, routing.decode_policy]
+            .iter()
+            .any(|policy| policy.follows_kv_events());
+        let kv_config =
+            (config.kv_events.clone()).or_else(|| precise.then(KvEventsConfig::default));
+        let kv = kv_config.map(|kv| KvTracker::new(kv, metrics.kv()));
+        let prompt_tokens = match &kv {
+            Some(kv) => Some(PromptTokens::new(
+                kv.config().tokenizer.as_deref(),
+                upstream.client.clone(),
+                kv.config().tokenize_timeout,
+                metrics.tokenize(),
+            )?),
+            None => None,
+        };
+        Ok(Shared {
+            pair_policy: policy_for(
+                routing.prefill_policy,
+                routing,
+                Choice::Prefill,
+                kv.as_ref(),
+            ),
+            decode_policy: policy_for(routing.decode_policy, routing, Choice::Decode, kv.as_ref()),
             pool,
             upstream,
-            pair_policy: policy_for(config.routing.prefill_policy, &config.routing),
-            decode_policy: policy_for(config.routing.decode_policy, &config.routing),
-            decode_only: config.routing.decode_only,
+            decode_only: routing.decode_only,
             decisions: metrics.decisions(),
-            kv: config
-                .kv_events
-                .clone()
-                .map(|kv| KvTracker::new(kv, metrics.kv())),
+            kv,
+            prompt_tokens,
             completions: Arc::new(metrics.route("/v1/completions")),
             chat_completions: Arc::new(metrics.route("/v1/chat/completions")),
             generate: Arc::new(metrics.route("/generate")),
@@ -109,7 +131,12 @@ impl Shared {
             admin_key: config.admin_key.as_deref().and_then(BearerToken::new),
             ids: Ids::default(),
             intake: Intake::new(&config.clients),
-        }
+        })
+    }
+
+    /// Whether requests need their prompt's token ids (a policy routes on them).
+    pub fn wants_tokens(&self) -> bool {
+        self.prompt_tokens.is_some()
     }
 
     /// The metrics of `route`.

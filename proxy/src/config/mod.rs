@@ -323,7 +323,7 @@ pub enum ConfigError {
         port: String,
     },
     /// `--decode-only-prefix-share` without a cache-aware decode policy to measure it.
-    #[error("--decode-only-prefix-share needs --decode-policy cache_aware (only it knows what each decode holds)")]
+    #[error("--decode-only-prefix-share needs --decode-policy cache_aware or precise_prefix (only they know what each decode holds)")]
     PrefixShareNeedsCacheAware,
     /// An entry of the prefill environment variable has more than two words.
     #[error("invalid {PREFILL_ENV} entry {0:?}: expected `URL` or `URL BOOTSTRAP_PORT`")]
@@ -395,9 +395,12 @@ impl Args {
         config.host = self.host;
         config.port = self.port;
         config.routing = self.routing.config(self.policy);
-        config.kv_events = self.kv_events.config();
+        let precise = [config.routing.prefill_policy, config.routing.decode_policy]
+            .iter()
+            .any(|policy| policy.follows_kv_events());
+        config.kv_events = self.kv_events.config(precise);
         if config.routing.decode_only.prefix_share.is_some()
-            && config.routing.decode_policy != Policy::CacheAware
+            && !config.routing.decode_policy.knows_prefixes()
         {
             return Err(ConfigError::PrefixShareNeedsCacheAware);
         }

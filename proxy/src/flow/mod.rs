@@ -64,6 +64,8 @@ struct Call<'a> {
     common: HeaderMap,
     transfer_id: String,
     headers: &'a HeaderMap,
+    /// The prompt's token ids, when a policy needs them (for D's retry).
+    tokens: Option<&'a [u32]>,
     start: Instant,
     /// When the whole request must be over.
     deadline: Instant,
@@ -111,7 +113,7 @@ impl Call<'_> {
         overhead: Duration,
         reroute: Option<&(dyn Fn(&str) -> Bytes + Sync)>,
     ) -> Result<Started, Refusal> {
-        let request = RequestInfo::new(body, self.headers);
+        let request = RequestInfo::new(body, self.headers).with_tokens(self.tokens);
         let decoding = retry::decode_with_retry(DecodeCall {
             state: self.state,
             route: self.route,
@@ -185,7 +187,14 @@ pub async fn start(
         )
     })?;
     let pairs = state.pool.pairs();
-    let request = RequestInfo::new(&body, headers);
+    let tokens = match &state.prompt_tokens {
+        Some(prompt_tokens) => {
+            let engine = state.pool.decodes.iter().find(|d| d.is_healthy());
+            prompt_tokens.of(route, &body, engine.map(|e| &**e)).await
+        }
+        None => None,
+    };
+    let request = RequestInfo::new(&body, headers).with_tokens(tokens.as_deref());
     let early = decision::before_pick(&state.decode_only, &request, || {
         state.decode_share(&request)
     });
@@ -197,7 +206,8 @@ pub async fn start(
         early.unwrap_or_else(|| decision::after_pick(&state.decode_only, pair.is_some()));
     state.decisions.count(decision);
     let explain = headers.contains_key(&X_PD_ROUTE);
-    let told = |refusal: Refusal| explained(refusal, explain.then(|| decision.header(None, None)));
+    let told =
+        |refusal: Refusal| explained(refusal, explain.then(|| decision.header(None, None, "")));
     let (pair, decode) = match (decision.path, pair) {
         (Path::Disaggregated, Some(pair)) => {
             let decode = pick_decode_for(state, &pair, &request).map_err(told)?;
@@ -220,7 +230,7 @@ pub async fn start(
     };
     let route_header = explain.then(|| {
         let prefill = pair.as_ref().map(|p| (p.backend.url(), p.dp_rank));
-        decision.header(prefill, Some(decode.url()))
+        decision.header(prefill, Some(decode.url()), &request.pick_notes())
     });
     let mut common = HeaderMap::with_capacity(4);
     common.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -240,6 +250,7 @@ pub async fn start(
         common,
         transfer_id: format!("xfer-{}", state.ids.next()),
         headers,
+        tokens: tokens.as_deref(),
         start,
         deadline: start + state.upstream.request_timeout,
     };

@@ -1,6 +1,6 @@
 //! The metrics of the KV-event index (`--kv-events`).
 
-use prometheus::{IntCounter, IntGauge, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 /// The handles of the KV-event metrics.
 #[derive(Clone)]
@@ -15,6 +15,8 @@ pub struct KvMetrics {
     pub blocks: IntGauge,
     /// Engines followed.
     pub engines: IntGauge,
+    /// `precise_prefix` picks by choice (prefill, decode) and reason.
+    pub picks: IntCounterVec,
 }
 
 impl KvMetrics {
@@ -34,7 +36,21 @@ impl KvMetrics {
                 .expect("metric names are unique");
             gauge
         };
+        let picks = IntCounterVec::new(
+            Opts::new(
+                "pd_proxy_route_picks_total",
+                "precise_prefix picks by choice (prefill, decode) and reason (kv_hit: the chosen \
+                 engine holds part of the prompt; kv_miss: none does; no_tokens: the prompt's \
+                 tokens are unknown; no_events: no candidate's events are followed)",
+            ),
+            &["choice", "reason"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(picks.clone()))
+            .expect("metric names are unique");
         KvMetrics {
+            picks,
             events: counter(
                 "pd_proxy_kv_events_total",
                 "KV cache events applied to the index",

@@ -5,11 +5,13 @@
 
 mod kv;
 mod outcome;
+mod tokenize;
 
 use std::time::Duration;
 
 pub use kv::KvMetrics;
 pub use outcome::{CallOutcome, Outcome};
+pub use tokenize::TokenizeMetrics;
 
 use crate::routing::decision::Decision;
 use prometheus::{
@@ -133,6 +135,7 @@ impl DecisionMetrics {
 pub struct Metrics {
     registry: prometheus::Registry,
     kv: KvMetrics,
+    tokenize: TokenizeMetrics,
     requests: IntCounterVec,
     duration: HistogramVec,
     ttft: HistogramVec,
@@ -345,9 +348,11 @@ impl Metrics {
                 .expect("metric names are unique");
         }
         let kv = KvMetrics::new(&registry);
+        let tokenize = TokenizeMetrics::new(&registry);
         Metrics {
             registry,
             kv,
+            tokenize,
             requests,
             duration,
             ttft,
@@ -380,6 +385,11 @@ impl Metrics {
     /// The KV-event index's handles.
     pub fn kv(&self) -> KvMetrics {
         self.kv.clone()
+    }
+
+    /// The tokenization handles.
+    pub fn tokenize(&self) -> TokenizeMetrics {
+        self.tokenize.clone()
     }
 
     /// The handles of one route.

@@ -89,10 +89,15 @@ impl Decision {
         }
     }
 
-    /// The `x-pd-route` answer: the decision, the reason and the backends, e.g.
-    /// `decision=disaggregated; reason=long_prompt; prefill=http://p:8100; dp_rank=1;
-    /// decode=http://d:8200`.
-    pub fn header(self, prefill: Option<(&str, u32)>, decode: Option<&str>) -> HeaderValue {
+    /// The `x-pd-route` answer: the decision, the reason, the backends and `notes` (the picks
+    /// made on the engines' KV events), e.g. `decision=disaggregated; reason=long_prompt;
+    /// prefill=http://p:8100; dp_rank=1; decode=http://d:8200`.
+    pub fn header(
+        self,
+        prefill: Option<(&str, u32)>,
+        decode: Option<&str>,
+        notes: &str,
+    ) -> HeaderValue {
         let mut text = format!(
             "decision={}; reason={}",
             self.path_label(),
@@ -104,6 +109,7 @@ impl Decision {
         if let Some(url) = decode {
             text.push_str(&format!("; decode={url}"));
         }
+        text.push_str(notes);
         HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("decision=?"))
     }
 }
@@ -198,7 +204,7 @@ mod tests {
     #[test]
     fn the_header_names_the_backends() {
         let decision = after_pick(&DecodeOnlyRules::default(), true);
-        let header = decision.header(Some(("http://p:1", 1)), Some("http://d:2"));
+        let header = decision.header(Some(("http://p:1", 1)), Some("http://d:2"), "");
         assert_eq!(
             header,
             "decision=disaggregated; reason=unconditional; prefill=http://p:1; dp_rank=1; decode=http://d:2"

@@ -7,6 +7,7 @@ mod cache_aware;
 mod consistent_hash;
 pub mod decision;
 mod least_loaded;
+mod precise_prefix;
 mod prefix_index;
 mod request;
 mod round_robin;
@@ -15,10 +16,15 @@ pub mod settings;
 pub use cache_aware::CacheAware;
 pub use consistent_hash::ConsistentHash;
 pub use least_loaded::LeastLoaded;
+pub use precise_prefix::{Choice, PickNote, PickReason, PrecisePrefix};
 pub use request::RequestInfo;
 pub use round_robin::RoundRobin;
 
+use std::sync::Arc;
+
 use settings::{Policy as PolicyName, RoutingConfig};
+
+use crate::kv_events::KvTracker;
 
 /// What a policy sees of the candidates, by index.
 pub trait Candidates {
@@ -52,14 +58,27 @@ pub trait Policy: Send + Sync {
     }
 }
 
-/// The policy `name` with `config`'s knobs (one instance per kind of choice: (prefill, dp
-/// rank) pairs, decodes).
-pub fn policy_for(name: PolicyName, config: &RoutingConfig) -> Box<dyn Policy> {
-    match name {
-        PolicyName::RoundRobin => Box::new(RoundRobin::default()),
-        PolicyName::LeastLoaded => Box::new(LeastLoaded::default()),
-        PolicyName::CacheAware => Box::new(CacheAware::new(config.cache)),
-        PolicyName::ConsistentHash => Box::new(ConsistentHash::new(config.session.clone())),
+/// The policy `name` with `config`'s knobs, for `choice` ((prefill, dp rank) pairs, or
+/// decodes); `kv` is the index precise_prefix reads (without one it is cache_aware).
+pub fn policy_for(
+    name: PolicyName,
+    config: &RoutingConfig,
+    choice: Choice,
+    kv: Option<&Arc<KvTracker>>,
+) -> Box<dyn Policy> {
+    match (name, kv) {
+        (PolicyName::RoundRobin, _) => Box::new(RoundRobin::default()),
+        (PolicyName::LeastLoaded, _) => Box::new(LeastLoaded::default()),
+        (PolicyName::PrecisePrefix, Some(kv)) => Box::new(PrecisePrefix::new(
+            kv.clone(),
+            choice,
+            config.kv_load_weight,
+            CacheAware::new(config.cache),
+        )),
+        (PolicyName::CacheAware | PolicyName::PrecisePrefix, _) => {
+            Box::new(CacheAware::new(config.cache))
+        }
+        (PolicyName::ConsistentHash, _) => Box::new(ConsistentHash::new(config.session.clone())),
     }
 }
 

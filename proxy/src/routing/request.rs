@@ -8,16 +8,27 @@ use axum::http::HeaderMap;
 use serde_json::Value;
 
 use crate::body::Body;
+use crate::kv_events::Held;
+use crate::kv_index::RequestKey;
+
+use super::precise_prefix::PickNote;
 
 /// How many characters of the prompt the prefix key covers.
 pub const PREFIX_CHARS: usize = 256;
 
-/// The request being placed: its body (top-level fields as raw JSON) and headers. The prompt's
-/// text is gathered once, when a policy or rule first asks for it.
+/// The request being placed: its body (top-level fields as raw JSON), headers and, when a
+/// policy needs them, its token ids. The prompt's text, and which engines hold how much of it,
+/// are found once, when a policy or rule first asks; the picks made on the engines' events are
+/// noted here for the answer's `x-pd-route`.
 pub struct RequestInfo<'a> {
     body: Option<&'a Body<'a>>,
     headers: Option<&'a HeaderMap>,
+    tokens: Option<&'a [u32]>,
     prompt: OnceLock<String>,
+    cache_salt: OnceLock<Option<String>>,
+    held: OnceLock<Vec<Held>>,
+    /// The notes of the (prefill, decode) picks.
+    pub(super) notes: [OnceLock<PickNote>; 2],
 }
 
 impl<'a> RequestInfo<'a> {
@@ -26,8 +37,13 @@ impl<'a> RequestInfo<'a> {
         RequestInfo {
             body: Some(body),
             headers: Some(headers),
-            prompt: OnceLock::new(),
+            ..Self::empty()
         }
+    }
+
+    /// The same request with the token ids of its prompt.
+    pub fn with_tokens(self, tokens: Option<&'a [u32]>) -> Self {
+        RequestInfo { tokens, ..self }
     }
 
     /// A request nothing is known of.
@@ -35,8 +51,55 @@ impl<'a> RequestInfo<'a> {
         RequestInfo {
             body: None,
             headers: None,
+            tokens: None,
             prompt: OnceLock::new(),
+            cache_salt: OnceLock::new(),
+            held: OnceLock::new(),
+            notes: Default::default(),
         }
+    }
+
+    /// The prompt's token ids, when they were computed.
+    pub fn tokens(&self) -> Option<&'a [u32]> {
+        self.tokens
+    }
+
+    /// What names the request's KV blocks besides its tokens: its `cache_salt`.
+    pub fn kv_key(&self) -> RequestKey<'_> {
+        let salt = self
+            .cache_salt
+            .get_or_init(|| match self.field("cache_salt")? {
+                Value::String(salt) => Some(salt),
+                _ => None,
+            });
+        RequestKey {
+            lora_name: None,
+            cache_salt: salt.as_deref(),
+        }
+    }
+
+    /// Which followed engines hold how much of the prompt, found by `find` on first use.
+    pub fn held(&self, find: impl FnOnce() -> Vec<Held>) -> &[Held] {
+        self.held.get_or_init(find)
+    }
+
+    /// The `x-pd-route` words of the picks made on the engines' events, e.g.
+    /// `; prompt_tokens=512; prefill_pick=kv_hit; prefill_cached_tokens=480`.
+    pub fn pick_notes(&self) -> String {
+        let mut text = String::new();
+        if let Some(tokens) = self.tokens {
+            text.push_str(&format!("; prompt_tokens={}", tokens.len()));
+        }
+        for (choice, note) in ["prefill", "decode"].iter().zip(&self.notes) {
+            if let Some(note) = note.get() {
+                text.push_str(&format!(
+                    "; {choice}_pick={}; {choice}_cached_tokens={}",
+                    note.reason.as_str(),
+                    note.cached_tokens
+                ));
+            }
+        }
+        text
     }
 
     fn field(&self, name: &str) -> Option<Value> {

@@ -22,6 +22,24 @@ pub enum Policy {
     /// bounded load; requests without a key go to the least loaded.
     #[value(name = "consistent_hash", alias = "consistent-hash")]
     ConsistentHash,
+    /// The backend with the least work for the request by the engines' own KV cache events
+    /// (the prompt's uncached tokens there, plus its load weighed by --kv-load-weight); turns
+    /// on --kv-events. Without known events or tokens: cache_aware.
+    #[value(name = "precise_prefix", alias = "precise-prefix")]
+    PrecisePrefix,
+}
+
+impl Policy {
+    /// Whether the policy routes on the engines' KV cache events.
+    pub fn follows_kv_events(self) -> bool {
+        self == Policy::PrecisePrefix
+    }
+
+    /// Whether the policy knows how much of a prompt a backend holds (for
+    /// --decode-only-prefix-share).
+    pub fn knows_prefixes(self) -> bool {
+        matches!(self, Policy::CacheAware | Policy::PrecisePrefix)
+    }
 }
 
 /// What to do when no prefill can take a request.
@@ -67,12 +85,18 @@ pub struct RoutingArgs {
     /// load before the session moves to the next in its order.
     #[arg(long, env = "PD_PROXY_HASH_LOAD_FACTOR", default_value_t = 1.25, value_parser = factor)]
     pub hash_load_factor: f64,
+    /// precise_prefix: what a request already outstanding on a backend weighs, in units of the
+    /// uncached tokens of a typical request (the mean of the recent picks): a backend's cost is
+    /// the prompt's tokens it does not hold plus this weight times its load times that mean.
+    #[arg(long, env = "PD_PROXY_KV_LOAD_WEIGHT", default_value_t = 1.0, value_parser = weight)]
+    pub kv_load_weight: f64,
     /// Conditional disaggregation: send prompts shorter than this many characters to a decode
     /// alone (it computes them itself, no KV transfer). 0: off.
     #[arg(long, env = "PD_PROXY_DECODE_ONLY_BELOW_CHARS", default_value_t = 0)]
     pub decode_only_below_chars: usize,
     /// Conditional disaggregation: send a prompt to a decode alone when a decode already holds
-    /// at least this share (0 to 1) of it (needs --decode-policy cache_aware). Off when unset.
+    /// at least this share (0 to 1) of it (needs --decode-policy cache_aware or precise_prefix).
+    /// Off when unset.
     #[arg(long, env = "PD_PROXY_DECODE_ONLY_PREFIX_SHARE", value_parser = share)]
     pub decode_only_prefix_share: Option<f64>,
     /// What to do when no prefill can take a request: `none` (a 503) or `decode-only`.
@@ -124,6 +148,8 @@ pub struct RoutingConfig {
     pub cache: CacheAwareConfig,
     /// consistent_hash's knobs.
     pub session: SessionConfig,
+    /// precise_prefix: the weight of a backend's load against the tokens it does not hold.
+    pub kv_load_weight: f64,
     /// Conditional disaggregation.
     pub decode_only: DecodeOnlyRules,
 }
@@ -144,6 +170,7 @@ impl RoutingConfig {
                 header: "x-session-id".to_owned(),
                 load_factor: 1.25,
             },
+            kv_load_weight: 1.0,
             decode_only: DecodeOnlyRules::default(),
         }
     }
@@ -165,6 +192,7 @@ impl RoutingArgs {
                 header: self.session_header.clone(),
                 load_factor: self.hash_load_factor,
             },
+            kv_load_weight: self.kv_load_weight,
             decode_only: DecodeOnlyRules {
                 below_chars: self.decode_only_below_chars,
                 prefix_share: self.decode_only_prefix_share,
@@ -185,6 +213,13 @@ fn factor(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(value) if value >= 1.0 && value.is_finite() => Ok(value),
         _ => Err(format!("{text:?} is not a factor of at least 1")),
+    }
+}
+
+fn weight(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(value) if value >= 0.0 && value.is_finite() => Ok(value),
+        _ => Err(format!("{text:?} is not a weight of 0 or more")),
     }
 }
 

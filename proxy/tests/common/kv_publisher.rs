@@ -153,3 +153,24 @@ pub fn removed(hashes: &[i128]) -> KvEvent {
         group_idx: None,
     })
 }
+
+/// `BlockStored` of `tokens` cut into blocks of `block_size`, hashed `first_hash`.., the first
+/// chained to `parent`.
+pub fn stored_tokens(
+    first_hash: i128,
+    tokens: &[u32],
+    block_size: usize,
+    parent: Option<i128>,
+) -> KvEvent {
+    let blocks = tokens.len() / block_size;
+    KvEvent::BlockStored(BlockStored {
+        block_hashes: (0..blocks as i128)
+            .map(|i| BlockHash::Int(first_hash + i))
+            .collect(),
+        parent_block_hash: parent.map(BlockHash::Int),
+        token_ids: tokens[..blocks * block_size].to_vec(),
+        block_size: block_size as u32,
+        medium: Some("GPU".into()),
+        ..BlockStored::default()
+    })
+}

@@ -16,7 +16,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
+use axum::routing::{any, get, post};
 use axum::Router;
 use bytes::Bytes;
 use pd_proxy::config::PrefillTarget;
@@ -266,6 +266,7 @@ impl Mock {
             .route("/v1/models", get(mock_models))
             .route("/metrics", get(mock_metrics))
             .route("/kv_event_sources", get(mock_kv_event_sources))
+            .route("/tokenize", post(mock_tokenize))
             .route("/v1/completions", any(mock_completion))
             .route("/v1/chat/completions", any(mock_completion))
             .route("/generate", any(mock_completion))
@@ -351,6 +352,19 @@ fn vllm_unknown_engine(stream: bool) -> Response {
         body,
     )
         .into_response()
+}
+
+/// `POST /tokenize` as vLLM answers it, for a tokenizer of one token per byte of a string
+/// `prompt` (404 for anything else, as a server without the route).
+async fn mock_tokenize(body: axum::Json<Value>) -> Response {
+    match body.0["prompt"].as_str() {
+        Some(prompt) => {
+            let tokens: Vec<u32> = prompt.bytes().map(u32::from).collect();
+            axum::Json(json!({"count": tokens.len(), "max_model_len": 4096, "tokens": tokens}))
+                .into_response()
+        }
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 async fn mock_kv_event_sources(State(state): State<Arc<MockState>>) -> Response {

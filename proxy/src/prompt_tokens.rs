@@ -1,0 +1,232 @@
+//! The prompt's token ids, as the engine computes them, for the policies that route on the
+//! engines' KV caches (`precise_prefix`): in-process from the model's tokenizer and chat
+//! template (`--tokenizer DIR`, through `pd_tokenize`), else by asking an engine's own
+//! `POST /tokenize` (bounded by `--tokenize-timeout`). Token ids the client sent (a completion's
+//! `prompt` as ids, SGLang's `input_ids`) are taken as they are. A batch is routed by its first
+//! prompt.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pd_tokenize::{ChatRequest, TokenizeError, Tokenizer};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::backend::Backend;
+use crate::body::Body;
+use crate::metrics::TokenizeMetrics;
+use crate::state::Route;
+
+/// Where token ids come from.
+pub struct PromptTokens {
+    local: Option<Arc<Tokenizer>>,
+    client: reqwest::Client,
+    timeout: Duration,
+    metrics: TokenizeMetrics,
+}
+
+/// A completion's `prompt` (or SGLang's `text`/`input_ids`), in each shape OpenAI allows.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PromptField {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+    Batch(Vec<Vec<u32>>),
+}
+
+/// What the engine's `/tokenize` answers.
+#[derive(Deserialize)]
+struct Tokenized {
+    tokens: Vec<u32>,
+}
+
+/// How a request's tokens are found.
+enum Plan<'a> {
+    /// The client sent them.
+    Given(Vec<u32>),
+    /// A text, encoded with or without the tokenizer's special tokens.
+    Text(String, bool),
+    /// A chat, rendered with the template.
+    Chat(ChatRequest<'a>),
+}
+
+impl PromptTokens {
+    /// Tokenizing with the model in `dir` when given (loaded now: a broken tokenizer stops the
+    /// proxy at start), else through the engines.
+    pub fn new(
+        dir: Option<&Path>,
+        client: reqwest::Client,
+        timeout: Duration,
+        metrics: TokenizeMetrics,
+    ) -> Result<Self, TokenizeError> {
+        let local = dir.map(Tokenizer::from_dir).transpose()?.map(Arc::new);
+        Ok(PromptTokens {
+            local,
+            client,
+            timeout,
+            metrics,
+        })
+    }
+
+    /// The token ids of `body`'s prompt on `route`, or `None` when they cannot be known here
+    /// (counted, and logged at debug level): `engine` is asked when there is no local tokenizer.
+    pub async fn of(
+        &self,
+        route: Route,
+        body: &Body<'_>,
+        engine: Option<&Backend>,
+    ) -> Option<Vec<u32>> {
+        let started = Instant::now();
+        let plan = match plan(route, body) {
+            Ok(plan) => plan,
+            Err(err) => {
+                tracing::debug!(%err, "the prompt's tokens are not known: routed without them");
+                self.metrics.failed("request");
+                return None;
+            }
+        };
+        if let Plan::Given(ids) = plan {
+            return Some(ids);
+        }
+        let (source, tokens) = match &self.local {
+            Some(tokenizer) => ("local", local(tokenizer, &plan)),
+            None => ("engine", self.remote(route, body, engine).await),
+        };
+        match tokens {
+            Ok(tokens) => {
+                self.metrics.took(source, started.elapsed());
+                Some(tokens)
+            }
+            Err(err) => {
+                tracing::debug!(%err, source, "the prompt could not be tokenized: routed without its tokens");
+                self.metrics.failed(source);
+                None
+            }
+        }
+    }
+
+    /// The tokens of the request's prompt, from the in-process tokenizer only (the admin's
+    /// match view).
+    pub fn local(&self, route: Route, body: &Body<'_>) -> Option<Result<Vec<u32>, TokenizeError>> {
+        let plan = match plan(route, body) {
+            Ok(Plan::Given(ids)) => return Some(Ok(ids)),
+            Ok(plan) => plan,
+            Err(err) => return Some(Err(err)),
+        };
+        Some(local(self.local.as_ref()?, &plan))
+    }
+
+    /// Asks `engine`'s `POST /tokenize` with the request's own prompt fields.
+    async fn remote(
+        &self,
+        route: Route,
+        body: &Body<'_>,
+        engine: Option<&Backend>,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        let engine = engine.ok_or_else(|| unsupported("no engine to ask"))?;
+        let fields: &[&str] = match route {
+            Route::ChatCompletions => &CHAT_FIELDS,
+            Route::Completions | Route::Generate => &["model", "prompt", "add_special_tokens"],
+        };
+        let mut request = String::from("{");
+        for (name, value) in fields.iter().filter_map(|f| Some((f, body.get(f)?))) {
+            if request.len() > 1 {
+                request.push(',');
+            }
+            request.push_str(&format!("{name:?}:{}", value.get()));
+        }
+        request.push('}');
+        let answer = async {
+            let response = self
+                .client
+                .post(format!("{}/tokenize", engine.url()))
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(request)
+                .timeout(self.timeout)
+                .send()
+                .await?
+                .error_for_status()?;
+            response.json::<Tokenized>().await
+        };
+        answer
+            .await
+            .map(|answer| answer.tokens)
+            .map_err(|err| TokenizeError::Encode(format!("{}/tokenize: {err}", engine.url())))
+    }
+}
+
+/// The fields of a chat request that shape its prompt.
+const CHAT_FIELDS: [&str; 8] = [
+    "model",
+    "messages",
+    "tools",
+    "documents",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+];
+
+fn plan<'a>(route: Route, body: &Body<'a>) -> Result<Plan<'a>, TokenizeError> {
+    let flag = |name: &str, default: bool| -> Result<bool, TokenizeError> {
+        body.get(name).map_or(Ok(default), |raw| {
+            serde_json::from_str(raw.get())
+                .map_err(|_| unsupported(&format!("`{name}` is not a boolean")))
+        })
+    };
+    let raw = |name: &str| body.get(name).map(RawValue::get);
+    match route {
+        Route::ChatCompletions => {
+            if raw("chat_template").is_some() {
+                return Err(unsupported("a request's own chat_template"));
+            }
+            let messages = raw("messages").ok_or_else(|| unsupported("no `messages`"))?;
+            Ok(Plan::Chat(ChatRequest {
+                messages,
+                tools: raw("tools").filter(|t| *t != "null"),
+                documents: raw("documents").filter(|t| *t != "null"),
+                chat_template_kwargs: raw("chat_template_kwargs").filter(|t| *t != "null"),
+                add_generation_prompt: flag("add_generation_prompt", true)?,
+                continue_final_message: flag("continue_final_message", false)?,
+                add_special_tokens: flag("add_special_tokens", false)?,
+            }))
+        }
+        Route::Completions | Route::Generate => {
+            let field = ["input_ids", "prompt", "text"]
+                .into_iter()
+                .find_map(|name| body.get(name))
+                .ok_or_else(|| unsupported("no `prompt`"))?;
+            let prompt: PromptField = serde_json::from_str(field.get())
+                .map_err(|_| unsupported("`prompt` is neither text nor token ids"))?;
+            let special = flag("add_special_tokens", true)?;
+            match prompt {
+                PromptField::Text(text) => Ok(Plan::Text(text, special)),
+                PromptField::Ids(ids) => Ok(Plan::Given(ids)),
+                PromptField::Texts(texts) => texts
+                    .into_iter()
+                    .next()
+                    .map(|text| Plan::Text(text, special))
+                    .ok_or_else(|| unsupported("an empty `prompt` list")),
+                PromptField::Batch(batch) => batch
+                    .into_iter()
+                    .next()
+                    .map(Plan::Given)
+                    .ok_or_else(|| unsupported("an empty `prompt` list")),
+            }
+        }
+    }
+}
+
+fn local(tokenizer: &Tokenizer, plan: &Plan<'_>) -> Result<Vec<u32>, TokenizeError> {
+    match plan {
+        Plan::Given(ids) => Ok(ids.clone()),
+        Plan::Text(text, special) => tokenizer.encode(text, *special),
+        Plan::Chat(chat) => tokenizer.encode_chat(chat),
+    }
+}
+
+fn unsupported(what: &str) -> TokenizeError {
+    TokenizeError::Unsupported(what.to_owned())
+}
