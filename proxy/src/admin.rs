@@ -204,6 +204,8 @@ pub struct EngineMatch {
 pub struct PromptMatch {
     /// The prompt's tokens.
     pub prompt_tokens: usize,
+    /// Their ids, as the proxy computed them (to compare with the engine's `/tokenize`).
+    pub token_ids: Vec<u32>,
     /// Every followed engine, the best placed first.
     pub engines: Vec<EngineMatch>,
 }
@@ -256,6 +258,7 @@ pub async fn kv_match(
     engines.sort_by_key(|e| std::cmp::Reverse(e.cached_tokens));
     Ok(Json(PromptMatch {
         prompt_tokens: tokens.len(),
+        token_ids: tokens,
         engines,
     }))
 }
