@@ -8,6 +8,7 @@ pub mod config;
 pub mod engine;
 pub mod failure;
 pub mod kv;
+pub mod kv_events;
 pub mod prefix_cache;
 
 pub use config::{Dialect, Role, SimArgs};
