@@ -282,7 +282,7 @@ pub struct TtftRow {
     pub requests: usize,
 }
 
-/// Streamed requests with a ~1000-token prompt through a cluster of sim engines whose prefill
+/// Streamed requests with a 1000-token prompt through a cluster of sim engines whose prefill
 /// takes 200 µs per token, with the proxy in concurrent and in sequential mode.
 pub async fn ttft(
     bin_dir: &Path,
@@ -290,7 +290,8 @@ pub async fn ttft(
     requests: usize,
     levels: &[usize],
 ) -> Result<Vec<TtftRow>, String> {
-    let prompt: String = (0..1000).map(|i| format!("w{i} ")).collect();
+    // 1000 tokens: the engines' default tokenizer makes one token of each byte.
+    let prompt = "ttft ".repeat(200);
     let body = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 4, "stream": true});
     let mut rows = Vec::new();
     for mode in ["concurrent", "sequential"] {

@@ -40,10 +40,11 @@ impl Workload {
     };
 }
 
-/// Words (= simulated tokens) of a system prompt, a question and an answer.
-const SYSTEM_WORDS: usize = 50;
-const QUESTION_WORDS: usize = 200;
-const ANSWER_WORDS: usize = 50;
+/// Tokens of a system prompt, a question and an answer (the engines' default tokenizer makes
+/// one token of each byte).
+const SYSTEM_TOKENS: usize = 50;
+const QUESTION_TOKENS: usize = 200;
+const ANSWER_TOKENS: usize = 50;
 
 /// One routing setup's results.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -83,21 +84,22 @@ pub fn setups() -> Vec<(&'static str, Vec<&'static str>)> {
     ]
 }
 
-fn words(tag: &str, n: usize) -> String {
-    (0..n).map(|i| format!("{tag}w{i} ")).collect()
+/// `n` bytes (tokens) of text, `tag` repeated.
+fn tokens(tag: &str, n: usize) -> String {
+    format!("{tag} ").chars().cycle().take(n).collect()
 }
 
 /// The prompts of one conversation, turn by turn.
 fn conversation(session: usize, workload: &Workload) -> Vec<String> {
-    let mut history = words(
+    let mut history = tokens(
         &format!("sys{}", session % workload.system_prompts),
-        SYSTEM_WORDS,
+        SYSTEM_TOKENS,
     );
     (0..workload.turns)
         .map(|turn| {
-            history.push_str(&words(&format!("s{session}q{turn}"), QUESTION_WORDS));
+            history.push_str(&tokens(&format!("s{session}q{turn}"), QUESTION_TOKENS));
             let prompt = history.clone();
-            history.push_str(&words(&format!("s{session}a{turn}"), ANSWER_WORDS));
+            history.push_str(&tokens(&format!("s{session}a{turn}"), ANSWER_TOKENS));
             prompt
         })
         .collect()
@@ -283,14 +285,13 @@ mod tests {
         let turns = conversation(1, &workload);
         assert_eq!(turns.len(), 3);
         assert!(turns[2].starts_with(&turns[1]) && turns[1].starts_with(&turns[0]));
-        let count = |t: &str| t.split_whitespace().count();
-        assert_eq!(count(&turns[0]), SYSTEM_WORDS + QUESTION_WORDS);
+        assert_eq!(turns[0].len(), SYSTEM_TOKENS + QUESTION_TOKENS);
         assert_eq!(
-            count(&turns[1]),
-            count(&turns[0]) + ANSWER_WORDS + QUESTION_WORDS
+            turns[1].len(),
+            turns[0].len() + ANSWER_TOKENS + QUESTION_TOKENS
         );
         // Sessions 1 and 3 share a system prompt, 0 and 1 do not.
-        let system = |s: usize| conversation(s, &workload)[0][..100].to_owned();
+        let system = |s: usize| conversation(s, &workload)[0][..SYSTEM_TOKENS].to_owned();
         assert_eq!(system(1), system(3));
         assert_ne!(system(0), system(1));
     }

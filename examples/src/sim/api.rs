@@ -2,7 +2,11 @@
 //! completions and chat completions, and SGLang's native `/generate`; whole or as Server-Sent
 //! Events chunks.
 
+use pd_tokenize::Tokenizer;
 use serde_json::{json, Value};
+
+use super::prefix_cache::PromptBlocks;
+use super::tokens::prompt_ids;
 
 /// Which route a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,8 +22,14 @@ pub enum Api {
 /// What the simulator needs from a request body.
 #[derive(Debug, Clone)]
 pub struct Prompt {
-    /// The prompt text (chat messages' contents joined by newlines).
-    pub text: String,
+    /// The prompt's token ids.
+    pub tokens: Vec<u32>,
+    /// The LoRA adapter asked for: the request's `model` when it is not the served model.
+    pub lora_name: Option<String>,
+    /// The request's `cache_salt`.
+    pub cache_salt: Option<String>,
+    /// The dp rank serving it (set by the dialect; 0 until then).
+    pub dp: u32,
     /// Tokens to generate.
     pub max_tokens: u32,
     /// Whether to answer with SSE chunks.
@@ -28,42 +38,45 @@ pub struct Prompt {
     pub include_usage: bool,
 }
 
-/// The default number of tokens to generate when the request does not say.
-pub const DEFAULT_MAX_TOKENS: u32 = 16;
+impl Prompt {
+    /// The prompt as the prefix cache names its blocks.
+    pub fn blocks(&self) -> PromptBlocks<'_> {
+        PromptBlocks {
+            tokens: &self.tokens,
+            lora_name: self.lora_name.as_deref(),
+            cache_salt: self.cache_salt.as_deref(),
+        }
+    }
 
-fn text_of(value: &Value) -> Option<String> {
-    match value {
-        Value::String(s) => Some(s.clone()),
-        Value::Array(parts) => Some(
-            parts
-                .iter()
-                .filter_map(|p| p.as_str().or_else(|| p.get("text").and_then(Value::as_str)))
-                .collect::<Vec<_>>()
-                .join("\n"),
-        ),
-        _ => None,
+    /// The prompt's token count.
+    pub fn token_count(&self) -> u32 {
+        self.tokens.len() as u32
     }
 }
 
-/// Reads the prompt and generation settings, naming the field that is wrong.
-pub fn parse_prompt(api: Api, body: &Value) -> Result<Prompt, String> {
-    let text = match api {
-        Api::Completions => text_of(body.get("prompt").ok_or("missing field `prompt`")?)
-            .ok_or("`prompt` must be a string or a list of strings")?,
-        Api::Generate => text_of(body.get("text").ok_or("missing field `text`")?)
-            .ok_or("`text` must be a string or a list of strings")?,
-        Api::Chat => {
-            let messages = body
-                .get("messages")
-                .and_then(Value::as_array)
-                .ok_or("`messages` must be a list of messages")?;
-            messages
-                .iter()
-                .filter_map(|m| m.get("content").and_then(text_of))
-                .collect::<Vec<_>>()
-                .join("\n")
-        }
-    };
+/// The default number of tokens to generate when the request does not say.
+pub const DEFAULT_MAX_TOKENS: u32 = 16;
+
+/// An optional string field.
+fn string(body: &Value, field: &str) -> Result<Option<String>, String> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(format!("`{field}` must be a string")),
+    }
+}
+
+/// Reads the prompt (tokenized by `tokenizer`) and generation settings of a request to an
+/// engine serving `model`, naming the field that is wrong.
+pub fn parse_prompt(
+    api: Api,
+    body: &Value,
+    tokenizer: &Tokenizer,
+    model: &str,
+) -> Result<Prompt, String> {
+    let tokens = prompt_ids(tokenizer, api, body)?;
+    let lora_name = string(body, "model")?.filter(|name| name != model);
+    let cache_salt = string(body, "cache_salt")?;
     let limit = |field: &str| -> Result<Option<u32>, String> {
         match body.pointer(&format!("/{}", field.replace('.', "/"))) {
             None | Some(Value::Null) => Ok(None),
@@ -88,16 +101,14 @@ pub fn parse_prompt(api: Api, body: &Value) -> Result<Prompt, String> {
         .and_then(Value::as_bool)
         .unwrap_or(false);
     Ok(Prompt {
-        text,
+        tokens,
+        lora_name,
+        cache_salt,
+        dp: 0,
         max_tokens,
         stream,
         include_usage,
     })
-}
-
-/// How many tokens a text counts as (whitespace-separated words, at least one).
-pub fn count_tokens(text: &str) -> u32 {
-    (text.split_whitespace().count() as u32).max(1)
 }
 
 /// Identity of one response: the id, creation time and model shared by all its chunks.
@@ -238,37 +249,47 @@ mod tests {
 
     #[test]
     fn prompts_and_limits_are_read() {
+        let tokenizer = crate::sim::tokens::load(None).unwrap();
+        let parse = |api, body: Value| parse_prompt(api, &body, &tokenizer, "m");
         let body = json!({"prompt": "a b c", "max_tokens": 4, "stream": true,
                           "stream_options": {"include_usage": true}});
-        let prompt = parse_prompt(Api::Completions, &body).unwrap();
+        let prompt = parse(Api::Completions, body).unwrap();
         assert_eq!(
             (prompt.max_tokens, prompt.stream, prompt.include_usage),
             (4, true, true)
         );
-        assert_eq!(count_tokens(&prompt.text), 3);
+        assert_eq!(prompt.token_count(), 5, "one token per byte");
         let chat = json!({"messages": [{"role": "user", "content": "hi there"}], "max_completion_tokens": 2});
-        let prompt = parse_prompt(Api::Chat, &chat).unwrap();
-        assert_eq!((prompt.text.as_str(), prompt.max_tokens), ("hi there", 2));
-        assert!(parse_prompt(Api::Completions, &json!({"max_tokens": 1}))
+        assert_eq!(parse(Api::Chat, chat).unwrap().max_tokens, 2);
+        assert!(parse(Api::Completions, json!({"max_tokens": 1}))
             .unwrap_err()
             .contains("prompt"));
         assert!(
-            parse_prompt(Api::Completions, &json!({"prompt": "x", "max_tokens": 0}))
+            parse(Api::Completions, json!({"prompt": "x", "max_tokens": 0}))
                 .unwrap_err()
                 .contains("max_tokens")
         );
-        assert!(parse_prompt(Api::Chat, &json!({"messages": "x"}))
-            .unwrap_err()
-            .contains("messages"));
         let generate = json!({"text": "a b", "sampling_params": {"max_new_tokens": 3}});
-        let prompt = parse_prompt(Api::Generate, &generate).unwrap();
-        assert_eq!((prompt.text.as_str(), prompt.max_tokens), ("a b", 3));
-        assert!(parse_prompt(
+        let prompt = parse(Api::Generate, generate).unwrap();
+        assert_eq!((prompt.token_count(), prompt.max_tokens), (3, 3));
+        assert!(parse(
             Api::Generate,
-            &json!({"text": "x", "sampling_params": {"max_new_tokens": -1}})
+            json!({"text": "x", "sampling_params": {"max_new_tokens": -1}})
         )
         .unwrap_err()
         .contains("sampling_params.max_new_tokens"));
+        // An adapter is any other model than the served one; a salt is a string.
+        let adapted = json!({"prompt": "x", "model": "ad", "cache_salt": "s"});
+        let prompt = parse(Api::Completions, adapted).unwrap();
+        assert_eq!(prompt.lora_name.as_deref(), Some("ad"));
+        assert_eq!(prompt.cache_salt.as_deref(), Some("s"));
+        let base = parse(Api::Completions, json!({"prompt": "x", "model": "m"})).unwrap();
+        assert_eq!(base.lora_name, None);
+        assert!(
+            parse(Api::Completions, json!({"prompt": "x", "cache_salt": 1}))
+                .unwrap_err()
+                .contains("cache_salt")
+        );
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! Flags of `sim-engine`.
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use pd_protocol::native::EngineMeta;
 use pd_service::{parse_seconds, LogFormat};
 use pd_transfer::Transport;
+
+use super::kv_events::KvEventsConfig;
 
 /// The role a simulated engine plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -63,7 +66,7 @@ pub struct SimArgs {
     /// registers as `<id>_dp<rank>`.
     #[arg(long, env = "SIM_ENGINE_ID")]
     pub engine_id: Option<String>,
-    /// Data-parallel size.
+    /// Data-parallel size. Each dp rank has its own prefix cache and KV event publisher.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub dp_size: u32,
     /// Tensor-parallel size.
@@ -113,10 +116,20 @@ pub struct SimArgs {
     /// registrations stay until deregistered (as vLLM's do).
     #[arg(long, env = "SIM_LEASE_TTL", value_parser = clap::value_parser!(u32).range(1..=86_400))]
     pub lease_ttl: Option<u32>,
-    /// Blocks of 16 tokens the engine's prefix cache holds (least recently used evicted); a
+    /// Blocks of 16 tokens each dp rank's prefix cache holds (least recently used evicted); a
     /// prompt's cached leading blocks take no prefill time. 0: no prefix cache.
     #[arg(long, env = "SIM_PREFIX_CACHE_BLOCKS", default_value_t = 0)]
     pub prefix_cache_blocks: usize,
+    /// The model directory whose tokenizer (`tokenizer.json`, chat template) turns prompts
+    /// into token ids; without it, one token per byte (`pd_tokenize::byte_level`).
+    #[arg(long, env = "SIM_TOKENIZER")]
+    pub tokenizer: Option<PathBuf>,
+    /// Publish the prefix caches' KV cache events as vLLM does: vLLM's JSON (e.g.
+    /// `{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
+    /// "replay_endpoint": "tcp://*:5600", "topic": "kv"}`), ports offset by the dp rank.
+    /// Needs `--prefix-cache-blocks`.
+    #[arg(long, env = "SIM_KV_EVENTS_CONFIG", value_parser = KvEventsConfig::parse)]
+    pub kv_events_config: Option<KvEventsConfig>,
     /// Prefill: who registers the workers, `engine` (this process) or `external` (a process
     /// that reads them from `GET /stats`).
     #[arg(long, env = "SIM_REGISTRATION", value_enum, default_value_t = Registration::Engine)]

@@ -17,16 +17,16 @@ pub struct Shard {
     pub pp: u32,
 }
 
-fn seed(prompt: &str, shard: Shard) -> u64 {
+fn seed(prompt: &[u32], shard: Shard) -> u64 {
     let mut hasher = DefaultHasher::new();
     prompt.hash(&mut hasher);
     shard.hash(&mut hasher);
     hasher.finish()
 }
 
-/// The KV bytes one P worker holds for `prompt`: `len` bytes of the transfer pattern seeded by
-/// the prompt and the worker's ranks.
-pub fn kv_bytes(prompt: &str, shard: Shard, len: usize) -> Bytes {
+/// The KV bytes one P worker holds for `prompt` (its token ids): `len` bytes of the transfer
+/// pattern seeded by the prompt and the worker's ranks.
+pub fn kv_bytes(prompt: &[u32], shard: Shard, len: usize) -> Bytes {
     Bytes::from(pattern(seed(prompt, shard), len))
 }
 
@@ -40,8 +40,8 @@ const VOCABULARY: &[&str] = &[
     "tokens", "stream", "back", "quickly",
 ];
 
-/// The `index`-th generated token for `prompt`, with its leading space.
-pub fn token(prompt: &str, index: u32) -> String {
+/// The `index`-th generated token for `prompt` (its token ids), with its leading space.
+pub fn token(prompt: &[u32], index: u32) -> String {
     let mut hasher = DefaultHasher::new();
     prompt.hash(&mut hasher);
     index.hash(&mut hasher);
@@ -67,11 +67,12 @@ mod tests {
             tp: 1,
             pp: 0,
         };
-        assert_eq!(kv_bytes("p", a, 100), kv_bytes("p", a, 100));
-        assert_ne!(kv_bytes("p", a, 100), kv_bytes("p", b, 100));
-        assert_ne!(kv_bytes("p", a, 100), kv_bytes("q", a, 100));
-        assert_eq!(kv_bytes("p", a, 13).len(), 13);
+        let (p, q) = (&[1, 2][..], &[1, 3][..]);
+        assert_eq!(kv_bytes(p, a, 100), kv_bytes(p, a, 100));
+        assert_ne!(kv_bytes(p, a, 100), kv_bytes(p, b, 100));
+        assert_ne!(kv_bytes(p, a, 100), kv_bytes(q, a, 100));
+        assert_eq!(kv_bytes(p, a, 13).len(), 13);
         assert_eq!(shard_len(10, 100, 2, 1), 500);
-        assert_eq!(token("p", 3), token("p", 3));
+        assert_eq!(token(p, 3), token(p, 3));
     }
 }

@@ -1,9 +1,12 @@
-//! The simulated engine: start-up (transfer listeners and registration), the HTTP routes, serving
-//! a request alone or as P or D, generation, and shutdown. How P registers and how D finds P's
-//! KV is the dialect's: [`vllm`] or [`sglang`]; pulling and verifying the KV is [`pull`]'s.
+//! The simulated engine: start-up (tokenizer, prefix caches and their KV event publishers,
+//! transfer listeners and registration), serving a request alone or as P or D, generation, and
+//! shutdown. The HTTP routes are [`routes`]'; how P registers and how D finds P's KV is the
+//! dialect's: [`vllm`] or [`sglang`]; pulling and verifying the KV is [`pull`]'s.
 
+mod caches;
 mod pull;
 mod report;
+mod routes;
 mod sglang;
 mod vllm;
 
@@ -11,27 +14,27 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use pd_service::{serve, ServeLimits};
+use pd_tokenize::Tokenizer;
 use pd_transfer::{ExportConfig, KvExporter, KvPuller, TransferError};
-use serde_json::{json, Value};
+use serde_json::Value;
 use worker_client::{BootstrapClient, ClientError, EngineDirectory, LeaseKeeper};
 
-use super::api::{count_tokens, parse_prompt, sse_event, Api, Prompt, ResponseMeta, SSE_DONE};
+use super::api::{parse_prompt, sse_event, Api, Prompt, ResponseMeta, SSE_DONE};
 use super::config::{Dialect, Registration, Role, SimArgs};
 use super::failure::Failure;
 use super::kv::{kv_bytes, shard_len, token, Shard};
+use super::kv_events::Publisher;
 use super::prefix_cache::PrefixCache;
+use super::tokens;
 
 /// How long a decode engine keeps retrying a remote bootstrap server's `GET /query`.
 const LOOKUP_DEADLINE: Duration = Duration::from_secs(5);
@@ -56,6 +59,9 @@ pub enum SimError {
     /// Flags that do not go together.
     #[error("{0}")]
     Flags(&'static str),
+    /// The tokenizer could not be loaded, or the KV event publishers could not start.
+    #[error("{0}")]
+    Setup(String),
 }
 
 /// Counters served at `GET /stats`.
@@ -85,8 +91,12 @@ struct Engine {
     /// vLLM P role with `--lease-ttl`: the keepers of the workers' leases.
     leases: std::sync::Mutex<Vec<LeaseKeeper>>,
     stats: Stats,
-    /// With `--prefix-cache-blocks`: the model of the engine's prefix cache.
-    prefix_cache: Option<PrefixCache>,
+    /// Turns prompts into token ids.
+    tokenizer: Tokenizer,
+    /// With `--prefix-cache-blocks`: the model of each dp rank's prefix cache, by rank.
+    prefix_caches: Vec<PrefixCache>,
+    /// With `--kv-events-config`: each dp rank's KV event publisher, by rank.
+    publishers: Vec<Publisher>,
 }
 
 /// A bound, registered engine, ready to serve.
@@ -124,6 +134,8 @@ impl SimEngine {
         let bootstrap = BootstrapClient::builder(&args.bootstrap)
             .register_deadline(Duration::from_secs(120))
             .build()?;
+        let tokenizer = tokens::load(args.tokenizer.as_deref()).map_err(SimError::Setup)?;
+        let (prefix_caches, publishers) = caches::start(&args).await?;
         let mut engine = Engine {
             engine_ids: vllm::engine_ids(&base_id, args.dp_size),
             exporters: BTreeMap::new(),
@@ -139,7 +151,9 @@ impl SimEngine {
             bootstrap,
             leases: std::sync::Mutex::new(Vec::new()),
             stats: Stats::default(),
-            prefix_cache: NonZeroUsize::new(args.prefix_cache_blocks).map(PrefixCache::new),
+            tokenizer,
+            prefix_caches,
+            publishers,
             args,
         };
         if engine.is_prefill() {
@@ -175,16 +189,7 @@ impl SimEngine {
             engine_ids = ?engine.engine_ids,
             "sim engine listening"
         );
-        let app = Router::new()
-            .route("/v1/completions", post(completions))
-            .route("/v1/chat/completions", post(chat_completions))
-            .route("/generate", post(generate))
-            .route("/v1/models", get(models))
-            .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
-            .route("/stats", get(report::stats))
-            .route("/metrics", get(report::metrics))
-            .layer(DefaultBodyLimit::max(engine.args.max_body_bytes))
-            .with_state(engine.clone());
+        let app = routes::router(engine.clone());
         let served = serve(self.listener, app, shutdown, ServeLimits::default()).await;
         if engine.is_prefill()
             && engine.args.dialect == Dialect::Vllm
@@ -233,14 +238,19 @@ impl Engine {
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The prefix cache of the dp rank serving `prompt`, if the engine has caches.
+    fn prefix_cache(&self, prompt: &Prompt) -> Option<&PrefixCache> {
+        self.prefix_caches.get(prompt.dp as usize)
+    }
+
     /// Computing `prompt`: the time its tokens not in the prefix cache take.
     fn prefill_time(&self, prompt: &Prompt) -> Duration {
-        let tokens = count_tokens(&prompt.text);
         let cached = self
-            .prefix_cache
-            .as_ref()
-            .map_or(0, |cache| cache.compute(&prompt.text, tokens));
-        Duration::from_micros(self.args.prefill_us_per_token * u64::from(tokens - cached))
+            .prefix_cache(prompt)
+            .map_or(0, |cache| cache.compute(prompt.blocks()));
+        Duration::from_micros(
+            self.args.prefill_us_per_token * u64::from(prompt.token_count() - cached),
+        )
     }
 
     async fn handle(&self, api: Api, headers: &HeaderMap, body: &[u8]) -> Response {
@@ -258,7 +268,7 @@ impl Engine {
                 return Failure::bad_request(format!("the body is not JSON: {err}")).into_response()
             }
         };
-        let prompt = match parse_prompt(api, &body) {
+        let prompt = match parse_prompt(api, &body, &self.tokenizer, &self.args.model) {
             Ok(prompt) => prompt,
             Err(message) => return Failure::bad_request(message).into_response(),
         };
@@ -274,17 +284,13 @@ impl Engine {
         self.generate(api, prompt, Value::Null).await
     }
 
-    /// P role: compute the prompt and publish every share of its KV held by dp rank `dp`'s
+    /// P role: compute the prompt and publish every share of its KV held by its dp rank's
     /// workers under `transfer_id`.
-    async fn compute_and_publish(
-        &self,
-        dp: u32,
-        transfer_id: &str,
-        prompt: &Prompt,
-    ) -> Result<(), Failure> {
+    async fn compute_and_publish(&self, transfer_id: &str, prompt: &Prompt) -> Result<(), Failure> {
         tokio::time::sleep(self.prefill_time(prompt)).await;
+        let dp = prompt.dp;
         let len = shard_len(
-            count_tokens(&prompt.text),
+            prompt.token_count(),
             self.args.kv_bytes_per_token,
             self.args.tp_size as usize,
             self.args.pp_size as usize,
@@ -295,7 +301,8 @@ impl Engine {
             pp: u32::MAX,
         };
         for (shard, exporter) in self.exporters.range(workers) {
-            if let Err(err) = exporter.publish(transfer_id, &kv_bytes(&prompt.text, *shard, len)) {
+            if let Err(err) = exporter.publish(transfer_id, &kv_bytes(&prompt.tokens, *shard, len))
+            {
                 tracing::warn!(%transfer_id, error = %err, "KV not published");
                 return Err(Failure::kv(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -311,24 +318,25 @@ impl Engine {
     async fn generate(&self, api: Api, prompt: Prompt, kv_params: Value) -> Response {
         let meta = ResponseMeta::new(api, &self.args.model);
         let per_token = Duration::from_millis(self.args.decode_ms_per_token);
-        let prompt_tokens = count_tokens(&prompt.text);
+        let prompt_tokens = prompt.token_count();
         let total = prompt.max_tokens;
         if !prompt.stream {
-            let text: String = (0..total).map(|i| token(&prompt.text, i)).collect();
+            let text: String = (0..total).map(|i| token(&prompt.tokens, i)).collect();
             tokio::time::sleep(per_token * total).await;
             return Json(meta.full(&text, prompt_tokens, total, kv_params)).into_response();
         }
         let include_usage = prompt.include_usage && api != Api::Generate;
         // Steps: one event per token, then (OpenAI only) the closing chunk and optional usage,
         // then [DONE]. SGLang's events carry the whole text so far and end on the last token.
+        let tokens: Arc<[u32]> = prompt.tokens.into();
         let events = futures_util::stream::unfold((0u32, String::new()), move |(step, so_far)| {
             let meta = meta.clone();
-            let text = prompt.text.clone();
+            let tokens = tokens.clone();
             async move {
                 let mut so_far = so_far;
                 let event = if step < total {
                     tokio::time::sleep(per_token).await;
-                    let piece = token(&text, step);
+                    let piece = token(&tokens, step);
                     if api == Api::Generate {
                         so_far.push_str(&piece);
                         let done = step + 1 == total;
@@ -362,30 +370,4 @@ impl Engine {
         )
             .into_response()
     }
-}
-
-async fn completions(
-    State(engine): State<Arc<Engine>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    engine.handle(Api::Completions, &headers, &body).await
-}
-
-async fn chat_completions(
-    State(engine): State<Arc<Engine>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    engine.handle(Api::Chat, &headers, &body).await
-}
-
-async fn generate(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: Bytes) -> Response {
-    engine.handle(Api::Generate, &headers, &body).await
-}
-
-async fn models(State(engine): State<Arc<Engine>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [
-        {"id": engine.args.model, "object": "model", "created": 0, "owned_by": "pd-bootstrap"}
-    ]}))
 }

@@ -10,7 +10,7 @@ use futures_util::future::join_all;
 use pd_transfer::TransferError;
 
 use super::Engine;
-use crate::sim::api::{count_tokens, Prompt};
+use crate::sim::api::Prompt;
 use crate::sim::failure::Failure;
 use crate::sim::kv::{kv_bytes, shard_len, Shard};
 
@@ -33,7 +33,7 @@ impl Engine {
         (tp_size, pp_size): (usize, usize),
     ) -> Result<(), PullFailure> {
         let expected_len = shard_len(
-            count_tokens(&prompt.text),
+            prompt.token_count(),
             self.args.kv_bytes_per_token,
             tp_size,
             pp_size,
@@ -51,7 +51,7 @@ impl Engine {
             let outcome = match pulled {
                 Ok(bytes)
                     if bytes.len() == expected_len
-                        && bytes == kv_bytes(&prompt.text, shard, expected_len) =>
+                        && bytes == kv_bytes(&prompt.tokens, shard, expected_len) =>
                 {
                     self.stats
                         .kv_bytes_pulled
@@ -77,8 +77,8 @@ impl Engine {
                 self.stats
                     .kv_transfers_verified
                     .fetch_add(1, Ordering::Relaxed);
-                if let Some(cache) = &self.prefix_cache {
-                    cache.store(&prompt.text);
+                if let Some(cache) = self.prefix_cache(prompt) {
+                    cache.store(prompt.blocks());
                 }
                 Ok(())
             }

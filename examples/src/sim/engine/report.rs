@@ -12,7 +12,8 @@ use serde_json::{json, Value};
 use super::Engine;
 
 /// vLLM's metrics this engine can report, in Prometheus' text format: requests running and
-/// waiting (the load a router may read) and the prefix cache's queried and hit tokens.
+/// waiting (the load a router may read) and the prefix caches' queried and hit tokens; and the
+/// simulator's own: KV event batches published and dropped.
 pub(super) async fn metrics(State(engine): State<Arc<Engine>>) -> String {
     let registry = prometheus::Registry::new();
     let labels = [("model_name".to_owned(), engine.args.model.clone())];
@@ -29,7 +30,8 @@ pub(super) async fn metrics(State(engine): State<Arc<Engine>>) -> String {
         registry.register(Box::new(counter)).expect("unique names");
     };
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let cache = engine.prefix_cache.as_ref();
+    let (queries, hits) = engine.prefix_cache_counts();
+    let (published, dropped) = engine.kv_event_counts();
     gauge(
         "vllm:num_requests_running",
         "Requests being handled",
@@ -43,12 +45,22 @@ pub(super) async fn metrics(State(engine): State<Arc<Engine>>) -> String {
     counter(
         "vllm:prefix_cache_queries_total",
         "Prompt tokens looked up in the prefix cache",
-        cache.map_or(0, |c| load(&c.queries)),
+        queries,
     );
     counter(
         "vllm:prefix_cache_hits_total",
         "Prompt tokens found in the prefix cache",
-        cache.map_or(0, |c| load(&c.hits)),
+        hits,
+    );
+    counter(
+        "sim:kv_event_batches_published_total",
+        "KV cache event batches sent on the publishers' PUB sockets",
+        published,
+    );
+    counter(
+        "sim:kv_event_batches_dropped_total",
+        "KV cache event batches dropped at a full publisher queue",
+        dropped,
     );
     let mut out = String::new();
     prometheus::TextEncoder::new()
@@ -61,6 +73,8 @@ pub(super) async fn metrics(State(engine): State<Arc<Engine>>) -> String {
 pub(super) async fn stats(State(engine): State<Arc<Engine>>) -> Json<Value> {
     let s = &engine.stats;
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let (queries, hits) = engine.prefix_cache_counts();
+    let (published, dropped) = engine.kv_event_counts();
     Json(json!({
         "role": format!("{:?}", engine.args.role).to_lowercase(),
         "transfer": engine.args.transfer.scheme(),
@@ -73,8 +87,10 @@ pub(super) async fn stats(State(engine): State<Arc<Engine>>) -> Json<Value> {
         "kv_pending": engine.exporters.values().map(KvExporter::pending).sum::<usize>(),
         "leases_alive": engine.leases_mut().iter().filter(|k| k.is_alive()).count(),
         "running": load(&s.running),
-        "prefix_cache_queries": engine.prefix_cache.as_ref().map_or(0, |c| load(&c.queries)),
-        "prefix_cache_hits": engine.prefix_cache.as_ref().map_or(0, |c| load(&c.hits)),
+        "prefix_cache_queries": queries,
+        "prefix_cache_hits": hits,
+        "kv_events_published": published,
+        "kv_events_dropped": dropped,
         "workers": engine.exporters.iter().map(|(shard, exporter)| json!({
             "engine_id": engine.engine_ids[shard.dp as usize],
             "dp_rank": shard.dp,
@@ -84,4 +100,20 @@ pub(super) async fn stats(State(engine): State<Arc<Engine>>) -> Json<Value> {
         })).collect::<Vec<_>>(),
         "meta": engine.args.engine_meta(),
     }))
+}
+
+impl Engine {
+    /// Prompt tokens queried and hit, over every dp rank's prefix cache.
+    fn prefix_cache_counts(&self) -> (u64, u64) {
+        self.prefix_caches.iter().fold((0, 0), |(q, h), c| {
+            let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+            (q + load(&c.queries), h + load(&c.hits))
+        })
+    }
+
+    /// KV event batches published and dropped, over every dp rank's publisher.
+    fn kv_event_counts(&self) -> (u64, u64) {
+        let publishers = self.publishers.iter();
+        publishers.fold((0, 0), |(p, d), x| (p + x.published(), d + x.dropped()))
+    }
 }

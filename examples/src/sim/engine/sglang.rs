@@ -124,19 +124,22 @@ impl Engine {
         Ok(())
     }
 
-    /// Serves a request as SGLang's P or D when the router's fields are in its body.
-    pub(super) async fn handle_sglang(&self, api: Api, prompt: Prompt, body: &Value) -> Response {
+    /// Serves a request as SGLang's P or D when the router's fields are in its body, on the dp
+    /// rank its bootstrap room picks (0 without one).
+    pub(super) async fn handle_sglang(
+        &self,
+        api: Api,
+        mut prompt: Prompt,
+        body: &Value,
+    ) -> Response {
         let (bootstrap, room) = match bootstrap_fields(body) {
             Ok(Some(fields)) => fields,
             Ok(None) => return self.serve_alone(api, prompt).await,
             Err(failure) => return failure.into_response(),
         };
+        prompt.dp = (room % u64::from(self.args.dp_size)) as u32;
         if self.is_prefill() {
-            let dp = (room % u64::from(self.args.dp_size)) as u32;
-            if let Err(failure) = self
-                .compute_and_publish(dp, &room.to_string(), &prompt)
-                .await
-            {
+            if let Err(failure) = self.compute_and_publish(&room.to_string(), &prompt).await {
                 return failure.into_response();
             }
             // SGLang's prefill stops after the first token; D generates the rest.

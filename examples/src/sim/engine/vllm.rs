@@ -28,14 +28,19 @@ pub(super) fn engine_ids(base: &str, dp_size: u32) -> Vec<String> {
 }
 
 impl Engine {
-    /// Serves a request as vLLM's P or D when its `kv_transfer_params` say so.
+    /// Serves a request as vLLM's P or D when its `kv_transfer_params` say so, on the dp rank
+    /// `X-data-parallel-rank` names (0 without it).
     pub(super) async fn handle_vllm(
         &self,
         api: Api,
         headers: &HeaderMap,
-        prompt: Prompt,
+        mut prompt: Prompt,
         body: &Value,
     ) -> Response {
+        prompt.dp = match self.dp_rank(headers) {
+            Ok(dp) => dp,
+            Err(failure) => return failure.into_response(),
+        };
         let kv = match body.get("kv_transfer_params") {
             None | Some(Value::Null) => None,
             Some(value) => match serde_json::from_value::<KvTransferParams>(value.clone()) {
@@ -50,7 +55,7 @@ impl Engine {
         };
         match kv {
             Some(kv) if kv.do_remote_decode && self.is_prefill() => {
-                self.prefill_for_vllm(api, headers, prompt, kv).await
+                self.prefill_for_vllm(api, prompt, kv).await
             }
             Some(kv) if kv.do_remote_prefill && !self.is_prefill() => {
                 match self.within_kv_wait(self.pull_for_vllm(&prompt, &kv)).await {
@@ -128,36 +133,31 @@ impl Engine {
         }
     }
 
+    /// The dp rank header `X-data-parallel-rank` names (0 without it).
+    fn dp_rank(&self, headers: &HeaderMap) -> Result<u32, Failure> {
+        match headers
+            .get("x-data-parallel-rank")
+            .map(|v| v.to_str().map(str::parse::<u32>))
+        {
+            None => Ok(0),
+            Some(Ok(Ok(dp))) if dp < self.args.dp_size => Ok(dp),
+            Some(_) => Err(Failure::bad_request(format!(
+                "header X-data-parallel-rank must be a dp rank below {}",
+                self.args.dp_size
+            ))),
+        }
+    }
+
     /// P role: compute the KV of every worker of the dp rank the proxy chose (header
     /// `X-data-parallel-rank`), publish it under the transfer id, and answer.
-    async fn prefill_for_vllm(
-        &self,
-        api: Api,
-        headers: &HeaderMap,
-        prompt: Prompt,
-        kv: KvTransferParams,
-    ) -> Response {
+    async fn prefill_for_vllm(&self, api: Api, prompt: Prompt, kv: KvTransferParams) -> Response {
         let Some(transfer_id) = kv.transfer_id.filter(|id| !id.is_empty()) else {
             return Failure::bad_request(
                 "`kv_transfer_params.transfer_id` is required with do_remote_decode",
             )
             .into_response();
         };
-        let dp = match headers
-            .get("x-data-parallel-rank")
-            .map(|v| v.to_str().map(str::parse::<u32>))
-        {
-            None => 0,
-            Some(Ok(Ok(dp))) if dp < self.args.dp_size => dp,
-            Some(_) => {
-                return Failure::bad_request(format!(
-                    "header X-data-parallel-rank must be a dp rank below {}",
-                    self.args.dp_size
-                ))
-                .into_response()
-            }
-        };
-        if let Err(failure) = self.compute_and_publish(dp, &transfer_id, &prompt).await {
+        if let Err(failure) = self.compute_and_publish(&transfer_id, &prompt).await {
             return failure.into_response();
         }
         // What D needs, for proxies that pass P's answer on (vLLM's NIXL-style sequential flow).
@@ -165,7 +165,7 @@ impl Engine {
             "do_remote_decode": false,
             "do_remote_prefill": true,
             "remote_bootstrap_addr": self.args.bootstrap,
-            "remote_engine_id": self.engine_ids[dp as usize],
+            "remote_engine_id": self.engine_ids[prompt.dp as usize],
             "transfer_id": transfer_id,
         });
         self.generate(api, prompt, for_decode).await

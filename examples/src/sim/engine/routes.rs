@@ -1,0 +1,77 @@
+//! The HTTP routes: OpenAI's completions and chats, SGLang's `/generate`, vLLM's `/tokenize`,
+//! `/reset_prefix_cache` and `/kv_event_sources`, the model list, health, and the reports.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use super::{caches, report, Engine};
+use crate::sim::api::Api;
+use crate::sim::failure::Failure;
+use crate::sim::tokens::tokenize_ids;
+
+/// The longest prompt the simulated model takes, as `/tokenize` reports it (not enforced).
+const MAX_MODEL_LEN: usize = 131_072;
+
+/// Every route, on `engine`.
+pub(super) fn router(engine: Arc<Engine>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/generate", post(generate))
+        .route("/tokenize", post(tokenize))
+        .route("/reset_prefix_cache", post(caches::reset))
+        .route("/kv_event_sources", get(caches::sources))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/stats", get(report::stats))
+        .route("/metrics", get(report::metrics))
+        .layer(DefaultBodyLimit::max(engine.args.max_body_bytes))
+        .with_state(engine)
+}
+
+async fn completions(
+    State(engine): State<Arc<Engine>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    engine.handle(Api::Completions, &headers, &body).await
+}
+
+async fn chat_completions(
+    State(engine): State<Arc<Engine>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    engine.handle(Api::Chat, &headers, &body).await
+}
+
+async fn generate(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: Bytes) -> Response {
+    engine.handle(Api::Generate, &headers, &body).await
+}
+
+/// `POST /tokenize` as vLLM answers it: `{"count", "max_model_len", "tokens", "token_strs"}`.
+async fn tokenize(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
+    let ids = serde_json::from_slice::<Value>(&body)
+        .map_err(|err| format!("the body is not JSON: {err}"))
+        .and_then(|body| tokenize_ids(&engine.tokenizer, &body));
+    match ids {
+        Ok(ids) => Json(json!({
+            "count": ids.len(), "max_model_len": MAX_MODEL_LEN, "tokens": ids, "token_strs": null,
+        }))
+        .into_response(),
+        Err(message) => Failure::bad_request(message).into_response(),
+    }
+}
+
+async fn models(State(engine): State<Arc<Engine>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [
+        {"id": engine.args.model, "object": "model", "created": 0, "owned_by": "pd-bootstrap"}
+    ]}))
+}
