@@ -108,12 +108,51 @@ impl Ports {
     }
 }
 
-/// A port that was free a moment ago.
+impl Ports {
+    /// `n` consecutive ports (an engine's per-dp-rank sockets are offset from one).
+    pub(crate) fn take_run(&mut self, n: u16) -> Result<u16, ClusterError> {
+        if self.next.is_some() {
+            let first = self.take()?;
+            for _ in 1..n {
+                self.take()?;
+            }
+            return Ok(first);
+        }
+        Ok(free_ports(n))
+    }
+}
+
+/// A port that was free a moment ago, below the kernel's ephemeral range and never handed out
+/// before by this process.
+///
+/// The processes bind their ports a while after they are chosen (a vLLM engine only once its
+/// model is loaded). Ports the kernel hands to `bind(0)` meanwhile (the engines' own sockets)
+/// come from the ephemeral range (32768 and up by default), so choosing below it means only a
+/// port this process chose could collide, and those are remembered.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("the loopback interface can bind an ephemeral port")
+    free_ports(1)
+}
+
+/// The first of `n` consecutive ports chosen as [`free_port`] chooses one.
+pub fn free_ports(n: u16) -> u16 {
+    use std::collections::HashSet;
+    use std::hash::BuildHasher;
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let random = std::collections::hash_map::RandomState::new();
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
+    for attempt in 0u64.. {
+        let first = 20_000 + (random.hash_one(attempt) % 12_000) as u16;
+        let ports = first..first + n.max(1);
+        let free =
+            |port: u16| !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if ports.clone().all(free) {
+            given.extend(ports);
+            return first;
+        }
+    }
+    unreachable!("an endless search ends with a port")
 }
 
 /// Starts `program` with `args`, logging to `<run_dir>/<name>.log`; `url` is its base URL.
