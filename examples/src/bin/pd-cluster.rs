@@ -81,6 +81,17 @@ struct Args {
     /// `--engine-arg=--tensor-parallel-size=2`.
     #[arg(long, allow_hyphen_values = true)]
     engine_arg: Vec<String>,
+    /// How the proxy places requests (its --policy): precise_prefix routes on the engines' own
+    /// KV cache events, which every engine publishes unless --no-kv-events.
+    #[arg(long, default_value = "precise_prefix")]
+    policy: String,
+    /// Engines do not publish their KV cache events and the proxy does not follow them (then
+    /// precise_prefix falls back to cache_aware).
+    #[arg(long)]
+    no_kv_events: bool,
+    /// One more argument for the proxy (repeatable), e.g. `--proxy-arg=--kv-load-weight=2`.
+    #[arg(long, allow_hyphen_values = true)]
+    proxy_arg: Vec<String>,
     /// Register the prefill workers from Python through the pd_bootstrap package: this
     /// interpreter (which must have the package) runs examples/python/register_engine.py beside
     /// each prefill engine, under leases of --lease-ttl (10 if 0). vLLM only.
@@ -131,6 +142,7 @@ async fn vllm_engines(args: &Args, run_dir: &std::path::Path) -> Result<VllmEngi
     };
     let mut engines = VllmEngines::new(python, model, served_name, args.connector);
     engines.small_host = args.model.is_none();
+    engines.kv_events = !args.no_kv_events;
     engines.extra_args = args.engine_arg.clone();
     Ok(engines)
 }
@@ -242,6 +254,9 @@ async fn main() -> std::process::ExitCode {
     spec.lease_ttl = (args.lease_ttl > 0).then_some(args.lease_ttl);
     spec.dialect = args.engine.dialect();
     spec.python_registrar = args.register_with_python.clone();
+    spec.kv_events = !args.no_kv_events;
+    spec.proxy_args = vec!["--policy".to_owned(), args.policy.clone()];
+    spec.proxy_args.extend(args.proxy_arg.iter().cloned());
     if args.engine == EngineKind::Vllm {
         match vllm_engines(&args, &run_dir).await {
             Ok(engines) => spec.vllm = Some(engines),
@@ -292,7 +307,10 @@ async fn main() -> std::process::ExitCode {
     for decode in &cluster.decodes {
         println!("  {}: {}", decode.name, decode.url);
     }
-    println!("  proxy: {}", cluster.proxy.url);
+    println!("  proxy: {} (--policy {})", cluster.proxy.url, args.policy);
+    if spec.kv_events {
+        println!("  KV cache events: every engine publishes, the proxy follows (GET /admin/kv-index with --proxy-arg=--admin-key=KEY)");
+    }
     let outcome = demo(&cluster.proxy.url, spec.dialect, &model).await;
     if let Err(err) = &outcome {
         eprintln!("error: {err}");

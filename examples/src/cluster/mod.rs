@@ -136,8 +136,13 @@ pub struct ClusterSpec {
     /// each prefill, instead of the engines themselves (none: the engines do). vLLM only.
     pub python_registrar: Option<PathBuf>,
     /// Real vLLM engines in place of the simulated ones (none: sim-engine). `prefills` must
-    /// then be one engine of dp=1,tp=1; `dialect` stays vLLM.
+    /// then be engines of dp=1,tp=1; `dialect` stays vLLM.
     pub vllm: Option<VllmEngines>,
+    /// The sims publish their KV cache events as vLLM does (`--kv-events-config`, with a replay
+    /// socket) and the proxies follow them (`--kv-events`).
+    pub kv_events: bool,
+    /// How many proxies, each in front of every engine (replicas of one front door).
+    pub proxies: usize,
 }
 
 impl ClusterSpec {
@@ -159,6 +164,8 @@ impl ClusterSpec {
             dialect: Dialect::Vllm,
             python_registrar: None,
             vllm: None,
+            kv_events: true,
+            proxies: 1,
         }
     }
 }
@@ -176,6 +183,8 @@ pub struct Cluster {
     pub decodes: Vec<Process>,
     /// The proxy.
     pub proxy: Process,
+    /// The other proxies (`spec.proxies` beyond the first), each in front of every engine.
+    pub replicas: Vec<Process>,
 }
 
 impl Cluster {
@@ -201,19 +210,31 @@ impl Cluster {
             None => sim::start(spec, &mut ports, &mut bootstraps).await?,
             Some(vllm) => real::start(spec, vllm, &mut ports, &mut bootstraps).await?,
         };
-        let proxy = start_proxy(spec, &proxy_bin, &mut ports, &engines, &bootstraps).await?;
+        let mut proxies = Vec::new();
+        for i in 0..spec.proxies.max(1) {
+            let name = match i {
+                0 => "proxy".to_owned(),
+                i => format!("proxy-{i}"),
+            };
+            let ports = &mut ports;
+            let started = start_proxy(spec, &proxy_bin, ports, &engines, &bootstraps, &name);
+            proxies.push(started.await?);
+        }
+        let proxy = proxies.remove(0);
         Ok(Cluster {
             bootstraps,
             prefills: engines.prefills,
             registrars: engines.registrars,
             decodes: engines.decodes,
             proxy,
+            replicas: proxies,
         })
     }
 
-    /// Every process, proxy first (the order to stop them in).
+    /// Every process, proxies first (the order to stop them in).
     pub fn processes(&mut self) -> impl Iterator<Item = &mut Process> {
         std::iter::once(&mut self.proxy)
+            .chain(self.replicas.iter_mut())
             .chain(self.decodes.iter_mut())
             .chain(self.registrars.iter_mut())
             .chain(self.prefills.iter_mut())
@@ -228,6 +249,7 @@ impl Cluster {
         let grace = self.proxy.stop_grace;
         self.proxy.stop(grace).await;
         let groups = [
+            &mut self.replicas,
             &mut self.decodes,
             &mut self.registrars,
             &mut self.prefills,
@@ -291,15 +313,17 @@ async fn start_bootstraps(
     Ok(bootstraps)
 }
 
-/// The proxy in front of the engines, in the mode their connector needs, once `/ready`.
+/// A proxy (`name`) in front of the engines, in the mode their connector needs, once `/ready`;
+/// the first one takes `spec.proxy_port`.
 async fn start_proxy(
     spec: &ClusterSpec,
     program: &Path,
     ports: &mut Ports,
     engines: &Engines,
     bootstraps: &[Process],
+    name: &str,
 ) -> Result<Process, ClusterError> {
-    let port = if spec.proxy_port == 0 {
+    let port = if spec.proxy_port == 0 || name != "proxy" {
         ports.take()?
     } else {
         spec.proxy_port
@@ -329,9 +353,21 @@ async fn start_proxy(
     } else if nixl {
         args.extend([s(&"--mode"), s(&"sequential")]);
     }
+    if spec.kv_events {
+        args.push(s(&"--kv-events"));
+        // Tokenized in-process as the engines tokenize: the sims' tokenizer, or a real
+        // model's folder.
+        let tokenizer = match &spec.vllm {
+            None => Some(sim::tokenizer_dir(spec)),
+            Some(vllm) => Some(PathBuf::from(&vllm.model)).filter(|dir| dir.is_dir()),
+        };
+        if let Some(dir) = tokenizer {
+            args.extend([s(&"--tokenizer"), dir.display().to_string()]);
+        }
+    }
     args.extend(spec.proxy_args.iter().cloned());
     let url = format!("http://127.0.0.1:{port}");
-    let mut proxy = spawn(&spec.run_dir, "proxy", program, &args, url)?;
+    let mut proxy = spawn(&spec.run_dir, name, program, &args, url)?;
     wait_for(&mut proxy, "/ready", READY_TIMEOUT).await?;
     Ok(proxy)
 }

@@ -7,6 +7,16 @@ use super::{binary, s, ClusterError, ClusterSpec, Engines, READY_TIMEOUT, REGIST
 use crate::process::{spawn, spawn_with_env, wait_for, Ports, Process};
 use crate::sim::Dialect;
 
+/// The prefix cache of a sim that publishes KV events, unless `engine_args` size it: 4,096
+/// blocks of 16 tokens.
+const DEFAULT_CACHE_BLOCKS: usize = 4096;
+
+/// Where the sims' tokenizer is written (one token per byte): the sims and the proxies load
+/// the same files.
+pub(super) fn tokenizer_dir(spec: &ClusterSpec) -> std::path::PathBuf {
+    spec.run_dir.join("tokenizer")
+}
+
 /// Starts the sims and waits until every prefill's workers are registered: vLLM's expected
 /// topology, or every rank of SGLang's.
 pub(super) async fn start(
@@ -15,6 +25,13 @@ pub(super) async fn start(
     bootstraps: &mut [Process],
 ) -> Result<Engines, ClusterError> {
     let sim_bin = binary(spec, "sim-engine")?;
+    let tokenizer = tokenizer_dir(spec);
+    std::fs::create_dir_all(&tokenizer)
+        .and_then(|()| pd_tokenize::byte_level::write(&tokenizer))
+        .map_err(|source| ClusterError::RunDir {
+            path: tokenizer.clone(),
+            source,
+        })?;
     // UCX on one host: shared memory, where gets are one-sided (docs/transfer.md), unless the
     // caller chose transports.
     let sim_env: &[(&str, &str)] = match spec.transfer {
@@ -37,14 +54,39 @@ pub(super) async fn start(
             s(&spec.prefill_us_per_token),
             s(&"--decode-ms-per-token"),
             s(&spec.decode_ms_per_token),
+            s(&"--tokenizer"),
+            tokenizer.display().to_string(),
         ];
         args.extend(spec.engine_args.iter().cloned());
+        // Events come from the prefix cache: give the sims one unless the caller sized it.
+        if spec.kv_events
+            && !spec
+                .engine_args
+                .iter()
+                .any(|a| a.starts_with("--prefix-cache-blocks"))
+        {
+            args.extend([s(&"--prefix-cache-blocks"), s(&DEFAULT_CACHE_BLOCKS)]);
+        }
         args
+    };
+    // Each dp rank publishes on its own port and answers replays on another, offset from
+    // the first of each as vLLM offsets them.
+    let kv_events = |ports: &mut Ports, dp: u32| -> Result<Vec<String>, ClusterError> {
+        if !spec.kv_events {
+            return Ok(Vec::new());
+        }
+        let dp = u16::try_from(dp).unwrap_or(1);
+        let first = ports.take_run(2 * dp)?;
+        let config = serde_json::json!({"enable_kv_cache_events": true, "publisher": "zmq",
+            "endpoint": format!("tcp://*:{first}"),
+            "replay_endpoint": format!("tcp://*:{}", first + dp), "topic": "kv"});
+        Ok(vec![s(&"--kv-events-config"), config.to_string()])
     };
     let mut prefills = Vec::new();
     for (i, shape) in spec.prefills.iter().enumerate() {
         let port = ports.take()?;
         let mut args = sim_args("prefill", port);
+        args.extend(kv_events(ports, shape.dp)?);
         if spec.dialect == Dialect::Vllm {
             args.extend([s(&"--engine-id"), format!("prefill-{i}")]);
         }
@@ -74,6 +116,7 @@ pub(super) async fn start(
     for i in 0..spec.decodes {
         let port = ports.take()?;
         let mut args = sim_args("decode", port);
+        args.extend(kv_events(ports, 1)?);
         args.extend([s(&"--engine-id"), format!("decode-{i}")]);
         decodes.push(spawn_with_env(
             &spec.run_dir,

@@ -9,9 +9,7 @@ async fn mooncake_pd_through_the_proxy_equals_one_engine() {
     let mut engines = engines(Connector::Mooncake).await;
     engines.kv_events = true;
     let (mut spec, _dir) = spec("real-mooncake-", engines);
-    spec.proxy_args = ["--kv-events", "--admin-key", "admin"]
-        .map(String::from)
-        .to_vec();
+    spec.proxy_args = ["--admin-key", "admin"].map(String::from).to_vec();
     let mut cluster = start(&spec).await;
     let first_engine = registered_engine(&cluster.bootstraps[0]).await;
 
