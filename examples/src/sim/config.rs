@@ -91,6 +91,10 @@ pub struct SimArgs {
     /// Prefill compute time per prompt token, in microseconds.
     #[arg(long, default_value_t = 200)]
     pub prefill_us_per_token: u64,
+    /// Prompts each dp rank computes at once; the others wait their turn, first come first
+    /// served, as prompts queue for a GPU's compute. 0: no limit (every prompt at full speed).
+    #[arg(long, env = "SIM_PREFILL_CONCURRENCY", default_value_t = 0)]
+    pub prefill_concurrency: usize,
     /// Decode time per generated token, in milliseconds.
     #[arg(long, default_value_t = 10)]
     pub decode_ms_per_token: u64,

@@ -97,6 +97,8 @@ struct Engine {
     prefix_caches: Vec<PrefixCache>,
     /// With `--kv-events-config`: each dp rank's KV event publisher, by rank.
     publishers: Vec<Publisher>,
+    /// With `--prefill-concurrency`: each dp rank's compute, a permit per prompt computing.
+    compute: Vec<tokio::sync::Semaphore>,
 }
 
 /// A bound, registered engine, ready to serve.
@@ -154,6 +156,12 @@ impl SimEngine {
             tokenizer,
             prefix_caches,
             publishers,
+            compute: match args.prefill_concurrency {
+                0 => Vec::new(),
+                n => (0..args.dp_size)
+                    .map(|_| tokio::sync::Semaphore::new(n))
+                    .collect(),
+            },
             args,
         };
         if engine.is_prefill() {
@@ -243,14 +251,21 @@ impl Engine {
         self.prefix_caches.get(prompt.dp as usize)
     }
 
-    /// Computing `prompt`: the time its tokens not in the prefix cache take.
-    fn prefill_time(&self, prompt: &Prompt) -> Duration {
+    /// Computes `prompt`: once its dp rank's compute is free (`--prefill-concurrency`), the
+    /// time its tokens not in the prefix cache take.
+    async fn prefill(&self, prompt: &Prompt) {
+        let _turn = match self.compute.get(prompt.dp as usize) {
+            Some(compute) => compute.acquire().await.ok(),
+            None => None,
+        };
         let cached = self
             .prefix_cache(prompt)
             .map_or(0, |cache| cache.compute(prompt.blocks()));
-        Duration::from_micros(
-            self.args.prefill_us_per_token * u64::from(prompt.token_count() - cached),
-        )
+        let uncached = u64::from(prompt.token_count() - cached);
+        tokio::time::sleep(Duration::from_micros(
+            self.args.prefill_us_per_token * uncached,
+        ))
+        .await;
     }
 
     async fn handle(&self, api: Api, headers: &HeaderMap, body: &[u8]) -> Response {
@@ -280,14 +295,14 @@ impl Engine {
 
     /// A request that is not part of a P/D pair: compute the prompt and generate here.
     async fn serve_alone(&self, api: Api, prompt: Prompt) -> Response {
-        tokio::time::sleep(self.prefill_time(&prompt)).await;
+        self.prefill(&prompt).await;
         self.generate(api, prompt, Value::Null).await
     }
 
     /// P role: compute the prompt and publish every share of its KV held by its dp rank's
     /// workers under `transfer_id`.
     async fn compute_and_publish(&self, transfer_id: &str, prompt: &Prompt) -> Result<(), Failure> {
-        tokio::time::sleep(self.prefill_time(prompt)).await;
+        self.prefill(prompt).await;
         let dp = prompt.dp;
         let len = shard_len(
             prompt.token_count(),
