@@ -13,7 +13,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use pd_service::{serve, ServeLimits};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
+
+use super::mock_events;
 
 /// SSE events a streamed mock answer carries before `[DONE]`.
 const STREAM_EVENTS: usize = 16;
@@ -100,9 +102,23 @@ async fn serve_mock(app: Router) -> SocketAddr {
 }
 
 /// An instant OpenAI backend (P or D). With `tail_gap`, a streamed answer sends its first event
-/// at once and the rest after the gap.
-pub async fn mock_backend(tail_gap: Option<Duration>) -> SocketAddr {
+/// at once and the rest after the gap; with `kv_event_sources`, it answers `GET
+/// /kv_event_sources` with them (else 404, as an engine that publishes none).
+pub async fn mock_backend(
+    tail_gap: Option<Duration>,
+    kv_event_sources: Option<Value>,
+) -> SocketAddr {
+    let sources = move || {
+        let sources = kv_event_sources.clone();
+        async move {
+            match sources {
+                Some(sources) => Json(sources).into_response(),
+                None => axum::http::StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+    };
     let app = Router::new()
+        .route("/kv_event_sources", get(sources))
         .route(
             "/v1/completions",
             post(move |body: Bytes| answer(body, tail_gap)),
@@ -133,7 +149,7 @@ pub async fn mock_bootstrap() -> SocketAddr {
 /// The backends every system is measured against.
 #[derive(Debug, Clone, Copy)]
 pub struct Mocks {
-    /// The instant P.
+    /// The instant P, whose KV cache events announce it holds the benchmark's prompt.
     pub prefill: SocketAddr,
     /// The instant D.
     pub decode: SocketAddr,
@@ -144,12 +160,13 @@ pub struct Mocks {
 }
 
 impl Mocks {
-    /// Starts every mock in this process.
-    pub async fn start() -> Self {
+    /// Starts every mock in this process; P announces it holds the blocks of `prompt_tokens`.
+    pub async fn start(prompt_tokens: Vec<u32>) -> Self {
+        let events = mock_events::announce(prompt_tokens).await;
         Mocks {
-            prefill: mock_backend(None).await,
-            decode: mock_backend(None).await,
-            slow_tail_decode: mock_backend(Some(TAIL_GAP)).await,
+            prefill: mock_backend(None, Some(events.sources)).await,
+            decode: mock_backend(None, None).await,
+            slow_tail_decode: mock_backend(Some(TAIL_GAP), None).await,
             bootstrap: mock_bootstrap().await,
         }
     }

@@ -5,6 +5,7 @@ pub mod bootstrap;
 pub mod bootstrap_scale;
 pub mod chart;
 pub mod loadgen;
+pub mod mock_events;
 pub mod mocks;
 pub mod output;
 pub mod proxy;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::report::{self, Row};
-use super::routing::{self, RoutingRow};
+use super::routing::{self, RoutingRow, Scenario};
 
 /// The report being built.
 #[derive(Debug, Default)]
@@ -40,13 +40,17 @@ impl Output {
         Ok(())
     }
 
-    /// The routing section: its table, its JSON, its TTFT and hit-rate charts.
-    pub fn routing(&mut self, rows: &[RoutingRow]) -> Result<(), String> {
+    /// A routing scenario's section: its table, its JSON, its TTFT and hit-rate charts.
+    pub fn routing(&mut self, scenario: &Scenario, rows: &[RoutingRow]) -> Result<(), String> {
+        let charts = routing::charts(scenario, rows)?;
+        let charts = charts
+            .iter()
+            .map(|(name, svg)| (name.as_str(), svg.clone()));
         self.section(
-            "routing",
+            scenario.chart,
             &routing::table(rows),
             rows,
-            routing::charts(rows)?,
+            charts.collect(),
         )
     }
 

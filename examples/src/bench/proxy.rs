@@ -16,11 +16,20 @@ use super::report::Row;
 use crate::cluster::{free_port, spawn, wait_for, Cluster, ClusterSpec, PrefillShape, Process};
 use crate::openai_client::send;
 
+/// The prompt of every request.
+const PROMPT: &str = "Summarize the trade-offs of prefill/decode disaggregation for a 70B model served on 16 GPUs, in three sentences, for an infrastructure audience.";
+
+/// The prompt's token ids for the engines' tokenizer (one per byte): what the mock P announces
+/// it holds.
+pub fn prompt_tokens() -> Vec<u32> {
+    PROMPT.bytes().map(u32::from).collect()
+}
+
 /// The ~300-byte request body every system is sent.
 pub fn request_body(stream: bool) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "model": "sim-model",
-        "prompt": "Summarize the trade-offs of prefill/decode disaggregation for a 70B model served on 16 GPUs, in three sentences, for an infrastructure audience.",
+        "prompt": PROMPT,
         "max_tokens": 16,
         "temperature": 0.7,
         "top_p": 0.95,
@@ -36,9 +45,14 @@ pub struct ProxyCommand {
     pub name: String,
     /// The program.
     pub program: PathBuf,
-    /// Arguments; `{port}`, `{metrics_port}`, `{prefill}`, `{bootstrap_port}` and `{decode}`
-    /// are replaced.
+    /// Arguments; `{port}`, `{metrics_port}`, `{prefill}`, `{bootstrap_port}`, `{decode}` and
+    /// `{tokenizer}` are replaced.
     pub args: Vec<String>,
+    /// The arguments of its plain policy (round robin) ...
+    pub plain_policy: Vec<String>,
+    /// ... and of its prefix-cache-aware one (pd-proxy: precise_prefix on the engines' KV
+    /// events; the peers: their cache_aware).
+    pub cache_policy: Vec<String>,
     /// The path that answers 200 once it can route.
     pub ready_path: String,
 }
@@ -51,7 +65,9 @@ impl ProxyCommand {
         ProxyCommand {
             name: "pd-proxy".to_owned(),
             program: bin_dir.join("pd-proxy"),
-            args: args.split(' ').map(str::to_owned).collect(),
+            args: words(args),
+            plain_policy: words("--policy round_robin"),
+            cache_policy: words("--policy precise_prefix --tokenizer {tokenizer}"),
             ready_path: "/ready".to_owned(),
         }
     }
@@ -64,14 +80,14 @@ impl ProxyCommand {
             (
                 "vllm-router",
                 "--host 127.0.0.1 --port {port} --vllm-pd-disaggregation --kv-connector mooncake \
-                 --prefill {prefill} {bootstrap_port} --decode {decode} --policy round_robin \
+                 --prefill {prefill} {bootstrap_port} --decode {decode} \
                  --log-level error --prometheus-port {metrics_port} --worker-startup-check-interval 1",
                 "/health",
             ),
             (
                 "smg",
                 "launch --host 127.0.0.1 --port {port} --pd-disaggregation \
-                 --prefill {prefill} {bootstrap_port} --decode {decode} --policy round_robin \
+                 --prefill {prefill} {bootstrap_port} --decode {decode} \
                  --prometheus-host 127.0.0.1 --prometheus-port {metrics_port} --log-level warn \
                  --shutdown-grace-period-secs 0",
                 "/readiness",
@@ -82,29 +98,40 @@ impl ProxyCommand {
             .map(|(name, args, ready_path)| ProxyCommand {
                 name: name.to_owned(),
                 program: venv.join("bin").join(name),
-                args: args.split_whitespace().map(str::to_owned).collect(),
+                args: words(args),
+                plain_policy: words("--policy round_robin"),
+                cache_policy: words("--policy cache_aware"),
                 ready_path: ready_path.to_owned(),
             })
             .collect()
     }
 
+    /// Starts it in front of the mocks, with its cache-aware policy when `cache_aware`.
     async fn start(
         &self,
         run_dir: &Path,
-        prefill: SocketAddr,
-        bootstrap: SocketAddr,
+        mocks: &Mocks,
         decode: SocketAddr,
+        cache_aware: bool,
     ) -> Result<Process, String> {
+        let (prefill, bootstrap) = (mocks.prefill, mocks.bootstrap);
         let (port, metrics_port) = (free_port(), free_port());
-        let args: Vec<String> = self
-            .args
-            .iter()
+        let tokenizer = run_dir.join("tokenizer");
+        std::fs::create_dir_all(&tokenizer)
+            .and_then(|()| pd_tokenize::byte_level::write(&tokenizer))
+            .map_err(|e| format!("{}: {e}", tokenizer.display()))?;
+        let policy = match cache_aware {
+            true => &self.cache_policy,
+            false => &self.plain_policy,
+        };
+        let args: Vec<String> = (self.args.iter().chain(policy))
             .map(|a| {
                 a.replace("{port}", &port.to_string())
                     .replace("{metrics_port}", &metrics_port.to_string())
                     .replace("{prefill}", &format!("http://{prefill}"))
                     .replace("{bootstrap_port}", &bootstrap.port().to_string())
                     .replace("{decode}", &format!("http://{decode}"))
+                    .replace("{tokenizer}", &tokenizer.display().to_string())
             })
             .collect();
         launch(
@@ -117,6 +144,10 @@ impl ProxyCommand {
         )
         .await
     }
+}
+
+fn words(text: &str) -> Vec<String> {
+    text.split_whitespace().map(str::to_owned).collect()
 }
 
 /// Starts a proxy listening on `port` and waits until it has answered a completion.
@@ -206,7 +237,7 @@ async fn measure(settings: &Settings, run: Run<'_>, rows: &mut Vec<Row>) {
 /// Whole and streamed completions, directly to D and through each proxy, plus the delay each
 /// proxy adds to D's first streamed chunk.
 pub async fn throughput(settings: &Settings, proxies: &[ProxyCommand]) -> Result<Vec<Row>, String> {
-    let mocks = Mocks::start().await;
+    let mocks = Mocks::start(prompt_tokens()).await;
     let mut rows = Vec::new();
     // The first-chunk latency needs no high concurrency: at most 16 in flight, each level once.
     let mut capped: Vec<usize> = settings.concurrency.iter().map(|c| (*c).min(16)).collect();
@@ -216,14 +247,23 @@ pub async fn throughput(settings: &Settings, proxies: &[ProxyCommand]) -> Result
         concurrency: capped,
         ..settings.clone()
     };
+    // (scenario, streamed, first byte timed, D, settings, cache-aware policies)
     let workloads = [
-        ("completions, whole", false, false, mocks.decode, settings),
+        (
+            "completions, whole",
+            false,
+            false,
+            mocks.decode,
+            settings,
+            false,
+        ),
         (
             "completions, streamed (16 events)",
             true,
             false,
             mocks.decode,
             settings,
+            false,
         ),
         (
             "first streamed chunk (D pauses 20 ms after it)",
@@ -231,21 +271,32 @@ pub async fn throughput(settings: &Settings, proxies: &[ProxyCommand]) -> Result
             true,
             mocks.slow_tail_decode,
             &first_chunk,
+            false,
+        ),
+        (
+            "completions, whole, prefix-cache routing",
+            false,
+            false,
+            mocks.decode,
+            settings,
+            true,
         ),
     ];
-    for (scenario, stream, first_byte, decode, settings) in workloads {
-        let direct = Run {
-            scenario,
-            system: "direct to mock D",
-            target: decode,
-            pid: None,
-            stream,
-            first_byte,
-        };
-        measure(settings, direct, &mut rows).await;
+    for (scenario, stream, first_byte, decode, settings, cache_aware) in workloads {
+        if !cache_aware {
+            let direct = Run {
+                scenario,
+                system: "direct to mock D",
+                target: decode,
+                pid: None,
+                stream,
+                first_byte,
+            };
+            measure(settings, direct, &mut rows).await;
+        }
         for proxy in proxies {
             let mut process = proxy
-                .start(&settings.run_dir, mocks.prefill, mocks.bootstrap, decode)
+                .start(&settings.run_dir, &mocks, decode, cache_aware)
                 .await?;
             let target: SocketAddr = process
                 .url

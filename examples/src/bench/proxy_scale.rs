@@ -42,7 +42,7 @@ async fn measure_proxy(
         .map(str::to_owned)
         .to_vec();
     for _ in 0..prefills {
-        let prefill = mock_backend(None).await;
+        let prefill = mock_backend(None, None).await;
         args.extend([
             "--prefill".to_owned(),
             format!("http://{prefill}"),
@@ -50,7 +50,7 @@ async fn measure_proxy(
         ]);
     }
     for _ in 0..decodes {
-        let decode = mock_backend(None).await;
+        let decode = mock_backend(None, None).await;
         args.extend(["--decode".to_owned(), format!("http://{decode}")]);
     }
     let program = settings.bin_dir.join("pd-proxy");

@@ -108,6 +108,24 @@ enum Suite {
         #[arg(long, default_value_t = 8)]
         system_prompts: usize,
     },
+    /// Many tenants, each with a long system prompt its users share, through two proxy
+    /// replicas in front of prefills whose caches hold a third of the tenants' prompts, once
+    /// per policy (round robin, cache aware, precise prefix): prefix hit rate, TTFT,
+    /// throughput.
+    Tenants {
+        /// Tenants.
+        #[arg(long, default_value_t = 50)]
+        tenants: usize,
+        /// Users per tenant.
+        #[arg(long, default_value_t = 8)]
+        users: usize,
+        /// Requests per user.
+        #[arg(long, default_value_t = 4)]
+        requests: usize,
+        /// Users at once.
+        #[arg(long, default_value_t = 24)]
+        parallel: usize,
+    },
     /// KV pull bandwidth between two processes (UCX over shared memory and TCP, and the TCP
     /// transport) beside memcpy; needs the binaries built with --all-features.
     Transfer {
@@ -339,16 +357,42 @@ async fn run(args: &Args, settings: &Settings, machine: &str) -> Result<Output, 
                 turns,
                 parallel,
                 system_prompts,
-            } => routing::Workload {
+            } => routing::chat::Workload {
                 sessions,
                 turns,
                 concurrency: parallel,
                 system_prompts,
             },
-            _ => routing::Workload::CHAT,
+            _ => routing::chat::Workload::DEFAULT,
         };
-        let rows = routing::compare(&settings.bin_dir, &settings.work_dir, workload).await?;
-        out.routing(&rows)?;
+        let scenario = routing::chat::scenario(workload);
+        let rows = routing::compare(&settings.bin_dir, &settings.work_dir, &scenario).await?;
+        out.routing(&scenario, &rows)?;
+    }
+    if wants(|s| matches!(s, Suite::Tenants { .. })) {
+        heading(
+            &mut out,
+            all,
+            "Routing on a multi-tenant workload, two proxies",
+        );
+        let workload = match args.suite {
+            Suite::Tenants {
+                tenants,
+                users,
+                requests,
+                parallel,
+            } => routing::tenants::Workload {
+                tenants,
+                users,
+                requests,
+                concurrency: parallel,
+                ..routing::tenants::Workload::DEFAULT
+            },
+            _ => routing::tenants::Workload::DEFAULT,
+        };
+        let scenario = routing::tenants::scenario(workload);
+        let rows = routing::compare(&settings.bin_dir, &settings.work_dir, &scenario).await?;
+        out.routing(&scenario, &rows)?;
     }
     if let Suite::RealVllm { requests } = args.suite {
         out.text(&real_vllm::section(&settings.bin_dir, &settings.work_dir, requests).await?);
