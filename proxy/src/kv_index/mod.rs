@@ -60,8 +60,8 @@
 //!
 //! Files: `keys.rs` the hashing, `ingest.rs` applying events, `entries.rs` the pairs and their
 //! recency list, `table.rs` the hash tables, `holders.rs` the engines per key, `runs.rs` the
-//! matching walk; `tests.rs`, `tests_vllm.rs`, and `timing.rs` (ignored tests:
-//! `cargo test -p pd-proxy --release --lib kv_index::timing -- --ignored --nocapture`).
+//! matching walk; `tests.rs`, `tests_vllm.rs`; `workload.rs` the traffic `pd-bench kv-index`
+//! times it on (bench support, not API).
 
 mod entries;
 mod holders;
@@ -73,8 +73,8 @@ mod table;
 mod tests;
 #[cfg(test)]
 mod tests_vllm;
-#[cfg(test)]
-mod timing;
+#[doc(hidden)]
+pub mod workload;
 
 use pd_protocol::kv_events::KvEvent;
 
