@@ -11,7 +11,7 @@ use pd_examples::bench::chart::{grouped_bars, Series};
 use pd_examples::bench::output::Output;
 use pd_examples::bench::proxy::{self, ProxyCommand};
 use pd_examples::bench::report::Row;
-use pd_examples::bench::{proxy_scale, real_vllm, routing, sglang, transfer, watch};
+use pd_examples::bench::{kv_index, proxy_scale, real_vllm, routing, sglang, transfer, watch};
 
 /// Measure the bootstrap server (and, with the peers installed, the proxy against them).
 #[derive(Debug, Parser)]
@@ -125,6 +125,19 @@ enum Suite {
         /// Users at once.
         #[arg(long, default_value_t = 24)]
         parallel: usize,
+    },
+    /// pd-proxy's KV block index in process, on one thread: block events ingested per second,
+    /// the time to match a 2,048-token prompt against the engines, memory per million blocks.
+    KvIndex {
+        /// Engines sending events, and holding the matched prompt's blocks.
+        #[arg(long, default_value_t = 1000)]
+        engines: u32,
+        /// Rounds of traffic: one 16-block event per engine each.
+        #[arg(long, default_value_t = 120)]
+        rounds: u32,
+        /// Matches timed per prompt with the caches warm.
+        #[arg(long, default_value_t = 20_000)]
+        matches: u32,
     },
     /// KV pull bandwidth between two processes (UCX over shared memory and TCP, and the TCP
     /// transport) beside memcpy; needs the binaries built with --all-features.
@@ -393,6 +406,36 @@ async fn run(args: &Args, settings: &Settings, machine: &str) -> Result<Output, 
         let scenario = routing::tenants::scenario(workload);
         let rows = routing::compare(&settings.bin_dir, &settings.work_dir, &scenario).await?;
         out.routing(&scenario, &rows)?;
+    }
+    if wants(|s| matches!(s, Suite::KvIndex { .. })) {
+        heading(&mut out, all, "KV block index, one thread");
+        let settings = match args.suite {
+            Suite::KvIndex {
+                engines,
+                rounds,
+                matches,
+            } => kv_index::Settings {
+                engines,
+                rounds,
+                matches,
+            },
+            _ => kv_index::Settings::DEFAULT,
+        };
+        let rows = kv_index::ingest(&settings);
+        out.section(
+            "kv-index-ingest",
+            &kv_index::ingest_table(&rows),
+            &rows,
+            vec![],
+        )?;
+        out.text("\n");
+        let rows = kv_index::matching(&settings);
+        out.section(
+            "kv-index-match",
+            &kv_index::match_table(&rows),
+            &rows,
+            vec![],
+        )?;
     }
     if let Suite::RealVllm { requests } = args.suite {
         out.text(&real_vllm::section(&settings.bin_dir, &settings.work_dir, requests).await?);

@@ -3,6 +3,8 @@
 //! pair's slot is reused, so nothing is allocated per block once the slab has grown, and it
 //! grows no larger than the index's cap.
 
+use super::table::prefetch;
+
 /// No entry (the end of a list).
 const NIL: u32 = u32::MAX;
 
@@ -55,6 +57,20 @@ impl Entries {
     /// The entry `id` (an id this slab returned and has not removed since).
     pub(super) fn get(&self, id: u32) -> &Entry {
         &self.slots[id as usize]
+    }
+
+    /// Starts loading entry `id` into the cache.
+    pub(super) fn prefetch(&self, id: u32) {
+        if let Some(entry) = self.slots.get(id as usize) {
+            prefetch(entry);
+        }
+    }
+
+    /// Starts loading the entries before and after `id` in the recency list (removing or
+    /// touching `id` rewrites them).
+    pub(super) fn prefetch_neighbours(&self, id: u32) {
+        let Entry { prev, next, .. } = self.slots[id as usize];
+        [prev, next].into_iter().for_each(|id| self.prefetch(id));
     }
 
     /// The least recently stored or confirmed entry.

@@ -3,7 +3,7 @@
 //! bitset over the engine slots from a pool ([`Bitsets`]), so a block every engine holds (a
 //! shared system prompt) is matched a word (64 engines) at a time.
 
-use super::table::Value;
+use super::table::{prefetch, Value};
 
 /// Engine slots kept in place before a key's holders move to a bitset.
 pub(super) const INLINE: usize = 3;
@@ -24,41 +24,72 @@ pub(super) enum View<'a> {
     Bits(&'a [u64]),
 }
 
-/// The bitsets of keys with more than [`INLINE`] holders; a freed one is kept (zeroed) for the
-/// next key that needs one.
-#[derive(Debug, Default)]
+/// The bitsets of keys with more than [`INLINE`] holders, side by side in one vector of
+/// `stride` words each (as many as the largest engine slot set so far needs; all are widened
+/// when a larger one comes), so that a key's slot leads straight to its bits. A freed bitset is
+/// kept (zeroed) for the next key that needs one.
+#[derive(Debug)]
 pub(super) struct Bitsets {
-    sets: Vec<Vec<u64>>,
+    words: Vec<u64>,
+    stride: usize,
     free: Vec<u32>,
+}
+
+impl Default for Bitsets {
+    fn default() -> Self {
+        Bitsets {
+            words: Vec::new(),
+            stride: 1,
+            free: Vec::new(),
+        }
+    }
 }
 
 impl Bitsets {
     fn take(&mut self) -> u32 {
         self.free.pop().unwrap_or_else(|| {
-            self.sets.push(Vec::new());
-            (self.sets.len() - 1) as u32
+            self.words.resize(self.words.len() + self.stride, 0);
+            (self.words.len() / self.stride - 1) as u32
         })
     }
 
     fn release(&mut self, id: u32) {
-        self.sets[id as usize].fill(0);
+        self.words_mut(id).fill(0);
         self.free.push(id);
     }
 
+    fn words(&self, id: u32) -> &[u64] {
+        &self.words[id as usize * self.stride..][..self.stride]
+    }
+
+    fn words_mut(&mut self, id: u32) -> &mut [u64] {
+        &mut self.words[id as usize * self.stride..][..self.stride]
+    }
+
     fn set(&mut self, id: u32, engine: u32) {
-        let words = &mut self.sets[id as usize];
         let w = (engine / 64) as usize;
-        if words.len() <= w {
-            words.resize(w + 1, 0);
+        if w >= self.stride {
+            self.widen(w + 1);
         }
-        words[w] |= 1 << (engine % 64);
+        self.words_mut(id)[w] |= 1 << (engine % 64);
+    }
+
+    /// Gives every bitset `stride` words.
+    fn widen(&mut self, stride: usize) {
+        let mut words = vec![0; self.words.len() / self.stride * stride];
+        for (new, old) in words
+            .chunks_exact_mut(stride)
+            .zip(self.words.chunks_exact(self.stride))
+        {
+            new[..old.len()].copy_from_slice(old);
+        }
+        self.words = words;
+        self.stride = stride;
     }
 
     /// The pool's memory, in bytes.
     pub(super) fn bytes(&self) -> usize {
-        self.sets.capacity() * std::mem::size_of::<Vec<u64>>()
-            + self.free.capacity() * 4
-            + self.sets.iter().map(|s| s.capacity() * 8).sum::<usize>()
+        self.words.capacity() * 8 + self.free.capacity() * 4
     }
 }
 
@@ -86,14 +117,17 @@ impl Holders {
         if self.is_inline() {
             View::Few(&self.slots[..self.len as usize])
         } else {
-            View::Bits(&pool.sets[self.slots[0] as usize])
+            View::Bits(pool.words(self.slots[0]))
         }
     }
 
-    /// Loads the start of the key's bitset, if any, into the cache ahead of matching.
+    /// Starts loading the key's bitset, if any, into the cache ahead of matching.
     pub(super) fn prefetch(&self, pool: &Bitsets) {
         if !self.is_inline() {
-            std::hint::black_box(pool.sets[self.slots[0] as usize].first().copied());
+            pool.words(self.slots[0])
+                .iter()
+                .step_by(8)
+                .for_each(prefetch);
         }
     }
 
@@ -136,7 +170,7 @@ impl Holders {
             return;
         }
         let id = self.slots[0];
-        let words = &mut pool.sets[id as usize];
+        let words = pool.words_mut(id);
         let bit = 1 << (engine % 64);
         match words.get_mut((engine / 64) as usize) {
             Some(word) if *word & bit != 0 => *word &= !bit,
@@ -203,7 +237,7 @@ mod tests {
         assert!(matches!(h.view(&pool), View::Few(_)));
         assert_eq!(engines(&h, &pool), [3, 64, 200]);
         assert_eq!(pool.free, [0]);
-        assert!(pool.sets[0].iter().all(|&w| w == 0));
+        assert!(pool.words(0).iter().all(|&w| w == 0));
 
         let mut other = Holders::one(1);
         for e in [2, 4, 5] {

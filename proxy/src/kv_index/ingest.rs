@@ -1,11 +1,13 @@
 //! Applying `BlockStored` and `BlockRemoved` to the index.
 //!
 //! In an index far larger than the caches, each block costs a cache miss in its engine's table
-//! and one in the key table, and each eviction as many again: memory latency, not computation,
-//! is the price. So an event's blocks go in three passes: their keys are computed, then the
-//! table slots they (and the pairs they will evict) need are read once each, in a loop whose
-//! loads do not wait for one another, so that their misses overlap; then the blocks are put,
-//! finding their slots in the cache.
+//! and one in the key table, and each eviction or removal as many again and its pair's: memory
+//! latency, not computation, is the price. So an event's blocks go in passes: the first ones
+//! only compute keys and start loading (prefetch) what the next pass reads, for every block of
+//! the event at once, so that their misses overlap; the last one applies the blocks, finding
+//! their slots in the cache. Storing: the keys, then the table slots the blocks (and the pairs
+//! they will evict) need, then the puts. Removing: the engine's table slots, then the pairs,
+//! then their key slots and recency-list neighbours, then the removals.
 
 use pd_protocol::kv_events::{BlockRemoved, BlockStored};
 
@@ -72,14 +74,16 @@ impl KvIndex {
             applied.ignored = n;
             return applied;
         }
+        // Each pass starts the cache misses the next one needs: the engine's table slots, the
+        // pairs, then the pairs' key slots and their neighbours in the recency list.
         let table = &self.engines[slot];
-        for hash in &removed.block_hashes {
-            table.prefetch(keys::engine_hash(hash));
-        }
-        for hash in &removed.block_hashes {
-            if let Some(id) = table.get(keys::engine_hash(hash)) {
-                self.keys.prefetch(self.entries.get(id).key);
-            }
+        let hashes = || removed.block_hashes.iter().map(keys::engine_hash);
+        hashes().for_each(|hash| table.prefetch(hash));
+        let ids = || hashes().filter_map(|hash| table.get(hash));
+        ids().for_each(|id| self.entries.prefetch(id));
+        for id in ids() {
+            self.keys.prefetch(self.entries.get(id).key);
+            self.entries.prefetch_neighbours(id);
         }
         for hash in &removed.block_hashes {
             match self.engines[slot].get(keys::engine_hash(hash)) {

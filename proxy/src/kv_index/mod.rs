@@ -54,14 +54,15 @@
 //! pooled bitset.
 //!
 //! **Speed** is memory latency: a block costs a cache miss or two in tables far larger than the
-//! caches. Each table keeps key and value in one slot (one miss per lookup), and both storing
-//! an event and matching a prompt read the slots of a group of blocks ahead, so that their
-//! misses overlap instead of following one another.
+//! caches. Each table keeps key and value in one slot (one miss per lookup), a key's bitset is
+//! found from its slot without another indirection, and both applying an event and matching a
+//! prompt first prefetch (start loading, without waiting) what a group of blocks will read, so
+//! that their misses overlap instead of following one another.
 //!
 //! Files: `keys.rs` the hashing, `ingest.rs` applying events, `entries.rs` the pairs and their
 //! recency list, `table.rs` the hash tables, `holders.rs` the engines per key, `runs.rs` the
-//! matching walk; `tests.rs`, `tests_vllm.rs`, and `timing.rs` (ignored tests:
-//! `cargo test -p pd-proxy --release --lib kv_index::timing -- --ignored --nocapture`).
+//! matching walk; `tests.rs`, `tests_vllm.rs`; `workload.rs` the traffic `pd-bench kv-index`
+//! times it on (bench support, not API).
 
 mod entries;
 mod holders;
@@ -73,8 +74,8 @@ mod table;
 mod tests;
 #[cfg(test)]
 mod tests_vllm;
-#[cfg(test)]
-mod timing;
+#[doc(hidden)]
+pub mod workload;
 
 use pd_protocol::kv_events::KvEvent;
 
