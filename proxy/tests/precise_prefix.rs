@@ -260,31 +260,28 @@ async fn a_prompt_goes_where_its_prefix_is_held() {
 }
 
 #[tokio::test]
-async fn load_outweighs_a_partial_hit() {
-    let mut cluster = Cluster::start(|_| {}).await;
+async fn queued_work_outweighs_a_partial_hit() {
+    // A token waiting weighs as much as a token computed (--kv-load-weight 1).
+    let mut cluster = Cluster::start(|config| config.routing.kv_load_weight = 1.0).await;
     let text = prompt('c');
     cluster.holds(0, &bytes(&text)[..48]).await;
-    // Prefill 0 is busy with a request of its own: 16 uncached tokens plus a typical request's
-    // worth of queued work cost more than computing the whole prompt on idle prefill 1.
+    // Prefill 0 holds 48 of the prompt's 64 tokens: each request costs it 16 to compute, plus
+    // the 16 of each one already waiting there; idle prefill 1 would compute all 64. So the
+    // first four go to prefill 0 (the fourth ties at 64 and goes to the holder), the fifth to
+    // prefill 1.
     cluster.prefills[0].set(|b| b.delay = Duration::from_millis(1500));
-    let busy = {
+    let mut busy = Vec::new();
+    for n in 1..=4 {
         let url = cluster.proxy.url();
         let body = json!({"prompt": text});
-        tokio::spawn(async move {
+        busy.push(tokio::spawn(async move {
             client()
                 .post(format!("{url}/v1/completions"))
                 .json(&body)
                 .send()
                 .await
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while cluster.prefills[0].seen().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the first request never reached prefill 0"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        }));
+        cluster.prefills[0].wait_seen(n).await;
     }
     let route = cluster.route(json!({"prompt": text})).await;
     assert!(
@@ -292,7 +289,22 @@ async fn load_outweighs_a_partial_hit() {
         "{route}"
     );
     assert!(route.contains("prefill_pick=kv_miss"), "{route}");
-    assert_eq!(busy.await.unwrap().unwrap().status(), 200);
+    for request in busy {
+        assert_eq!(request.await.unwrap().unwrap().status(), 200);
+    }
+    // Their work done (P's calls over, not only D's answers), the holder is the cheapest again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let url = format!("{}/admin/backends", cluster.proxy.url());
+        let backends = json_of(client().get(url)).await;
+        if backends["prefills"][0]["in_flight"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{backends}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let route = cluster.route(json!({"prompt": text})).await;
+    assert!(route.contains("prefill_pick=kv_hit"), "{route}");
     cluster.proxy.shutdown().await.unwrap();
 }
 

@@ -9,7 +9,9 @@ use std::time::Instant;
 use serde_json::json;
 
 use super::bootstrap::{query_requests, topology_query, BenchServer, Measured, Settings};
+use super::chart::{grouped_bars, Series};
 use super::loadgen::{self, RequestFactory};
+use super::output::Output;
 use super::report::Row;
 
 /// What the scale scenario found.
@@ -156,4 +158,55 @@ fn between_writes(addr: SocketAddr, dp: u32, read: RequestFactory) -> RequestFac
         .expect("json");
         loadgen::post_json(&host, "/register", body)
     })
+}
+
+/// Memory, lookups (at the highest concurrency asked) and restart time per number of live
+/// request ids: a table and two charts.
+pub async fn section(out: &mut Output, settings: &Settings, ids: &[u64]) -> Result<(), String> {
+    let mut table = String::from("| live request ids | workers | RSS MiB | peak RSS MiB | lookup p50 / p99 ms | lookup req/s | GET /query p50 / p99 ms | restart to first answer |\n|---|---|---|---|---|---|---|---|\n");
+    let mut reports = Vec::new();
+    for &live in ids {
+        let r = scale(settings, live).await?;
+        let line = format!(
+            "| {} | {} | {:.0} | {:.0} | {:.3} / {:.3} | {:.0} | {:.3} / {:.3} | {:.1} ms |\n",
+            r.live_ids,
+            r.workers,
+            r.rss_mib,
+            r.peak_rss_mib,
+            r.lookup.p50_ms,
+            r.lookup.p99_ms,
+            r.lookup.rps,
+            r.topology.p50_ms,
+            r.topology.p99_ms,
+            r.restart_ms
+        );
+        eprint!("{line}");
+        table.push_str(&line);
+        reports.push(r);
+    }
+    let sizes: Vec<String> = reports
+        .iter()
+        .map(|r| format!("{} ids", r.live_ids))
+        .collect();
+    let memory = grouped_bars(
+        "Bootstrap server memory vs live request ids (10,000 workers)",
+        "MiB",
+        &sizes,
+        &[
+            Series::of("RSS", &reports, |r| r.rss_mib),
+            Series::of("peak RSS", &reports, |r| r.peak_rss_mib),
+        ],
+    )?;
+    let restart = grouped_bars(
+        "Restart to first answer vs live request ids",
+        "seconds",
+        &sizes,
+        &[Series::of("restart", &reports, |r| r.restart_ms / 1e3)],
+    )?;
+    out.section(
+        "ids-scale",
+        &table,
+        &reports,
+        vec![("ids-memory", memory), ("ids-restart", restart)],
+    )
 }

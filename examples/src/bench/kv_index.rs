@@ -8,6 +8,8 @@
 use std::time::{Duration, Instant};
 
 use pd_protocol::kv_events::KvEvent;
+
+use super::output::Output;
 use pd_proxy::kv_index::workload::{self, BLOCK};
 use pd_proxy::kv_index::{EngineSlot, KvIndex, KvIndexConfig, RequestKey};
 
@@ -183,6 +185,15 @@ fn match_line(r: &MatchRow) -> String {
         "| {} | {} | {:.2} | {:.2} |\n",
         r.prompt, r.engines_matched, r.mean_us, r.cold_median_us
     )
+}
+
+/// The suite's section: ingestion, then matching, each a table and its rows as JSON.
+pub fn section(out: &mut Output, settings: &Settings) -> Result<(), String> {
+    let rows = ingest(settings);
+    out.section("kv-index-ingest", &ingest_table(&rows), &rows, vec![])?;
+    out.text("\n");
+    let rows = matching(settings);
+    out.section("kv-index-match", &match_table(&rows), &rows, vec![])
 }
 
 /// The ingestion rows as a Markdown table.

@@ -15,5 +15,6 @@ pub mod real_vllm;
 pub mod report;
 pub mod routing;
 pub mod sglang;
+pub mod tokenize;
 pub mod transfer;
 pub mod watch;

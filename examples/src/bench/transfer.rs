@@ -215,3 +215,11 @@ pub fn table(rows: &[TransferRow]) -> String {
     }
     out
 }
+
+/// The bandwidth of `pulls` pulls of `mib` MiB per transport, as a Markdown table.
+pub async fn section(bin_dir: &Path, mib: usize, pulls: usize) -> Result<String, String> {
+    let rows = bandwidth(bin_dir, mib << 20, pulls).await?;
+    let out = table(&rows);
+    eprint!("{out}");
+    Ok(out)
+}

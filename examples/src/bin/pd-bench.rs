@@ -7,11 +7,12 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use pd_examples::bench::bootstrap::{self, Settings};
 use pd_examples::bench::bootstrap_scale;
-use pd_examples::bench::chart::{grouped_bars, Series};
 use pd_examples::bench::output::Output;
 use pd_examples::bench::proxy::{self, ProxyCommand};
 use pd_examples::bench::report::Row;
-use pd_examples::bench::{kv_index, proxy_scale, real_vllm, routing, sglang, transfer, watch};
+use pd_examples::bench::{
+    kv_index, proxy_scale, real_vllm, routing, sglang, tokenize, transfer, watch,
+};
 
 /// Measure the bootstrap server (and, with the peers installed, the proxy against them).
 #[derive(Debug, Parser)]
@@ -109,7 +110,7 @@ enum Suite {
         system_prompts: usize,
     },
     /// Many tenants, each with a long system prompt its users share, through two proxy
-    /// replicas in front of prefills whose caches hold a third of the tenants' prompts, once
+    /// replicas in front of prefills whose caches hold the tenants' prompts about once, once
     /// per policy (round robin, cache aware, precise prefix): prefix hit rate, TTFT,
     /// throughput.
     Tenants {
@@ -125,6 +126,9 @@ enum Suite {
         /// Users at once.
         #[arg(long, default_value_t = 24)]
         parallel: usize,
+        /// Run only these setups (repeatable): round_robin, cache_aware, precise_prefix.
+        #[arg(long)]
+        only: Vec<String>,
     },
     /// pd-proxy's KV block index in process, on one thread: block events ingested per second,
     /// the time to match a 2,048-token prompt against the engines, memory per million blocks.
@@ -138,6 +142,10 @@ enum Suite {
         /// Matches timed per prompt with the caches warm.
         #[arg(long, default_value_t = 20_000)]
         matches: u32,
+        /// A model's folder whose tokenizer is timed too (beside the sims' one token per
+        /// byte), e.g. the tiny model real-vLLM tests make.
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
     },
     /// KV pull bandwidth between two processes (UCX over shared memory and TCP, and the TCP
     /// transport) beside memcpy; needs the binaries built with --all-features.
@@ -185,57 +193,6 @@ fn placement(split: Option<&pd_examples::cpus::Split>) -> String {
     }
 }
 
-/// Memory, lookups (at the highest concurrency asked) and restart time per number of live
-/// request ids: a table and two charts.
-async fn scale_section(out: &mut Output, settings: &Settings, ids: &[u64]) -> Result<(), String> {
-    let mut table = String::from("| live request ids | workers | RSS MiB | peak RSS MiB | lookup p50 / p99 ms | lookup req/s | GET /query p50 / p99 ms | restart to first answer |\n|---|---|---|---|---|---|---|---|\n");
-    let mut reports = Vec::new();
-    for &live in ids {
-        let r = bootstrap_scale::scale(settings, live).await?;
-        let line = format!(
-            "| {} | {} | {:.0} | {:.0} | {:.3} / {:.3} | {:.0} | {:.3} / {:.3} | {:.1} ms |\n",
-            r.live_ids,
-            r.workers,
-            r.rss_mib,
-            r.peak_rss_mib,
-            r.lookup.p50_ms,
-            r.lookup.p99_ms,
-            r.lookup.rps,
-            r.topology.p50_ms,
-            r.topology.p99_ms,
-            r.restart_ms
-        );
-        eprint!("{line}");
-        table.push_str(&line);
-        reports.push(r);
-    }
-    let sizes: Vec<String> = reports
-        .iter()
-        .map(|r| format!("{} ids", r.live_ids))
-        .collect();
-    let memory = grouped_bars(
-        "Bootstrap server memory vs live request ids (10,000 workers)",
-        "MiB",
-        &sizes,
-        &[
-            Series::of("RSS", &reports, |r| r.rss_mib),
-            Series::of("peak RSS", &reports, |r| r.peak_rss_mib),
-        ],
-    )?;
-    let restart = grouped_bars(
-        "Restart to first answer vs live request ids",
-        "seconds",
-        &sizes,
-        &[Series::of("restart", &reports, |r| r.restart_ms / 1e3)],
-    )?;
-    out.section(
-        "ids-scale",
-        &table,
-        &reports,
-        vec![("ids-memory", memory), ("ids-restart", restart)],
-    )
-}
-
 async fn proxy_rows(settings: &Settings, peers_venv: Option<&Path>) -> Result<Vec<Row>, String> {
     let mut proxies = vec![ProxyCommand::pd_proxy(&settings.bin_dir)];
     proxies.extend(peers_venv.map(ProxyCommand::peers).unwrap_or_default());
@@ -266,13 +223,6 @@ async fn ttft_section(settings: &Settings, requests: usize) -> Result<String, St
         eprint!("{line}");
         out.push_str(&line);
     }
-    Ok(out)
-}
-
-async fn transfer_section(settings: &Settings, mib: usize, pulls: usize) -> Result<String, String> {
-    let rows = transfer::bandwidth(&settings.bin_dir, mib << 20, pulls).await?;
-    let out = transfer::table(&rows);
-    eprint!("{out}");
     Ok(out)
 }
 
@@ -317,7 +267,7 @@ async fn run(args: &Args, settings: &Settings, machine: &str) -> Result<Output, 
                 vec![2, 8, 32, 128, 256],
             ),
         };
-        scale_section(&mut out, settings, &ids).await?;
+        bootstrap_scale::section(&mut out, settings, &ids).await?;
         out.text("\n`GET /query` as the registry grows (concurrency 16):\n\n");
         let curve = bootstrap_scale::query_curve(settings, &workers).await?;
         out.rows("query-curve", "GET /query as the registry grows", &curve)?;
@@ -388,54 +338,55 @@ async fn run(args: &Args, settings: &Settings, machine: &str) -> Result<Output, 
             all,
             "Routing on a multi-tenant workload, two proxies",
         );
-        let workload = match args.suite {
+        let (workload, only) = match &args.suite {
             Suite::Tenants {
                 tenants,
                 users,
                 requests,
                 parallel,
-            } => routing::tenants::Workload {
-                tenants,
-                users,
-                requests,
-                concurrency: parallel,
-                ..routing::tenants::Workload::DEFAULT
-            },
-            _ => routing::tenants::Workload::DEFAULT,
+                only,
+            } => {
+                let workload = routing::tenants::Workload {
+                    tenants: *tenants,
+                    users: *users,
+                    requests: *requests,
+                    concurrency: *parallel,
+                    ..routing::tenants::Workload::DEFAULT
+                };
+                (workload, only.clone())
+            }
+            _ => (routing::tenants::Workload::DEFAULT, Vec::new()),
         };
-        let scenario = routing::tenants::scenario(workload);
+        let mut scenario = routing::tenants::scenario(workload);
+        if !only.is_empty() {
+            scenario
+                .setups
+                .retain(|(name, _)| only.iter().any(|o| o == name));
+        }
         let rows = routing::compare(&settings.bin_dir, &settings.work_dir, &scenario).await?;
         out.routing(&scenario, &rows)?;
     }
     if wants(|s| matches!(s, Suite::KvIndex { .. })) {
-        heading(&mut out, all, "KV block index, one thread");
-        let settings = match args.suite {
+        heading(&mut out, all, "KV block index and tokenization, one thread");
+        let (kv, tokenizer) = match &args.suite {
             Suite::KvIndex {
                 engines,
                 rounds,
                 matches,
-            } => kv_index::Settings {
-                engines,
-                rounds,
-                matches,
-            },
-            _ => kv_index::Settings::DEFAULT,
+                tokenizer,
+            } => {
+                let kv = kv_index::Settings {
+                    engines: *engines,
+                    rounds: *rounds,
+                    matches: *matches,
+                };
+                (kv, tokenizer.clone())
+            }
+            _ => (kv_index::Settings::DEFAULT, None),
         };
-        let rows = kv_index::ingest(&settings);
-        out.section(
-            "kv-index-ingest",
-            &kv_index::ingest_table(&rows),
-            &rows,
-            vec![],
-        )?;
-        out.text("\n");
-        let rows = kv_index::matching(&settings);
-        out.section(
-            "kv-index-match",
-            &kv_index::match_table(&rows),
-            &rows,
-            vec![],
-        )?;
+        kv_index::section(&mut out, &kv)?;
+        let model = tokenizer.as_deref();
+        tokenize::section(&mut out, &settings.work_dir, model)?;
     }
     if let Suite::RealVllm { requests } = args.suite {
         out.text(&real_vllm::section(&settings.bin_dir, &settings.work_dir, requests).await?);
@@ -446,7 +397,7 @@ async fn run(args: &Args, settings: &Settings, machine: &str) -> Result<Output, 
             Suite::Transfer { mib, pulls } => (mib, pulls),
             _ => (64, 8),
         };
-        out.text(&transfer_section(settings, mib, pulls).await?);
+        out.text(&transfer::section(&settings.bin_dir, mib, pulls).await?);
     }
     Ok(out)
 }

@@ -117,7 +117,7 @@ impl PrefixCache {
     }
 
     /// Caches the prompt's blocks from the first one not cached on (the leading cached ones
-    /// just become the most recent): room is made first by evicting blocks of other prompts,
+    /// just become the most recent, the first block the most recent of all): room is made first by evicting blocks of other prompts,
     /// least recently used first, as a real engine frees blocks before it computes. The
     /// events are published under the lock, so they leave in the order the cache changed.
     /// Returns how many leading blocks were cached.
@@ -150,6 +150,12 @@ impl PrefixCache {
                 extra_keys: extra_keys.as_deref(),
             };
             batch.stored(block, BLOCK_TOKENS as u32);
+        }
+        // The prompt's blocks, tail first, become the most recent: its head is evicted last,
+        // as vLLM frees a finished request's blocks in reverse order (a prefix's first block
+        // gone makes the rest useless).
+        for hash in hashes.iter().rev() {
+            cache.promote(hash);
         }
         self.publish(batch);
         cached

@@ -33,6 +33,7 @@ use crate::intake::IntakeError;
 use crate::metrics::Outcome;
 use crate::relay::PrefillCall;
 use crate::routing::decision::{self, Path, Reason, X_PD_ROUTE};
+use crate::routing::queued_work::Pending;
 use crate::routing::RequestInfo;
 use crate::state::{AppState, Route};
 use crate::upstream::DecodeStart;
@@ -66,6 +67,8 @@ struct Call<'a> {
     headers: &'a HeaderMap,
     /// The prompt's token ids, when a policy needs them (for D's retry).
     tokens: Option<&'a [u32]>,
+    /// The request's share of its prefill's queued work (precise_prefix), until P's call ends.
+    prefill_work: std::sync::Mutex<Option<Pending>>,
     start: Instant,
     /// When the whole request must be over.
     deadline: Instant,
@@ -85,7 +88,9 @@ impl Call<'_> {
         let pair = self.pair.clone();
         let state = self.state.clone();
         let (route, headers, deadline) = (self.route, self.prefill_headers(), self.deadline);
+        let work = crate::sync::lock(&self.prefill_work).take();
         Box::pin(async move {
+            let _work = work;
             let started = Instant::now();
             let endpoint = route.endpoint(&pair.backend);
             let answered = state
@@ -251,6 +256,7 @@ pub async fn start(
         transfer_id: format!("xfer-{}", state.ids.next()),
         headers,
         tokens: tokens.as_deref(),
+        prefill_work: std::sync::Mutex::new(request.take_prefill_work()),
         start,
         deadline: start + state.upstream.request_timeout,
     };

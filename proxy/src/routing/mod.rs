@@ -9,6 +9,7 @@ pub mod decision;
 mod least_loaded;
 mod precise_prefix;
 mod prefix_index;
+pub mod queued_work;
 mod request;
 mod round_robin;
 pub mod settings;

@@ -5,22 +5,30 @@
 //! tokens `c` holds (whole blocks, from the index):
 //!
 //! ```text
-//! cost(c) = (prompt - cached(c)) + kv_load_weight * load(c) * typical
+//! cost(c)   = (prompt - cached(c)) + kv_load_weight * queued(c)
+//! queued(c) = pending(c) + max(0, load(c) - pending_requests(c)) * typical
 //! ```
 //!
-//! where `load(c)` is its requests outstanding and `typical` the mean uncached tokens of this
-//! policy's recent picks (an estimate of the work one queued request brings). The cheapest
-//! wins; among equals, the one holding more, then each in turn. For a prefill the first term is
-//! the prompt it must compute; for a decode, the KV it must pull. When the prompt's tokens are
+//! `queued(c)` estimates the work waiting on `c`, in tokens: `pending(c)` is the uncached
+//! tokens of the requests this policy sent `c` that have not begun answering
+//! ([`QueuedWork`]), and the rest of its load (requests this policy did not place, or that are
+//! past their prompt) counts `typical` each, the mean uncached tokens of this policy's recent
+//! picks. A holder busy with cheap hits thus stays cheap. The cheapest wins; among equals, the
+//! one holding more, then each in turn. A prompt nobody holds goes where cache_aware remembers
+//! its prefix went before (within cache_aware's load balance): a prefix evicted everywhere
+//! comes back to its home instead of wandering, so each engine keeps a stable share of the
+//! prefixes. For a prefill the first term is the prompt it must compute; for a decode, the KV
+//! it must pull. When the prompt's tokens are
 //! unknown (`no_tokens`) or no candidate's events are followed (`no_events`), the request is
 //! placed by cache_aware instead. Every pick is counted by reason
 //! (`pd_proxy_route_picks_total`) and noted for `x-pd-route`.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use prometheus::IntCounter;
 
+use super::queued_work::{Pending, QueuedWork};
 use super::{CacheAware, Candidates, Policy, RequestInfo};
 use crate::kv_events::{Held, KvTracker};
 
@@ -61,13 +69,17 @@ impl PickReason {
     }
 }
 
-/// A pick made by this policy, noted on the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A pick made by this policy, noted on the request (which holds its share of the chosen
+/// candidate's queued work until it ends).
+#[derive(Debug)]
 pub struct PickNote {
     /// Why.
     pub reason: PickReason,
     /// The prompt's leading tokens the chosen engine holds.
     pub cached_tokens: usize,
+    /// The request's share of the chosen candidate's queued work, until the request ends or
+    /// the flow takes it to tie it to P's call.
+    pub pending: Mutex<Option<Pending>>,
 }
 
 /// Which choice a policy instance makes.
@@ -87,6 +99,7 @@ pub struct PrecisePrefix {
     fallback: CacheAware,
     /// The mean uncached tokens of recent picks, as `f64` bits.
     typical: AtomicU64,
+    queued: QueuedWork,
     turn: AtomicUsize,
     picks: [IntCounter; 4],
 }
@@ -111,16 +124,24 @@ impl PrecisePrefix {
             load_weight,
             fallback,
             typical: AtomicU64::new(0),
+            queued: QueuedWork::default(),
             turn: AtomicUsize::new(0),
             picks,
         }
     }
 
-    fn note(&self, request: &RequestInfo<'_>, reason: PickReason, cached_tokens: usize) {
+    fn note(
+        &self,
+        request: &RequestInfo<'_>,
+        reason: PickReason,
+        cached_tokens: usize,
+        pending: Option<Pending>,
+    ) {
         self.picks[reason.slot()].inc();
         let _ = request.notes[self.choice as usize].set(PickNote {
             reason,
             cached_tokens,
+            pending: Mutex::new(pending),
         });
     }
 
@@ -180,7 +201,7 @@ impl Policy for PrecisePrefix {
             return None;
         }
         let fallback = |reason| {
-            self.note(request, reason, 0);
+            self.note(request, reason, 0, None);
             self.fallback.pick(candidates, request)
         };
         let Some((held, prompt)) = self.held(request) else {
@@ -191,11 +212,22 @@ impl Policy for PrecisePrefix {
         };
         let typical = self.typical(prompt);
         let cost = |k: usize| {
-            let load = candidates.load(usable[k]) as f64;
-            (prompt - cached[k]) as f64 + self.load_weight * load * typical
+            let work = self.queued.of(candidates.id(usable[k]));
+            let others = (candidates.load(usable[k]) as u64).saturating_sub(work.requests());
+            let queued = work.tokens() as f64 + others as f64 * typical;
+            (prompt - cached[k]) as f64 + self.load_weight * queued
         };
         let costs: Vec<f64> = (0..usable.len()).map(cost).collect();
         let least = costs.iter().copied().fold(f64::INFINITY, f64::min);
+        if cached.iter().all(|&c| c == 0) {
+            // Nobody holds it: where cache_aware remembers the prefix went before (its home,
+            // even if evicted since), within cache_aware's load balance.
+            let index = self.fallback.pick(candidates, request)?;
+            let pending = self.queued.add(candidates.id(index), prompt as u64);
+            self.note(request, PickReason::KvMiss, 0, Some(pending));
+            self.learn(prompt, prompt);
+            return Some(index);
+        }
         let cheapest: Vec<usize> = (0..usable.len()).filter(|&k| costs[k] <= least).collect();
         let most = cheapest.iter().map(|&k| cached[k]).max().unwrap_or(0);
         let tied: Vec<usize> = cheapest
@@ -208,8 +240,10 @@ impl Policy for PrecisePrefix {
         } else {
             PickReason::KvMiss
         };
-        self.note(request, reason, cached[k]);
-        self.learn(prompt, prompt - cached[k]);
+        let uncached = prompt - cached[k];
+        let pending = self.queued.add(candidates.id(usable[k]), uncached as u64);
+        self.note(request, reason, cached[k], Some(pending));
+        self.learn(prompt, uncached);
         Some(usable[k])
     }
 

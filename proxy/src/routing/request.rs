@@ -11,7 +11,8 @@ use crate::body::Body;
 use crate::kv_events::Held;
 use crate::kv_index::RequestKey;
 
-use super::precise_prefix::PickNote;
+use super::precise_prefix::{Choice, PickNote};
+use super::queued_work::Pending;
 
 /// How many characters of the prompt the prefix key covers.
 pub const PREFIX_CHARS: usize = 256;
@@ -81,6 +82,13 @@ impl<'a> RequestInfo<'a> {
     /// Which followed engines hold how much of the prompt, found by `find` on first use.
     pub fn held(&self, find: impl FnOnce() -> Vec<Held>) -> &[Held] {
         self.held.get_or_init(find)
+    }
+
+    /// The share of its prefill's queued work the prefill pick gave this request: the flow
+    /// holds it until P's call ends.
+    pub fn take_prefill_work(&self) -> Option<Pending> {
+        let note = self.notes[Choice::Prefill as usize].get()?;
+        crate::sync::lock(&note.pending).take()
     }
 
     /// The `x-pd-route` words of the picks made on the engines' events, e.g.

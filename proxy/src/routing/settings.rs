@@ -85,10 +85,11 @@ pub struct RoutingArgs {
     /// load before the session moves to the next in its order.
     #[arg(long, env = "PD_PROXY_HASH_LOAD_FACTOR", default_value_t = 1.25, value_parser = factor)]
     pub hash_load_factor: f64,
-    /// precise_prefix: what a request already outstanding on a backend weighs, in units of the
-    /// uncached tokens of a typical request (the mean of the recent picks): a backend's cost is
-    /// the prompt's tokens it does not hold plus this weight times its load times that mean.
-    #[arg(long, env = "PD_PROXY_KV_LOAD_WEIGHT", default_value_t = 1.0, value_parser = weight)]
+    /// precise_prefix: what a token of work waiting on a backend weighs against a token of the
+    /// prompt it would compute: a backend's cost is the prompt's tokens it does not hold plus
+    /// this weight times the tokens queued on it. Below 1 because a prompt computed where its
+    /// prefix is not also evicts another's there.
+    #[arg(long, env = "PD_PROXY_KV_LOAD_WEIGHT", default_value_t = 0.25, value_parser = weight)]
     pub kv_load_weight: f64,
     /// Conditional disaggregation: send prompts shorter than this many characters to a decode
     /// alone (it computes them itself, no KV transfer). 0: off.
@@ -170,7 +171,7 @@ impl RoutingConfig {
                 header: "x-session-id".to_owned(),
                 load_factor: 1.25,
             },
-            kv_load_weight: 1.0,
+            kv_load_weight: 0.25,
             decode_only: DecodeOnlyRules::default(),
         }
     }

@@ -4,7 +4,8 @@
 //! long system prompts through two proxy replicas.
 //!
 //! A workload is a number of sessions, each a list of prompts sent in turn (streamed), a
-//! number of sessions at once; session `i` goes through proxy `i` modulo the proxies.
+//! number of sessions at once; each session goes through one of the proxies, drawn by a hash of
+//! its number (so that no pattern of the workload, such as its tenants, follows a proxy).
 
 pub mod chat;
 pub mod tenants;
@@ -97,7 +98,8 @@ async fn run(cluster: &Cluster, scenario: &Scenario) -> Result<(Vec<f64>, Durati
         .collect();
     let started = Instant::now();
     let sessions = stream::iter(0..scenario.sessions).map(|session| {
-        let (http, url) = (&http, &urls[session % urls.len()]);
+        let proxy = (session as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 33;
+        let (http, url) = (&http, &urls[proxy as usize % urls.len()]);
         async move {
             let mut ttfts = Vec::new();
             for prompt in (scenario.prompts)(session) {

@@ -50,8 +50,9 @@ fn prompts(session: usize, workload: &Workload) -> Vec<String> {
 }
 
 /// The multi-tenant scenario: four prefills computing one prompt at a time, two decodes, each
-/// engine's cache holding a third of the tenants' system prompts (1,200 blocks of 16 tokens
-/// against 3,200 for all), two proxies; round robin, cache_aware and precise_prefix.
+/// engine's cache holding 900 blocks of 16 tokens (all the tenants' system prompts are 3,200:
+/// the four prefills hold them once, with little room to spare), two proxies; round robin,
+/// cache_aware and precise_prefix.
 pub fn scenario(workload: Workload) -> Scenario {
     Scenario {
         name: "a multi-tenant workload through two proxies",
@@ -72,7 +73,7 @@ pub fn scenario(workload: Workload) -> Scenario {
             spec.decode_ms_per_token = 5;
             spec.engine_args = [
                 "--prefix-cache-blocks",
-                "1200",
+                "900",
                 "--prefill-concurrency",
                 "1",
                 "--kv-bytes-per-token",
