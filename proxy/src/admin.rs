@@ -224,7 +224,8 @@ pub async fn kv_match(
     };
     let invalid =
         |message: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message);
-    let body = crate::body::Body::parse(&body).map_err(|err| invalid(err.to_string()))?;
+    let raw = body;
+    let body = crate::body::Body::parse(&raw).map_err(|err| invalid(err.to_string()))?;
     let route = if body.get("messages").is_some() {
         Route::ChatCompletions
     } else if body.get("prompt").is_some() {
@@ -236,7 +237,7 @@ pub async fn kv_match(
     };
     let engine = state.pool.decodes.iter().find(|d| d.is_healthy());
     let tokens = prompt_tokens
-        .of(route, &body, engine.map(|e| &**e))
+        .of(route, &raw, &body, engine.map(|e| &**e))
         .await
         .ok_or_else(|| {
             invalid(

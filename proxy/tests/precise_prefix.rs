@@ -203,6 +203,18 @@ async fn a_prompt_goes_where_its_prefix_is_held() {
     // Token ids sent by the client are used as they are.
     let route = cluster.route(json!({"prompt": bytes(&text)})).await;
     assert!(route.contains("prefill_cached_tokens=48"), "{route}");
+    // A long prompt (tokenized on a blocking thread) is matched the same way.
+    let long = format!("{}{}", "L".repeat(4096), "tail");
+    cluster.holds(0, &bytes(&long)[..4096]).await;
+    let route = cluster.route(json!({"prompt": long})).await;
+    assert!(
+        route.contains(&format!("prefill={}", cluster.prefills[0].url())),
+        "{route}"
+    );
+    assert!(
+        route.contains("prompt_tokens=4100; prefill_pick=kv_hit; prefill_cached_tokens=4096"),
+        "{route}"
+    );
     // A cache salt names other blocks.
     let route = cluster
         .route(json!({"prompt": text, "cache_salt": "tenant-2"}))
@@ -222,7 +234,7 @@ async fn a_prompt_goes_where_its_prefix_is_held() {
             "pd_proxy_route_picks_total",
             r#"choice="prefill",reason="kv_hit""#
         ),
-        4.0
+        5.0
     );
     assert_eq!(
         sample(
@@ -230,7 +242,7 @@ async fn a_prompt_goes_where_its_prefix_is_held() {
             "pd_proxy_route_picks_total",
             r#"choice="decode",reason="kv_miss""#
         ),
-        2.0
+        3.0
     );
     assert!(
         sample(

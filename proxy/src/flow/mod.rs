@@ -195,7 +195,9 @@ pub async fn start(
     let tokens = match &state.prompt_tokens {
         Some(prompt_tokens) => {
             let engine = state.pool.decodes.iter().find(|d| d.is_healthy());
-            prompt_tokens.of(route, &body, engine.map(|e| &**e)).await
+            prompt_tokens
+                .of(route, &bytes, &body, engine.map(|e| &**e))
+                .await
         }
         None => None,
     };
