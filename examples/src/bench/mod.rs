@@ -15,6 +15,7 @@ pub mod real_vllm;
 pub mod report;
 pub mod routing;
 pub mod sglang;
+pub mod suite;
 pub mod tokenize;
 pub mod transfer;
 pub mod watch;

@@ -4,12 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use pd_examples::bench::bootstrap::{self, Settings};
 use pd_examples::bench::bootstrap_scale;
 use pd_examples::bench::output::Output;
 use pd_examples::bench::proxy::{self, ProxyCommand};
 use pd_examples::bench::report::Row;
+use pd_examples::bench::suite::Suite;
 use pd_examples::bench::{
     kv_index, proxy_scale, real_vllm, routing, sglang, tokenize, transfer, watch,
 };
@@ -51,121 +52,6 @@ struct Args {
     pin: bool,
     #[command(subcommand)]
     suite: Suite,
-}
-
-#[derive(Debug, Subcommand)]
-enum Suite {
-    /// Every bootstrap-server route at every concurrency.
-    Bootstrap,
-    /// SGLang's bootstrap routes, beside SGLang's own server with --sglang-venv.
-    Sglang,
-    /// The curves a capacity planner needs: memory, lookups and restart time vs live request
-    /// ids (10,000 workers), `GET /query` vs registered workers, watch fan-out vs watchers,
-    /// pd-proxy vs clients in flight and vs backends.
-    Scale {
-        /// Live request ids to load (repeatable sizes, comma-separated).
-        #[arg(long, value_delimiter = ',', default_value = "100000,1000000,10000000")]
-        ids: Vec<u64>,
-        /// Registered workers for the `GET /query` curve (comma-separated).
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "10,100,1000,10000,100000"
-        )]
-        workers: Vec<u32>,
-        /// Watchers for the watch fan-out curve (comma-separated).
-        #[arg(long, value_delimiter = ',', default_value = "10,100,500,2000")]
-        watchers: Vec<usize>,
-        /// Clients in flight for pd-proxy's concurrency curve (comma-separated).
-        #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256,1024")]
-        proxy_concurrency: Vec<usize>,
-        /// Backends behind pd-proxy for its backends curve, half prefills and half decodes
-        /// (comma-separated).
-        #[arg(long, value_delimiter = ',', default_value = "2,8,32,128,256")]
-        proxy_backends: Vec<usize>,
-    },
-    /// Completions through the proxy (and the peers) to instant mocks, against D directly.
-    Proxy,
-    /// TTFT with simulated engines: the proxy's concurrent fan-out against sequential P-then-D.
-    Ttft {
-        /// Streamed requests per mode and concurrency.
-        #[arg(long, default_value_t = 40)]
-        requests: usize,
-    },
-    /// A multi-turn chat workload through simulated engines with prefix caches, once per
-    /// routing setup (round robin, least loaded, consistent hash, cache aware, cache aware with
-    /// decode-only on prefix hits): prefix hit rate, TTFT, throughput.
-    Routing {
-        /// Conversations.
-        #[arg(long, default_value_t = 200)]
-        sessions: usize,
-        /// Turns per conversation.
-        #[arg(long, default_value_t = 5)]
-        turns: usize,
-        /// Conversations at once.
-        #[arg(long, default_value_t = 16)]
-        parallel: usize,
-        /// Distinct system prompts the conversations share.
-        #[arg(long, default_value_t = 8)]
-        system_prompts: usize,
-    },
-    /// Many tenants, each with a long system prompt its users share, through two proxy
-    /// replicas in front of prefills whose caches hold the tenants' prompts about once, once
-    /// per policy (round robin, cache aware, precise prefix): prefix hit rate, TTFT,
-    /// throughput.
-    Tenants {
-        /// Tenants.
-        #[arg(long, default_value_t = 50)]
-        tenants: usize,
-        /// Users per tenant.
-        #[arg(long, default_value_t = 8)]
-        users: usize,
-        /// Requests per user.
-        #[arg(long, default_value_t = 4)]
-        requests: usize,
-        /// Users at once.
-        #[arg(long, default_value_t = 24)]
-        parallel: usize,
-        /// Run only these setups (repeatable): round_robin, cache_aware, precise_prefix.
-        #[arg(long)]
-        only: Vec<String>,
-    },
-    /// pd-proxy's KV block index in process, on one thread: block events ingested per second,
-    /// the time to match a 2,048-token prompt against the engines, memory per million blocks.
-    KvIndex {
-        /// Engines sending events, and holding the matched prompt's blocks.
-        #[arg(long, default_value_t = 1000)]
-        engines: u32,
-        /// Rounds of traffic: one 16-block event per engine each.
-        #[arg(long, default_value_t = 120)]
-        rounds: u32,
-        /// Matches timed per prompt with the caches warm.
-        #[arg(long, default_value_t = 20_000)]
-        matches: u32,
-        /// A model's folder whose tokenizer is timed too (beside the sims' one token per
-        /// byte), e.g. the tiny model real-vLLM tests make.
-        #[arg(long)]
-        tokenizer: Option<PathBuf>,
-    },
-    /// KV pull bandwidth between two processes (UCX over shared memory and TCP, and the TCP
-    /// transport) beside memcpy; needs the binaries built with --all-features.
-    Transfer {
-        /// MiB per pull.
-        #[arg(long, default_value_t = 64)]
-        mib: usize,
-        /// Pulls measured per transport (after one warm-up pull).
-        #[arg(long, default_value_t = 8)]
-        pulls: usize,
-    },
-    /// Real vLLM engines (CPU build, tiny model, Mooncake): TTFT and total time through
-    /// pd-proxy against the same P and D calls made directly. Not in `all`.
-    RealVllm {
-        /// Requests per path and streaming mode (one at a time, after one warm-up each).
-        #[arg(long, default_value_t = 40)]
-        requests: usize,
-    },
-    /// Everything above but real-vllm, one section each.
-    All,
 }
 
 fn machine() -> String {
