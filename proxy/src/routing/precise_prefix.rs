@@ -210,15 +210,6 @@ impl Policy for PrecisePrefix {
         let Some(cached) = Self::cached(candidates, held, &usable, prompt) else {
             return fallback(PickReason::NoEvents);
         };
-        let typical = self.typical(prompt);
-        let cost = |k: usize| {
-            let work = self.queued.of(candidates.id(usable[k]));
-            let others = (candidates.load(usable[k]) as u64).saturating_sub(work.requests());
-            let queued = work.tokens() as f64 + others as f64 * typical;
-            (prompt - cached[k]) as f64 + self.load_weight * queued
-        };
-        let costs: Vec<f64> = (0..usable.len()).map(cost).collect();
-        let least = costs.iter().copied().fold(f64::INFINITY, f64::min);
         if cached.iter().all(|&c| c == 0) {
             // Nobody holds it: where cache_aware remembers the prefix went before (its home,
             // even if evicted since), within cache_aware's load balance.
@@ -228,6 +219,15 @@ impl Policy for PrecisePrefix {
             self.learn(prompt, prompt);
             return Some(index);
         }
+        let typical = self.typical(prompt);
+        let cost = |k: usize| {
+            let work = self.queued.of(candidates.id(usable[k]));
+            let others = (candidates.load(usable[k]) as u64).saturating_sub(work.requests());
+            let queued = work.tokens() as f64 + others as f64 * typical;
+            (prompt - cached[k]) as f64 + self.load_weight * queued
+        };
+        let costs: Vec<f64> = (0..usable.len()).map(cost).collect();
+        let least = costs.iter().copied().fold(f64::INFINITY, f64::min);
         let cheapest: Vec<usize> = (0..usable.len()).filter(|&k| costs[k] <= least).collect();
         let most = cheapest.iter().map(|&k| cached[k]).max().unwrap_or(0);
         let tied: Vec<usize> = cheapest
@@ -235,10 +235,9 @@ impl Policy for PrecisePrefix {
             .filter(|&k| cached[k] == most)
             .collect();
         let k = tied[self.turn.fetch_add(1, Ordering::Relaxed) % tied.len()];
-        let reason = if cached[k] > 0 {
-            PickReason::KvHit
-        } else {
-            PickReason::KvMiss
+        let reason = match cached[k] {
+            0 => PickReason::KvMiss,
+            _ => PickReason::KvHit,
         };
         let uncached = prompt - cached[k];
         let pending = self.queued.add(candidates.id(usable[k]), uncached as u64);
