@@ -15,8 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::Backend;
 use crate::error::ApiError;
+use crate::prompt_tokens::PromptKind;
 use crate::routing::RequestInfo;
-use crate::state::{AppState, Route};
+use crate::state::AppState;
 
 /// One dp rank of a prefill.
 #[derive(Debug, Serialize)]
@@ -226,10 +227,10 @@ pub async fn kv_match(
         |message: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message);
     let raw = body;
     let body = crate::body::Body::parse(&raw).map_err(|err| invalid(err.to_string()))?;
-    let route = if body.get("messages").is_some() {
-        Route::ChatCompletions
+    let kind = if body.get("messages").is_some() {
+        PromptKind::Chat
     } else if body.get("prompt").is_some() {
-        Route::Completions
+        PromptKind::Completion
     } else {
         return Err(invalid(
             "`prompt` or `messages`: the body names no prompt".into(),
@@ -237,7 +238,7 @@ pub async fn kv_match(
     };
     let engine = state.pool.decodes.iter().find(|d| d.is_healthy());
     let tokens = prompt_tokens
-        .of(route, &raw, &body, engine.map(|e| &**e))
+        .of(kind, &raw, &body, engine.map(|e| &**e))
         .await
         .ok_or_else(|| {
             invalid(

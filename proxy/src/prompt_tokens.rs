@@ -17,7 +17,15 @@ use serde_json::value::RawValue;
 use crate::backend::Backend;
 use crate::body::Body;
 use crate::metrics::TokenizeMetrics;
-use crate::state::Route;
+
+/// Which prompt a body carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptKind {
+    /// A completion's `prompt` (or SGLang's `text` or `input_ids`).
+    Completion,
+    /// A chat's `messages`.
+    Chat,
+}
 
 /// Where token ids come from.
 pub struct PromptTokens {
@@ -75,18 +83,18 @@ impl PromptTokens {
         })
     }
 
-    /// The token ids of `body`'s prompt on `route` (`body` parsed from `raw`), or `None` when
+    /// The token ids of `body`'s prompt of `kind` (`body` parsed from `raw`), or `None` when
     /// they cannot be known here (counted, and logged at debug level): `engine` is asked when
     /// there is no local tokenizer.
     pub async fn of(
         &self,
-        route: Route,
+        kind: PromptKind,
         raw: &Bytes,
         body: &Body<'_>,
         engine: Option<&Backend>,
     ) -> Option<Vec<u32>> {
         let started = Instant::now();
-        let plan = match plan(route, body) {
+        let plan = match plan(kind, body) {
             Ok(plan) => plan,
             Err(err) => {
                 tracing::debug!(%err, "the prompt's tokens are not known: routed without them");
@@ -100,10 +108,10 @@ impl PromptTokens {
         let (source, tokens) = match &self.local {
             Some(tokenizer) if plan.bytes() < BLOCKING_BYTES => ("local", local(tokenizer, &plan)),
             Some(tokenizer) => {
-                let blocking = off_the_runtime(tokenizer.clone(), route, raw.clone());
+                let blocking = off_the_runtime(tokenizer.clone(), kind, raw.clone());
                 ("local", blocking.await)
             }
-            None => ("engine", self.remote(route, body, engine).await),
+            None => ("engine", self.remote(kind, body, engine).await),
         };
         match tokens {
             Ok(tokens) => {
@@ -118,28 +126,17 @@ impl PromptTokens {
         }
     }
 
-    /// The tokens of the request's prompt, from the in-process tokenizer only (the admin's
-    /// match view).
-    pub fn local(&self, route: Route, body: &Body<'_>) -> Option<Result<Vec<u32>, TokenizeError>> {
-        let plan = match plan(route, body) {
-            Ok(Plan::Given(ids)) => return Some(Ok(ids)),
-            Ok(plan) => plan,
-            Err(err) => return Some(Err(err)),
-        };
-        Some(local(self.local.as_ref()?, &plan))
-    }
-
     /// Asks `engine`'s `POST /tokenize` with the request's own prompt fields.
     async fn remote(
         &self,
-        route: Route,
+        kind: PromptKind,
         body: &Body<'_>,
         engine: Option<&Backend>,
     ) -> Result<Vec<u32>, TokenizeError> {
         let engine = engine.ok_or_else(|| unsupported("no engine to ask"))?;
-        let fields: &[&str] = match route {
-            Route::ChatCompletions => &CHAT_FIELDS,
-            Route::Completions | Route::Generate => &["model", "prompt", "add_special_tokens"],
+        let fields: &[&str] = match kind {
+            PromptKind::Chat => &CHAT_FIELDS,
+            PromptKind::Completion => &["model", "prompt", "add_special_tokens"],
         };
         let mut request = String::from("{");
         for (name, value) in fields.iter().filter_map(|f| Some((f, body.get(f)?))) {
@@ -180,7 +177,7 @@ const CHAT_FIELDS: [&str; 8] = [
     "add_special_tokens",
 ];
 
-fn plan<'a>(route: Route, body: &Body<'a>) -> Result<Plan<'a>, TokenizeError> {
+fn plan<'a>(kind: PromptKind, body: &Body<'a>) -> Result<Plan<'a>, TokenizeError> {
     let flag = |name: &str, default: bool| -> Result<bool, TokenizeError> {
         body.get(name).map_or(Ok(default), |raw| {
             serde_json::from_str(raw.get())
@@ -188,8 +185,8 @@ fn plan<'a>(route: Route, body: &Body<'a>) -> Result<Plan<'a>, TokenizeError> {
         })
     };
     let raw = |name: &str| body.get(name).map(RawValue::get);
-    match route {
-        Route::ChatCompletions => {
+    match kind {
+        PromptKind::Chat => {
             if raw("chat_template").is_some() {
                 return Err(unsupported("a request's own chat_template"));
             }
@@ -204,7 +201,7 @@ fn plan<'a>(route: Route, body: &Body<'a>) -> Result<Plan<'a>, TokenizeError> {
                 add_special_tokens: flag("add_special_tokens", false)?,
             }))
         }
-        Route::Completions | Route::Generate => {
+        PromptKind::Completion => {
             let field = ["input_ids", "prompt", "text"]
                 .into_iter()
                 .find_map(|name| body.get(name))
@@ -245,12 +242,12 @@ impl Plan<'_> {
 /// shared, the top level is cheap to read).
 async fn off_the_runtime(
     tokenizer: Arc<Tokenizer>,
-    route: Route,
+    kind: PromptKind,
     raw: Bytes,
 ) -> Result<Vec<u32>, TokenizeError> {
     let run = move || {
         let body = Body::parse(&raw).map_err(|err| unsupported(&err.to_string()))?;
-        local(&tokenizer, &plan(route, &body)?)
+        local(&tokenizer, &plan(kind, &body)?)
     };
     tokio::task::spawn_blocking(run)
         .await

@@ -11,7 +11,7 @@ use crate::ids::Ids;
 use crate::intake::Intake;
 use crate::kv_events::{KvEventsConfig, KvTracker};
 use crate::metrics::{DecisionMetrics, Metrics, RouteMetrics};
-use crate::prompt_tokens::PromptTokens;
+use crate::prompt_tokens::{PromptKind, PromptTokens};
 use crate::routing::settings::DecodeOnlyRules;
 use crate::routing::{policy_for, Choice, Policy, RequestInfo, Slice};
 use crate::upstream::Upstream;
@@ -38,6 +38,14 @@ impl Route {
             "/v1/chat/completions" => Some(Route::ChatCompletions),
             "/generate" => Some(Route::Generate),
             _ => None,
+        }
+    }
+
+    /// The prompt its bodies carry.
+    pub fn prompt_kind(self) -> PromptKind {
+        match self {
+            Route::ChatCompletions => PromptKind::Chat,
+            Route::Completions | Route::Generate => PromptKind::Completion,
         }
     }
 

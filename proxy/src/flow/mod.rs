@@ -196,7 +196,7 @@ pub async fn start(
         Some(prompt_tokens) => {
             let engine = state.pool.decodes.iter().find(|d| d.is_healthy());
             prompt_tokens
-                .of(route, &bytes, &body, engine.map(|e| &**e))
+                .of(route.prompt_kind(), &bytes, &body, engine.map(|e| &**e))
                 .await
         }
         None => None,
