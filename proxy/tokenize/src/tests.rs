@@ -115,3 +115,37 @@ fn what_cannot_be_rendered_here_says_why() {
         Err(TokenizeError::NoChatTemplate)
     ));
 }
+
+#[test]
+fn a_request_with_tools_uses_the_tool_use_template() {
+    let dir = tempfile::tempdir().unwrap();
+    byte_level::write(dir.path()).unwrap();
+    let config = serde_json::json!({"chat_template": [
+        {"name": "default", "template": "plain:{{ messages[0].content }}"},
+        {"name": "tool_use", "template": "tools:{{ tools | length }}:{{ messages[0].content }}"},
+    ]});
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    let tokenizer = Tokenizer::from_dir(dir.path()).unwrap();
+    let messages = r#"[{"role":"user","content":"hi"}]"#;
+    assert_eq!(
+        tokenizer.render_chat(&ChatRequest::new(messages)).unwrap(),
+        "plain:hi"
+    );
+    let with_tools = ChatRequest {
+        tools: Some(r#"[{"type":"function","function":{"name":"f"}}]"#),
+        ..ChatRequest::new(messages)
+    };
+    assert_eq!(tokenizer.render_chat(&with_tools).unwrap(), "tools:1:hi");
+    // A chat_template.jinja file beside it replaces the default, keeps the named ones.
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "file:{{ messages[0].content }}",
+    )
+    .unwrap();
+    let tokenizer = Tokenizer::from_dir(dir.path()).unwrap();
+    assert_eq!(
+        tokenizer.render_chat(&ChatRequest::new(messages)).unwrap(),
+        "file:hi"
+    );
+    assert_eq!(tokenizer.render_chat(&with_tools).unwrap(), "tools:1:hi");
+}
