@@ -220,14 +220,7 @@ async fn a_prompt_goes_where_its_prefix_is_held() {
         .route(json!({"prompt": text, "cache_salt": "tenant-2"}))
         .await;
     assert!(route.contains("prefill_pick=kv_miss"), "{route}");
-    let metrics = client()
-        .get(format!("{}/metrics", cluster.proxy.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&cluster.proxy).await;
     assert_eq!(
         sample(
             &metrics,
@@ -307,8 +300,7 @@ async fn queued_work_outweighs_a_partial_hit() {
     // Their work done (P's calls over, not only D's answers), the holder is the cheapest again.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let url = format!("{}/admin/backends", cluster.proxy.url());
-        let backends = json_of(client().get(url)).await;
+        let backends = get_json(&cluster.proxy, "/admin/backends").await;
         if backends["prefills"][0]["in_flight"] == 0 {
             break;
         }
@@ -381,14 +373,7 @@ async fn without_tokens_or_events_cache_aware_places_the_request() {
         route.contains("prompt_tokens=5; prefill_pick=no_events"),
         "{route}"
     );
-    let metrics = client()
-        .get(format!("{}/metrics", proxy.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&proxy).await;
     assert_eq!(
         sample(
             &metrics,

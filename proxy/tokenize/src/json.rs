@@ -55,17 +55,21 @@ pub fn dumps(value: &Value, indent: Option<usize>) -> Result<String, serde_json:
 /// Python's default separators: `", "` between items, `": "` after keys.
 struct PythonCompact;
 
+/// `", "` before every item but the first.
+fn separator<W: ?Sized + io::Write>(w: &mut W, first: bool) -> io::Result<()> {
+    match first {
+        true => Ok(()),
+        false => w.write_all(b", "),
+    }
+}
+
 impl Formatter for PythonCompact {
     fn begin_array_value<W: ?Sized + io::Write>(
         &mut self,
         w: &mut W,
         first: bool,
     ) -> io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        separator(w, first)
     }
 
     fn begin_object_key<W: ?Sized + io::Write>(
@@ -73,11 +77,7 @@ impl Formatter for PythonCompact {
         w: &mut W,
         first: bool,
     ) -> io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        separator(w, first)
     }
 
     fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {

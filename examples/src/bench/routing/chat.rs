@@ -3,8 +3,7 @@
 //! question, as chat clients send it. An engine that served the previous turn holds all but the
 //! newest part in its prefix cache.
 
-use super::{tokens, Scenario};
-use crate::cluster::PrefillShape;
+use super::{four_prefills_two_decodes, tokens, Scenario};
 
 /// The chat workload.
 #[derive(Debug, Clone, Copy)]
@@ -76,20 +75,7 @@ pub fn scenario(workload: Workload) -> Scenario {
             ),
             ("precise_prefix", vec!["--policy", "precise_prefix"]),
         ],
-        shape: Box::new(|spec| {
-            spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; 4];
-            spec.decodes = 2;
-            spec.prefill_us_per_token = 200;
-            spec.decode_ms_per_token = 5;
-            spec.engine_args = [
-                "--prefix-cache-blocks",
-                "2048",
-                "--kv-bytes-per-token",
-                "64",
-            ]
-            .map(str::to_owned)
-            .to_vec();
-        }),
+        shape: Box::new(|spec| four_prefills_two_decodes(spec, 200, 2048, &[])),
     }
 }
 

@@ -59,6 +59,31 @@ pub struct RoutingRow {
     pub throughput: f64,
 }
 
+/// The scenarios' cluster: four prefills of one rank and two decodes, a prefill computing
+/// `prefill_us_per_token`, 5 ms per generated token, little KV per token, prefix caches of
+/// `cache_blocks`, and `engine_args` more for every engine.
+pub(crate) fn four_prefills_two_decodes(
+    spec: &mut ClusterSpec,
+    prefill_us_per_token: u64,
+    cache_blocks: usize,
+    engine_args: &[&str],
+) {
+    spec.prefills = vec![crate::cluster::PrefillShape { dp: 1, tp: 1 }; 4];
+    spec.decodes = 2;
+    spec.prefill_us_per_token = prefill_us_per_token;
+    spec.decode_ms_per_token = 5;
+    spec.engine_args = [
+        "--prefix-cache-blocks",
+        &cache_blocks.to_string(),
+        "--kv-bytes-per-token",
+        "64",
+    ]
+    .into_iter()
+    .chain(engine_args.iter().copied())
+    .map(str::to_owned)
+    .collect();
+}
+
 /// `n` bytes (tokens) of text, `tag` repeated.
 pub(crate) fn tokens(tag: &str, n: usize) -> String {
     format!("{tag} ").chars().cycle().take(n).collect()

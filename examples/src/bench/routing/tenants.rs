@@ -3,8 +3,7 @@
 //! prefills whose caches hold only part of all the tenants' prompts, and whose compute serves
 //! one prompt at a time. Where a tenant's prompt lands decides whether it is computed again.
 
-use super::{tokens, Scenario};
-use crate::cluster::PrefillShape;
+use super::{four_prefills_two_decodes, tokens, Scenario};
 
 /// The multi-tenant workload.
 #[derive(Debug, Clone, Copy)]
@@ -66,21 +65,8 @@ pub fn scenario(workload: Workload) -> Scenario {
             ("precise_prefix", vec!["--policy", "precise_prefix"]),
         ],
         shape: Box::new(|spec| {
-            spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; 4];
-            spec.decodes = 2;
+            four_prefills_two_decodes(spec, 100, 900, &["--prefill-concurrency", "1"]);
             spec.proxies = 2;
-            spec.prefill_us_per_token = 100;
-            spec.decode_ms_per_token = 5;
-            spec.engine_args = [
-                "--prefix-cache-blocks",
-                "900",
-                "--prefill-concurrency",
-                "1",
-                "--kv-bytes-per-token",
-                "64",
-            ]
-            .map(str::to_owned)
-            .to_vec();
         }),
     }
 }
