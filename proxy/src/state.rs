@@ -83,8 +83,11 @@ pub struct Shared {
     pub decisions: DecisionMetrics,
     /// The engines' KV cache events and their index (`--kv-events`).
     pub kv: Option<Arc<KvTracker>>,
-    /// The prompts' token ids, when a policy routes on the engines' events.
+    /// The prompts' token ids, with `--kv-events` (for the admin's match view).
     pub prompt_tokens: Option<PromptTokens>,
+    /// Whether each request is tokenized before it is placed (a policy routes on the engines'
+    /// events; `--kv-events` alone does not cost requests a tokenization).
+    pub tokenize_requests: bool,
     pair_policy: Box<dyn Policy>,
     decode_policy: Box<dyn Policy>,
     completions: Arc<RouteMetrics>,
@@ -130,6 +133,7 @@ impl Shared {
             decisions: metrics.decisions(),
             kv,
             prompt_tokens,
+            tokenize_requests: precise,
             completions: Arc::new(metrics.route("/v1/completions")),
             chat_completions: Arc::new(metrics.route("/v1/chat/completions")),
             generate: Arc::new(metrics.route("/generate")),
@@ -140,11 +144,6 @@ impl Shared {
             ids: Ids::default(),
             intake: Intake::new(&config.clients),
         })
-    }
-
-    /// Whether requests need their prompt's token ids (a policy routes on them).
-    pub fn wants_tokens(&self) -> bool {
-        self.prompt_tokens.is_some()
     }
 
     /// The metrics of `route`.

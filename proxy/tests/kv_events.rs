@@ -213,6 +213,16 @@ async fn a_burst_of_events_does_not_hold_up_requests() {
     let engine = wait_engine(&proxy, "the whole burst", |e| e["last_seq"] == seq + 99).await;
     assert_eq!(engine["blocks"], 0, "{engine}");
     assert_eq!(engine["malformed"], 0, "{engine}");
+    // --kv-events alone (no policy routing on them) tokenizes no request.
+    let metrics = metrics(&proxy).await;
+    assert!(
+        metrics.contains("pd_proxy_requests_total{outcome=\"ok\",route=\"/v1/completions\"} 20"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("pd_proxy_tokenize_seconds_count"),
+        "{metrics}"
+    );
     proxy.shutdown().await.unwrap();
 }
 

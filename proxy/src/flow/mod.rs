@@ -193,13 +193,13 @@ pub async fn start(
     })?;
     let pairs = state.pool.pairs();
     let tokens = match &state.prompt_tokens {
-        Some(prompt_tokens) => {
+        Some(prompt_tokens) if state.tokenize_requests => {
             let engine = state.pool.decodes.iter().find(|d| d.is_healthy());
             prompt_tokens
                 .of(route.prompt_kind(), &bytes, &body, engine.map(|e| &**e))
                 .await
         }
-        None => None,
+        _ => None,
     };
     let request = RequestInfo::new(&body, headers).with_tokens(tokens.as_deref());
     let early = decision::before_pick(&state.decode_only, &request, || {
