@@ -62,7 +62,7 @@ pub enum Suite {
         system_prompts: usize,
     },
     /// Many tenants, each with a long system prompt its users share, through two proxy
-    /// replicas in front of prefills whose caches hold the tenants' prompts about once, once
+    /// replicas in front of prefills whose caches hold the tenants' prompts once, not twice, once
     /// per policy (round robin, cache aware, precise prefix): prefix hit rate, TTFT,
     /// throughput.
     Tenants {
@@ -70,14 +70,17 @@ pub enum Suite {
         #[arg(long, default_value_t = 50)]
         tenants: usize,
         /// Users per tenant.
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 32)]
         users: usize,
         /// Requests per user.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 1)]
         requests: usize,
         /// Users at once.
         #[arg(long, default_value_t = 24)]
         parallel: usize,
+        /// Blocks of 16 tokens each engine's prefix cache holds.
+        #[arg(long, default_value_t = 1200)]
+        cache_blocks: usize,
         /// Run only these setups (repeatable): round_robin, cache_aware, precise_prefix.
         #[arg(long)]
         only: Vec<String>,

@@ -230,6 +230,7 @@ async fn run(args: &Args, settings: &Settings, machine: &str) -> Result<Output, 
                 users,
                 requests,
                 parallel,
+                cache_blocks,
                 only,
             } => {
                 let workload = routing::tenants::Workload {
@@ -237,6 +238,7 @@ async fn run(args: &Args, settings: &Settings, machine: &str) -> Result<Output, 
                     users: *users,
                     requests: *requests,
                     concurrency: *parallel,
+                    cache_blocks: *cache_blocks,
                     ..routing::tenants::Workload::DEFAULT
                 };
                 (workload, only.clone())

@@ -20,18 +20,22 @@ pub struct Workload {
     pub system_tokens: usize,
     /// Tokens of a question.
     pub question_tokens: usize,
+    /// Blocks of 16 tokens each engine's prefix cache holds.
+    pub cache_blocks: usize,
 }
 
 impl Workload {
-    /// The default: 50 tenants of 8 users, 4 requests each (1,600 requests), 24 users at a
-    /// time, 1,024-token system prompts and 128-token questions.
+    /// The default: 50 tenants of 32 users, one request each (1,600 requests, as independent
+    /// calls sharing a tenant's prompt are), 24 users at a time, 1,024-token system prompts and
+    /// 128-token questions, caches of 1,200 blocks.
     pub const DEFAULT: Workload = Workload {
         tenants: 50,
-        users: 8,
-        requests: 4,
+        users: 32,
+        requests: 1,
         concurrency: 24,
         system_tokens: 1024,
         question_tokens: 128,
+        cache_blocks: 1200,
     };
 }
 
@@ -49,9 +53,9 @@ fn prompts(session: usize, workload: &Workload) -> Vec<String> {
 }
 
 /// The multi-tenant scenario: four prefills computing one prompt at a time, two decodes, each
-/// engine's cache holding 900 blocks of 16 tokens (all the tenants' system prompts are 3,200:
-/// the four prefills hold them once, with little room to spare), two proxies; round robin,
-/// cache_aware and precise_prefix.
+/// engine's cache holding `cache_blocks` blocks of 16 tokens (all the tenants' system prompts
+/// are 3,200: by default the four prefills hold them once with room for the questions, not
+/// twice), two proxies; round robin, cache_aware and precise_prefix.
 pub fn scenario(workload: Workload) -> Scenario {
     Scenario {
         name: "a multi-tenant workload through two proxies",
@@ -64,8 +68,13 @@ pub fn scenario(workload: Workload) -> Scenario {
             ("cache_aware", vec!["--policy", "cache_aware"]),
             ("precise_prefix", vec!["--policy", "precise_prefix"]),
         ],
-        shape: Box::new(|spec| {
-            four_prefills_two_decodes(spec, 100, 900, &["--prefill-concurrency", "1"]);
+        shape: Box::new(move |spec| {
+            four_prefills_two_decodes(
+                spec,
+                100,
+                workload.cache_blocks,
+                &["--prefill-concurrency", "1"],
+            );
             spec.proxies = 2;
         }),
     }
