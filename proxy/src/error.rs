@@ -16,6 +16,10 @@ pub struct ApiError {
     pub kind: &'static str,
     /// What went wrong, for a person.
     pub message: String,
+    /// OpenAI's `code` when it is a word (e.g. `model_not_found`); else the status.
+    pub code: Option<&'static str>,
+    /// The request field at fault (OpenAI's `param`).
+    pub param: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -28,7 +32,16 @@ struct Inner<'a> {
     message: &'a str,
     #[serde(rename = "type")]
     kind: &'a str,
-    code: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    param: Option<&'a str>,
+    code: Code<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Code<'a> {
+    Status(u16),
+    Word(&'a str),
 }
 
 impl ApiError {
@@ -38,6 +51,24 @@ impl ApiError {
             status,
             kind,
             message: message.into(),
+            code: None,
+            param: None,
+        }
+    }
+
+    /// The same error with OpenAI's `code` as a word.
+    pub fn with_code(self, code: &'static str) -> Self {
+        ApiError {
+            code: Some(code),
+            ..self
+        }
+    }
+
+    /// The same error naming the request field at fault.
+    pub fn with_param(self, param: &'static str) -> Self {
+        ApiError {
+            param: Some(param),
+            ..self
         }
     }
 
@@ -71,7 +102,11 @@ impl ApiError {
             error: Inner {
                 message: &self.message,
                 kind: self.kind,
-                code: self.status.as_u16(),
+                param: self.param,
+                code: match self.code {
+                    Some(word) => Code::Word(word),
+                    None => Code::Status(self.status.as_u16()),
+                },
             },
         })
         .expect("the error envelope serializes")

@@ -44,7 +44,7 @@ async fn serve(
         .and_then(TrackerSlot::take)
         .unwrap_or_else(|| Tracker::new(state.route_metrics(route).clone(), Instant::now()));
     let start = tracker.started();
-    match flow::start(state, route, headers, &request_id, body, start).await {
+    match flow::start(state, route, headers, &request_id, body, &mut tracker).await {
         Ok(started) => respond(started, tracker, start),
         Err(refusal) => {
             tracker.finish(refusal.outcome);

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Backend, Prefill};
 use crate::config::HealthConfig;
+use crate::models::read_cards;
 
 /// What one health check found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,29 +34,11 @@ pub async fn check(client: &reqwest::Client, url: &Url, timeout: Duration) -> Ch
     }
 }
 
-/// The model ids `url` (a `/v1/models`) lists, or `None` when it does not answer them.
-pub async fn models(client: &reqwest::Client, url: &Url, timeout: Duration) -> Option<Vec<String>> {
-    #[derive(serde::Deserialize)]
-    struct Model {
-        id: String,
-    }
-    #[derive(serde::Deserialize)]
-    struct Models {
-        data: Vec<Model>,
-    }
-    let response = client.get(url.clone()).timeout(timeout).send().await.ok()?;
-    if !response.status().is_success() {
-        return None;
-    }
-    let models: Models = response.json().await.ok()?;
-    Some(models.data.into_iter().map(|m| m.id).collect())
-}
-
 /// Checks `backend` forever: every interval, or every recovery interval while it fails or is
 /// out of rotation (from the moment real traffic takes it out). When a prefill comes back
 /// healthy its discovery is woken, since a restarted P registers under a new engine id. A
-/// healthy decode's `/v1/models` is read at each check, so that it is only paired with
-/// prefills of a model it serves.
+/// healthy backend's `/v1/models` is read at each check: requests go to the engines that serve
+/// their model (adapters included), and P and D of a pair serve the same one.
 pub async fn check_forever(
     backend: Arc<Backend>,
     prefill: Option<Arc<Prefill>>,
@@ -81,8 +64,8 @@ pub async fn check_forever(
     }
 }
 
-/// Counts one check of `backend` (reading a decode's models when it passed), and tells of a
-/// change of state.
+/// Counts one check of `backend` (reading its models when it passed), and tells of a change
+/// of state.
 async fn record(
     backend: &Backend,
     prefill: Option<&Prefill>,
@@ -90,9 +73,9 @@ async fn record(
     passed: bool,
     config: &HealthConfig,
 ) {
-    if passed && prefill.is_none() {
-        if let Some(served) = models(client, &backend.models_url, config.timeout).await {
-            backend.set_models(served);
+    if passed {
+        if let Some(cards) = read_cards(client, &backend.models_url, config.timeout).await {
+            backend.set_models(cards);
         }
     }
     match backend.record_check(passed, config) {

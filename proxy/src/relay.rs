@@ -61,6 +61,15 @@ impl Tracker {
         &self.metrics
     }
 
+    /// Moves the request to other labels (its model's, once its body named it).
+    pub fn retarget(&mut self, metrics: Arc<RouteMetrics>) {
+        if !self.done && !Arc::ptr_eq(&self.metrics, &metrics) {
+            self.metrics.leave();
+            metrics.start();
+            self.metrics = metrics;
+        }
+    }
+
     /// Counts the request as ended with `outcome` (only the first call counts).
     pub fn finish(&mut self, outcome: Outcome) {
         if !self.done {

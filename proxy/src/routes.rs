@@ -86,7 +86,8 @@ pub struct PrefillReadiness {
     pub healthy: bool,
     /// Discovered dp rank -> engine id (none without a bootstrap server, or on SGLang's).
     pub dp_ranks: BTreeMap<Rank, Option<String>>,
-    /// The models its engines registered (empty when they registered none).
+    /// The models its engines registered, else those it lists at `/v1/models` (empty when
+    /// neither is known).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<String>,
 }
@@ -136,6 +137,9 @@ async fn ready(State(state): State<AppState>) -> Response {
                 .filter_map(|pair| pair.model.as_deref().map(str::to_owned))
                 .collect();
             models.dedup();
+            if models.is_empty() {
+                models = model_ids(&prefill.backend);
+            }
             PrefillReadiness {
                 url: prefill.backend.url().to_owned(),
                 bootstrap_addr: prefill.bootstrap_addr.as_deref().map(str::to_owned),
@@ -150,14 +154,23 @@ async fn ready(State(state): State<AppState>) -> Response {
         })
         .collect();
     let healthy_decodes = pool.decodes.iter().filter(|d| d.is_healthy()).count();
-    // A pair is ready when its prefill is healthy and a healthy decode serves its model.
+    // A pair is ready when its prefill is healthy and a healthy decode serves one of its
+    // models (what it lists, else what it registered).
     let ready_pairs = pairs
         .iter()
         .filter(|pair| pair.backend.is_healthy())
         .filter(|pair| {
-            pool.decodes
-                .iter()
-                .any(|d| d.is_healthy() && d.serves(pair.model.as_deref()))
+            let listed = pair.backend.models();
+            let models: Vec<Option<&str>> = match listed.as_deref() {
+                Some(cards) if pair.model.is_none() && !cards.is_empty() => cards
+                    .iter()
+                    .filter(|card| !card.is_adapter())
+                    .map(|card| Some(card.id.as_str()))
+                    .collect(),
+                _ => vec![pair.model.as_deref()],
+            };
+            (pool.decodes.iter())
+                .any(|d| d.is_healthy() && models.iter().any(|model| d.serves(*model)))
         })
         .count();
     let decodes: Vec<DecodeReadiness> = pool
@@ -166,7 +179,7 @@ async fn ready(State(state): State<AppState>) -> Response {
         .map(|decode| DecodeReadiness {
             url: decode.url().to_owned(),
             healthy: decode.is_healthy(),
-            models: decode.models().to_vec(),
+            models: model_ids(decode),
         })
         .collect();
     let healthy_pairs = pairs
@@ -200,6 +213,12 @@ async fn ready(State(state): State<AppState>) -> Response {
         detail,
     };
     (status, Json(body)).into_response()
+}
+
+/// The ids of the models `backend` lists (empty until read).
+fn model_ids(backend: &crate::backend::Backend) -> Vec<String> {
+    let cards = backend.models().unwrap_or_default();
+    cards.iter().map(|card| card.id.clone()).collect()
 }
 
 /// `GET /metrics`: Prometheus text format.

@@ -1,5 +1,6 @@
 //! What every handler and layer shares: the backends, the clients, the metrics, the policies.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use pd_service::BearerToken;
@@ -10,7 +11,9 @@ use crate::endpoint::Endpoint;
 use crate::ids::Ids;
 use crate::intake::Intake;
 use crate::kv_events::{KvEventsConfig, KvTracker};
-use crate::metrics::{DecisionMetrics, Metrics, RouteMetrics};
+use crate::metrics::{Metrics, RouteMetrics};
+use crate::models::lora::AdapterLoader;
+use crate::models::{ModelHandles, ModelLabels, ModelsConfig};
 use crate::prompt_tokens::{PromptKind, PromptTokens};
 use crate::routing::settings::DecodeOnlyRules;
 use crate::routing::{policy_for, Choice, Policy, RequestInfo, Slice};
@@ -19,15 +22,15 @@ use crate::upstream::Upstream;
 /// The state every handler receives.
 pub type AppState = Arc<Shared>;
 
-/// The proxied routes.
+/// The proxied routes (in the order [`crate::models::ModelHandles`] keeps them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     /// `POST /v1/completions`.
-    Completions,
+    Completions = 0,
     /// `POST /v1/chat/completions`.
-    ChatCompletions,
+    ChatCompletions = 1,
     /// `POST /generate` (SGLang's native API).
-    Generate,
+    Generate = 2,
 }
 
 impl Route {
@@ -79,8 +82,12 @@ pub struct Shared {
     pub intake: Intake,
     /// When a request skips P.
     pub decode_only: DecodeOnlyRules,
-    /// The routing decision counters.
-    pub decisions: DecisionMetrics,
+    /// Aliases, per-model policies, adapters.
+    pub models: ModelsConfig,
+    /// The request and decision metrics of each model.
+    pub labels: ModelLabels,
+    /// Loads adapters on demand.
+    pub lora: AdapterLoader,
     /// The engines' KV cache events and their index (`--kv-events`).
     pub kv: Option<Arc<KvTracker>>,
     /// The prompts' token ids, with `--kv-events` (for the admin's match view).
@@ -88,11 +95,25 @@ pub struct Shared {
     /// Whether each request is tokenized before it is placed (a policy routes on the engines'
     /// events; `--kv-events` alone does not cost requests a tokenization).
     pub tokenize_requests: bool,
-    pair_policy: Box<dyn Policy>,
-    decode_policy: Box<dyn Policy>,
-    completions: Arc<RouteMetrics>,
-    chat_completions: Arc<RouteMetrics>,
-    generate: Arc<RouteMetrics>,
+    policies: Policies,
+}
+
+/// A (prefill, decode) policy pair.
+type PolicyPair = (Box<dyn Policy>, Box<dyn Policy>);
+
+/// The (prefill, decode) policies: the flags', and each model's own from `--config`.
+struct Policies {
+    default: PolicyPair,
+    per_model: HashMap<String, PolicyPair>,
+}
+
+impl Policies {
+    /// The policies of requests for `model`.
+    fn of(&self, model: Option<&str>) -> &PolicyPair {
+        model
+            .and_then(|model| self.per_model.get(model))
+            .unwrap_or(&self.default)
+    }
 }
 
 impl Shared {
@@ -104,8 +125,10 @@ impl Shared {
         metrics: Arc<Metrics>,
     ) -> Result<Self, pd_tokenize::TokenizeError> {
         let routing = &config.routing;
+        let per_model = config.models.policies.values();
         let precise = [routing.prefill_policy, routing.decode_policy]
-            .iter()
+            .into_iter()
+            .chain(per_model.flat_map(|p| [p.prefill, p.decode]))
             .any(|policy| policy.follows_kv_events());
         let kv_config =
             (config.kv_events.clone()).or_else(|| precise.then(KvEventsConfig::default));
@@ -119,24 +142,33 @@ impl Shared {
             )?),
             None => None,
         };
+        let pick = |prefill, decode| {
+            (
+                policy_for(prefill, routing, Choice::Prefill, kv.as_ref()),
+                policy_for(decode, routing, Choice::Decode, kv.as_ref()),
+            )
+        };
+        let policies = Policies {
+            default: pick(routing.prefill_policy, routing.decode_policy),
+            per_model: (config.models.policies.iter())
+                .map(|(model, p)| (model.clone(), pick(p.prefill, p.decode)))
+                .collect(),
+        };
         Ok(Shared {
-            pair_policy: policy_for(
-                routing.prefill_policy,
-                routing,
-                Choice::Prefill,
-                kv.as_ref(),
+            policies,
+            lora: AdapterLoader::new(
+                upstream.client.clone(),
+                config.models.load_timeout,
+                metrics.lora(),
             ),
-            decode_policy: policy_for(routing.decode_policy, routing, Choice::Decode, kv.as_ref()),
             pool,
             upstream,
             decode_only: routing.decode_only,
-            decisions: metrics.decisions(),
+            models: config.models.clone(),
+            labels: ModelLabels::new(metrics.clone()),
             kv,
             prompt_tokens,
             tokenize_requests: precise,
-            completions: Arc::new(metrics.route("/v1/completions")),
-            chat_completions: Arc::new(metrics.route("/v1/chat/completions")),
-            generate: Arc::new(metrics.route("/generate")),
             metrics,
             mode: config.mode,
             api_key: config.api_key.as_deref().and_then(BearerToken::new),
@@ -146,24 +178,46 @@ impl Shared {
         })
     }
 
-    /// The metrics of `route`.
+    /// The metrics of `route` for requests not yet known to name a model.
     pub fn route_metrics(&self, route: Route) -> &Arc<RouteMetrics> {
-        match route {
-            Route::Completions => &self.completions,
-            Route::ChatCompletions => &self.chat_completions,
-            Route::Generate => &self.generate,
+        self.labels.none().route(route)
+    }
+
+    /// The metrics of requests for `model` (none: they name none).
+    pub fn model_metrics(&self, model: Option<&str>) -> Arc<ModelHandles> {
+        match model {
+            None => self.labels.none().clone(),
+            Some(model) => self.labels.of(model, || {
+                self.models.names(model)
+                    || crate::models::anyone_serves(&self.pool, &self.pool.pairs(), model)
+            }),
         }
     }
 
-    /// A healthy (prefill, dp rank) pair for `request`.
-    pub fn pick_pair(&self, pairs: &[Arc<Pair>], request: &RequestInfo<'_>) -> Option<Arc<Pair>> {
+    /// Whether `model` is a LoRA adapter (the `--config` file's, or one an engine lists with
+    /// a base model).
+    pub fn is_adapter(&self, model: &str) -> bool {
+        let pool = &self.pool;
+        self.models.adapters.contains_key(model)
+            || (pool.prefills.iter().map(|prefill| &prefill.backend))
+                .chain(&pool.decodes)
+                .any(|backend| backend.card(model).is_some_and(|card| card.is_adapter()))
+    }
+
+    /// A healthy (prefill, dp rank) pair serving `model` (when known) for `request`.
+    pub fn pick_pair(
+        &self,
+        pairs: &[Arc<Pair>],
+        model: Option<&str>,
+        request: &RequestInfo<'_>,
+    ) -> Option<Arc<Pair>> {
         let candidates = Slice {
             items: pairs,
-            usable: |pair: &Arc<Pair>| pair.takes_requests(),
+            usable: |pair: &Arc<Pair>| pair.takes_requests() && pair.serves(model),
             load: |pair: &Arc<Pair>| pair.load(),
             id: |pair: &Arc<Pair>| pair.id(),
         };
-        let index = self.pair_policy.pick(&candidates, request)?;
+        let index = self.policies.of(model).0.pick(&candidates, request)?;
         Some(pairs[index].clone())
     }
 
@@ -186,19 +240,21 @@ impl Shared {
             load: |decode: &Arc<Backend>| decode.load(),
             id: |decode: &Arc<Backend>| decode.id(),
         };
-        let index = self.decode_policy.pick(&candidates, request)?;
+        let index = self.policies.of(model).1.pick(&candidates, request)?;
         Some(decodes[index].clone())
     }
 
-    /// The share of `request`'s prompt the best-placed healthy decode holds, if the decode
-    /// policy knows (cache-aware).
-    pub fn decode_share(&self, request: &RequestInfo<'_>) -> Option<f64> {
+    /// The share of `request`'s prompt the best-placed healthy decode serving `model` holds,
+    /// if the decode policy knows (cache-aware).
+    pub fn decode_share(&self, model: Option<&str>, request: &RequestInfo<'_>) -> Option<f64> {
         let candidates = Slice {
             items: &self.pool.decodes,
-            usable: |decode: &Arc<Backend>| decode.is_healthy() && !decode.is_drained(),
+            usable: |decode: &Arc<Backend>| {
+                decode.is_healthy() && !decode.is_drained() && decode.serves(model)
+            },
             load: |decode: &Arc<Backend>| decode.load(),
             id: |decode: &Arc<Backend>| decode.id(),
         };
-        self.decode_policy.prefix_match(&candidates, request)
+        self.policies.of(model).1.prefix_match(&candidates, request)
     }
 }

@@ -20,7 +20,7 @@ fn transfer_id(seen: &Seen) -> String {
 #[tokio::test]
 async fn prefill_and_decode_receive_what_vllms_proxy_sends() {
     let cluster = Cluster::start(1, &[(0, "engine-0")], |_| {}).await;
-    let request = json!({"model": "m", "prompt": "hi", "max_tokens": 20, "stream": false,
+    let request = json!({"model": "mock-model", "prompt": "hi", "max_tokens": 20, "stream": false,
                          "temperature": 0.5, "custom": {"nested": [1, 2.5, null]}});
     let response = cluster
         .client
@@ -46,14 +46,14 @@ async fn prefill_and_decode_receive_what_vllms_proxy_sends() {
     assert_eq!(p.path, "/v1/completions");
     assert_eq!(
         p.body,
-        json!({"model": "m", "prompt": "hi", "max_tokens": 1, "stream": false,
+        json!({"model": "mock-model", "prompt": "hi", "max_tokens": 1, "stream": false,
                "temperature": 0.5, "custom": {"nested": [1, 2.5, null]},
                "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false,
                                       "transfer_id": id}})
     );
     assert_eq!(
         d.body,
-        json!({"model": "m", "prompt": "hi", "max_tokens": 20, "stream": false,
+        json!({"model": "mock-model", "prompt": "hi", "max_tokens": 20, "stream": false,
                "temperature": 0.5, "custom": {"nested": [1, 2.5, null]},
                "kv_transfer_params": {"do_remote_decode": false, "do_remote_prefill": true,
                                       "remote_bootstrap_addr": cluster.bootstrap.url(),
@@ -77,7 +77,7 @@ async fn prefill_and_decode_receive_what_vllms_proxy_sends() {
 #[tokio::test]
 async fn streamed_chat_keeps_sse_and_prefill_loses_stream_options() {
     let cluster = Cluster::start(1, &[(0, "engine-0")], |_| {}).await;
-    let request = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+    let request = json!({"model": "mock-model", "messages": [{"role": "user", "content": "hi"}],
                          "stream": true, "stream_options": {"include_usage": true},
                          "max_completion_tokens": 30});
     let (status, headers, text) = cluster.post("/v1/chat/completions", request).await;
@@ -316,10 +316,10 @@ async fn models_health_ready_and_metrics_answer() {
         "backend=\"{}\",outcome=\"ok\",role=\"decode\"",
         cluster.decode().url()
     );
-    // Two completions and the /v1/models call.
+    // Two completions (the proxy answers /v1/models from what the engines listed).
     assert_eq!(
         sample(&metrics, "pd_proxy_backend_requests_total", &decode),
-        3.0
+        2.0
     );
     assert_eq!(
         sample(

@@ -216,7 +216,7 @@ async fn a_burst_of_events_does_not_hold_up_requests() {
     // --kv-events alone (no policy routing on them) tokenizes no request.
     let metrics = metrics(&proxy).await;
     assert!(
-        metrics.contains("pd_proxy_requests_total{outcome=\"ok\",route=\"/v1/completions\"} 20"),
+        metrics.contains("outcome=\"ok\",route=\"/v1/completions\"} 20"),
         "{metrics}"
     );
     assert!(

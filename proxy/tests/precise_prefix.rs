@@ -182,7 +182,7 @@ async fn a_prompt_goes_where_its_prefix_is_held() {
     cluster.holds(3, &bytes(&text)[..32]).await;
     for _ in 0..3 {
         let route = cluster
-            .route(json!({"model": "m", "prompt": text, "max_tokens": 2}))
+            .route(json!({"model": "mock-model", "prompt": text, "max_tokens": 2}))
             .await;
         assert!(
             route.contains(&format!("prefill={}", cluster.prefills[1].url())),

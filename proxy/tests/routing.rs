@@ -28,12 +28,11 @@ fn seen_counts(cluster: &Cluster) -> Vec<usize> {
 }
 
 fn decisions(metrics: &str, decision: &str, reason: &str) -> u64 {
-    let series =
-        format!("pd_proxy_route_decisions_total{{decision=\"{decision}\",reason=\"{reason}\"}} ");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&series))
-        .map_or(0, |value| value.trim().parse().unwrap())
+    let labels = format!("decision=\"{decision}\",model=");
+    let reason = format!("reason=\"{reason}\"}}");
+    let lines = metrics.lines().filter(|line| line.contains(&reason));
+    let text: String = lines.collect::<Vec<_>>().join("\n");
+    sample(&text, "pd_proxy_route_decisions_total", &labels) as u64
 }
 
 #[tokio::test]
@@ -163,11 +162,8 @@ async fn short_prompts_go_to_a_decode_alone_and_say_why() {
     assert_eq!(decisions(&metrics, "disaggregated", "long_prompt"), 1);
     // The phases: P answered once, D's first byte came twice.
     let count = |name: &str| {
-        let series = format!("{name}_count{{route=\"/v1/completions\"}} ");
-        let line = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&series).map(str::to_owned));
-        line.map_or(0, |v| v.trim().parse::<u64>().unwrap())
+        let series = format!("{name}_count");
+        sample(&metrics, &series, "route=\"/v1/completions\"") as u64
     };
     assert_eq!(count("pd_proxy_prefill_duration_seconds"), 1);
     assert_eq!(count("pd_proxy_decode_first_byte_seconds"), 2);

@@ -23,6 +23,7 @@ use tokio::sync::Notify;
 use crate::config::HealthConfig;
 use crate::endpoint::Endpoint;
 use crate::metrics::{BackendMetrics, CallOutcome, Metrics};
+use crate::models::ModelCard;
 
 /// Whether a backend prefills or decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,8 +74,8 @@ pub struct Backend {
     /// `{url}/metrics` (the engine's own).
     pub metrics_url: Url,
     healthy: AtomicBool,
-    /// The models the backend lists at `/v1/models` (empty until known).
-    models: RwLock<Arc<[String]>>,
+    /// The models the backend lists at `/v1/models` (`None` until known).
+    models: RwLock<Option<Arc<[ModelCard]>>>,
     failures: AtomicU32,
     successes: AtomicU32,
     /// Woken when real traffic took the backend out, so its checks switch to the recovery
@@ -110,7 +111,7 @@ impl Backend {
             health_url: join("/health"),
             metrics_url: join("/metrics"),
             healthy: AtomicBool::new(true),
-            models: RwLock::new(Arc::from(Vec::new())),
+            models: RwLock::new(None),
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             recheck: Notify::new(),
@@ -174,8 +175,8 @@ impl Backend {
         self.healthy.load(Ordering::Relaxed)
     }
 
-    /// The models the backend serves, as its `/v1/models` listed them (empty: not known yet).
-    pub fn models(&self) -> Arc<[String]> {
+    /// The models the backend serves, as its `/v1/models` listed them (`None`: not known yet).
+    pub fn models(&self) -> Option<Arc<[ModelCard]>> {
         self.models
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -183,16 +184,40 @@ impl Backend {
     }
 
     /// Records the models the backend serves.
-    pub fn set_models(&self, models: Vec<String>) {
-        *self.models.write().unwrap_or_else(PoisonError::into_inner) = Arc::from(models);
+    pub fn set_models(&self, models: Vec<ModelCard>) {
+        *self.models.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::from(models));
+    }
+
+    /// Adds `card` to the models it serves (an adapter just loaded on it), unless it lists it.
+    pub fn add_model(&self, card: ModelCard) {
+        let mut models = self.models.write().unwrap_or_else(PoisonError::into_inner);
+        let mut list: Vec<ModelCard> = models.as_deref().unwrap_or_default().to_vec();
+        if !list.iter().any(|known| known.id == card.id) {
+            list.push(card);
+        }
+        *models = Some(Arc::from(list));
+    }
+
+    /// Whether it lists `model` (`None`: its models are not known yet).
+    pub fn lists(&self, model: &str) -> Option<bool> {
+        let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
+        Some(models.as_ref()?.iter().any(|card| card.id == model))
+    }
+
+    /// Its card of `model`, if it lists it.
+    pub fn card(&self, model: &str) -> Option<ModelCard> {
+        let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
+        models
+            .as_ref()?
+            .iter()
+            .find(|card| card.id == model)
+            .cloned()
     }
 
     /// Whether the backend may serve `model`: it lists it, or nothing is known (of the
     /// backend's models, or of the model).
     pub fn serves(&self, model: Option<&str>) -> bool {
-        let Some(model) = model else { return true };
-        let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
-        models.is_empty() || models.iter().any(|m| m == model)
+        model.is_none_or(|model| self.lists(model) != Some(false))
     }
 
     /// Calls through this proxy not yet finished.

@@ -74,6 +74,16 @@ impl Pair {
         self.outstanding().max(share)
     }
 
+    /// Whether this dp rank may serve `model`: the model its engine registered, or one its
+    /// prefill lists at `/v1/models` (adapters included); anything while neither is known.
+    pub fn serves(&self, model: Option<&str>) -> bool {
+        let Some(model) = model else { return true };
+        match (self.model.as_deref(), self.backend.lists(model)) {
+            (Some(registered), listed) => registered == model || listed == Some(true),
+            (None, listed) => listed != Some(false),
+        }
+    }
+
     /// Whether its engine is marked draining in the registry.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)

@@ -4,10 +4,13 @@
 //! The prefill and decode flags are vLLM's Mooncake proxy's: `--prefill URL [BOOTSTRAP_PORT|none]`
 //! (repeatable; `none` or no port means 8998, or no bootstrap server in sequential mode; the
 //! bootstrap host is the prefill URL's host) and `--decode URL` (repeatable); `targets.rs`
-//! checks them.
+//! checks them. `--config FILE` reads any flag, and the models' tables, from a TOML file
+//! (`file.rs`).
 
+mod file;
 mod targets;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
@@ -15,11 +18,13 @@ use pd_service::{parse_seconds, LogFormat};
 
 use self::targets::base_url;
 
+pub use self::file::{ConfigFile, FileError, FileModels};
 pub use self::targets::{
     parse_backend_url, parse_prefill, parse_prefill_env, PrefillTarget, DEFAULT_BOOTSTRAP_PORT,
     PREFILL_ENV,
 };
 pub use crate::kv_events::{KvEventsArgs, KvEventsConfig};
+pub use crate::models::{ModelsArgs, ModelsConfig};
 pub use crate::routing::settings::{Policy, RoutingArgs, RoutingConfig};
 
 /// How P and D are called.
@@ -154,6 +159,16 @@ pub struct Args {
     /// Log format.
     #[arg(long, env = "PD_PROXY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub models: ModelsArgs,
+    /// A TOML file of flags (each under its long name; the command line and environment win)
+    /// and models' tables: `[aliases]`, `[models."NAME"]` policies, `[adapters.NAME]`.
+    #[arg(long, env = "PD_PROXY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The models' tables of `--config`.
+    #[arg(skip)]
+    pub file_models: FileModels,
 }
 
 /// What one client may cost the proxy: time to send a request, bytes held while it arrives,
@@ -249,6 +264,8 @@ pub struct Config {
     pub admin_key: Option<String>,
     /// Following the engines' KV cache events (none: off).
     pub kv_events: Option<KvEventsConfig>,
+    /// Aliases, per-model policies, adapters.
+    pub models: ModelsConfig,
 }
 
 impl Config {
@@ -291,6 +308,10 @@ impl Config {
             api_key: None,
             admin_key: None,
             kv_events: None,
+            models: ModelsConfig {
+                load_timeout: Duration::from_secs(30),
+                ..ModelsConfig::default()
+            },
         }
     }
 }
@@ -339,15 +360,45 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
 }
 
 impl Args {
-    /// Parses a command line, keeping each `--prefill` occurrence's one or two values together
-    /// (clap's derive flattens them).
+    /// Parses a command line (with the flags of its `--config` file, the command line's
+    /// winning), keeping each `--prefill` occurrence's one or two values together (clap's
+    /// derive flattens them).
     pub fn try_parse_args<I, T>(argv: I) -> Result<Self, clap::Error>
     where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let matches = Self::command().try_get_matches_from(argv)?;
+        let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+        let mut command = Self::command();
+        let mut matches = command.try_get_matches_from_mut(&argv)?;
+        let mut file_models = FileModels::default();
+        if let Some(path) = matches.get_one::<PathBuf>("config").cloned() {
+            let invalid = |message: String| {
+                Self::command().error(clap::error::ErrorKind::InvalidValue, message)
+            };
+            let file = ConfigFile::read(&path, &command, &matches)
+                .map_err(|err| invalid(err.to_string()))?;
+            let (program, rest) = argv.split_first().expect("argv holds the program");
+            let combined = std::iter::once(program.clone())
+                .chain(file.words)
+                .chain(rest.iter().cloned());
+            matches = Self::command()
+                .try_get_matches_from(combined)
+                .map_err(|err| {
+                    let flag = err.get(clap::error::ContextKind::InvalidArg).map(|arg| {
+                        let text = arg.to_string();
+                        let long = text.trim_start_matches("--");
+                        long.split([' ', '=']).next().unwrap_or("").to_owned()
+                    });
+                    match flag.and_then(|flag| file.lines.get(&flag)) {
+                        Some(line) => invalid(format!("{}:{line}: {err}", path.display())),
+                        None => err,
+                    }
+                })?;
+            file_models = file.models;
+        }
         let mut args = Self::from_arg_matches(&matches)?;
+        args.file_models = file_models;
         args.prefill_groups = matches
             .get_occurrences::<String>("prefill")
             .map(|occurrences| {
@@ -395,8 +446,16 @@ impl Args {
         config.host = self.host;
         config.port = self.port;
         config.routing = self.routing.config(self.policy);
+        config.models = self.file_models.config(
+            config.routing.prefill_policy,
+            config.routing.decode_policy,
+            self.models.lora_load_on_demand,
+            self.models.lora_load_timeout,
+        );
+        let per_model = config.models.policies.values();
         let precise = [config.routing.prefill_policy, config.routing.decode_policy]
-            .iter()
+            .into_iter()
+            .chain(per_model.flat_map(|p| [p.prefill, p.decode]))
             .any(|policy| policy.follows_kv_events());
         config.kv_events = self.kv_events.config(precise);
         if config.routing.decode_only.prefix_share.is_some()

@@ -10,12 +10,23 @@ use super::retry::{self, DecodeCall};
 use super::{Refusal, Started};
 use crate::backend::Backend;
 use crate::body::Body;
+use crate::metrics::RouteMetrics;
 use crate::routing::RequestInfo;
 use crate::state::{AppState, Route};
 
-/// Sends the client's body, without transfer instructions, to `decode` (one retry on another).
-/// Without P there is no first-byte deadline: D computes the prompt itself, within the
-/// request's deadline.
+/// What a request served by a decode alone carries besides its body.
+pub(super) struct Alone<'a> {
+    /// The model asked for, if any.
+    pub model: Option<&'a str>,
+    /// The route's metrics for that model.
+    pub metrics: &'a RouteMetrics,
+    /// When the request arrived.
+    pub start: Instant,
+}
+
+/// Sends the client's body, without transfer instructions, to `decode` (one retry on another
+/// decode of the same model). Without P there is no first-byte deadline: D computes the
+/// prompt itself, within the request's deadline.
 pub(super) async fn run(
     state: &AppState,
     route: Route,
@@ -23,14 +34,21 @@ pub(super) async fn run(
     common: &HeaderMap,
     body: Body<'_>,
     headers: &HeaderMap,
-    start: Instant,
+    how: Alone<'_>,
 ) -> Result<Started, Refusal> {
+    let Alone {
+        model,
+        metrics,
+        start,
+    } = how;
     let alone = Bytes::from(body.alone());
     let overhead = start.elapsed();
     let request = RequestInfo::new(&body, headers);
     let decoding = retry::decode_with_retry(DecodeCall {
         state,
         route,
+        model,
+        metrics,
         pair: None,
         decode,
         common,

@@ -6,6 +6,7 @@
 //! arrival). Every future is owned by the request, so a client that goes away cancels both
 //! calls.
 
+mod adapter;
 mod concurrent;
 mod decode_only;
 mod failure;
@@ -26,12 +27,12 @@ use failure::{prefill_failure, refused, unavailable};
 use retry::{DecodeCall, Decoding};
 
 use crate::backend::Pair;
-use crate::body::Body;
+use crate::body::{raw_json, Body, Edit};
 use crate::config::Mode;
 use crate::ids::X_REQUEST_ID;
 use crate::intake::IntakeError;
-use crate::metrics::Outcome;
-use crate::relay::PrefillCall;
+use crate::metrics::{Outcome, RouteMetrics};
+use crate::relay::{PrefillCall, Tracker};
 use crate::routing::decision::{self, Path, Reason, X_PD_ROUTE};
 use crate::routing::queued_work::Pending;
 use crate::routing::RequestInfo;
@@ -69,6 +70,10 @@ struct Call<'a> {
     tokens: Option<&'a [u32]>,
     /// The request's share of its prefill's queued work (precise_prefix), until P's call ends.
     prefill_work: std::sync::Mutex<Option<Pending>>,
+    /// The model asked for (after aliases), if any.
+    model: Option<&'a str>,
+    /// The route's metrics for that model.
+    metrics: Arc<RouteMetrics>,
     start: Instant,
     /// When the whole request must be over.
     deadline: Instant,
@@ -87,6 +92,7 @@ impl Call<'_> {
         let call = self.pair.call();
         let pair = self.pair.clone();
         let state = self.state.clone();
+        let metrics = self.metrics.clone();
         let (route, headers, deadline) = (self.route, self.prefill_headers(), self.deadline);
         let work = crate::sync::lock(&self.prefill_work).take();
         Box::pin(async move {
@@ -97,9 +103,7 @@ impl Call<'_> {
                 .upstream
                 .prefill(call, endpoint, headers, body, deadline)
                 .await;
-            state
-                .route_metrics(route)
-                .prefill_answered(started.elapsed());
+            metrics.prefill_answered(started.elapsed());
             answered.map_err(|err| prefill_failure(&pair, &err))
         })
     }
@@ -118,10 +122,14 @@ impl Call<'_> {
         overhead: Duration,
         reroute: Option<&(dyn Fn(&str) -> Bytes + Sync)>,
     ) -> Result<Started, Refusal> {
-        let request = RequestInfo::new(body, self.headers).with_tokens(self.tokens);
+        let request = RequestInfo::new(body, self.headers)
+            .with_tokens(self.tokens)
+            .with_adapter(self.model.filter(|model| self.state.is_adapter(model)));
         let decoding = retry::decode_with_retry(DecodeCall {
             state: self.state,
             route: self.route,
+            model: self.model.or(self.pair.model.as_deref()),
+            metrics: &self.metrics,
             pair: Some(&self.pair),
             decode: self.decode.clone(),
             common: &self.common,
@@ -159,8 +167,9 @@ pub async fn start(
     headers: &HeaderMap,
     request_id: &HeaderValue,
     body: axum::body::Body,
-    start: Instant,
+    tracker: &mut Tracker,
 ) -> Result<Started, Refusal> {
+    let start = tracker.started();
     let raw = state.intake.read(body).await.map_err(|err| match err {
         IntakeError::TooLarge { .. } => refused(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -183,41 +192,78 @@ pub async fn start(
     })?;
     // The parsed body borrows from these bytes.
     let bytes = raw.release();
-    let body = Body::parse(&bytes).map_err(|err| {
+    let unusable = |err: crate::body::BodyError| {
         refused(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             err.to_string(),
             Outcome::BadRequest,
         )
-    })?;
+    };
+    let parsed = Body::parse(&bytes).map_err(unusable)?;
+    let asked = crate::models::requested(route, &parsed);
+    let model = asked
+        .as_deref()
+        .map(|m| state.models.canonical(m).to_owned());
+    let aliased = match (&asked, &model) {
+        (Some(asked), Some(model)) if asked != model => {
+            let field = match parsed.get("model") {
+                Some(_) => "model",
+                None => "lora_path",
+            };
+            Some(Bytes::from(
+                parsed.render(&[Edit::Replace(field, &raw_json(model))]),
+            ))
+        }
+        _ => None,
+    };
+    let bytes = aliased.as_ref().unwrap_or(&bytes);
+    let body = match &aliased {
+        Some(rewritten) => Body::parse(rewritten).map_err(unusable)?,
+        None => parsed,
+    };
+    let model = model.as_deref();
+    let handles = state.model_metrics(model);
+    tracker.retarget(handles.route(route).clone());
     let pairs = state.pool.pairs();
     let tokens = match &state.prompt_tokens {
         Some(prompt_tokens) if state.tokenize_requests => {
             let engine = state.pool.decodes.iter().find(|d| d.is_healthy());
             prompt_tokens
-                .of(route.prompt_kind(), &bytes, &body, engine.map(|e| &**e))
+                .of(route.prompt_kind(), bytes, &body, engine.map(|e| &**e))
                 .await
         }
         _ => None,
     };
-    let request = RequestInfo::new(&body, headers).with_tokens(tokens.as_deref());
+    let adapter = model.filter(|model| tokens.is_some() && state.is_adapter(model));
+    let request = RequestInfo::new(&body, headers)
+        .with_tokens(tokens.as_deref())
+        .with_adapter(adapter);
+    let deadline = start + state.upstream.request_timeout;
     let early = decision::before_pick(&state.decode_only, &request, || {
-        state.decode_share(&request)
+        state.decode_share(model, &request)
     });
-    let pair = match early {
-        Some(_) => None,
-        None => state.pick_pair(&pairs, &request),
+    let pair = match (early, model) {
+        (Some(_), _) => None,
+        (None, None) => state.pick_pair(&pairs, None, &request),
+        (None, Some(model)) => {
+            adapter::load_if_missing(state, &pairs, model, headers, deadline).await?;
+            let pair = state.pick_pair(&pairs, Some(model), &request);
+            if pair.is_none() {
+                adapter::check_served(state, &pairs, model)?;
+            }
+            pair
+        }
     };
     let decision =
         early.unwrap_or_else(|| decision::after_pick(&state.decode_only, pair.is_some()));
-    state.decisions.count(decision);
+    handles.decisions.count(decision);
     let explain = headers.contains_key(&X_PD_ROUTE);
     let told =
         |refusal: Refusal| explained(refusal, explain.then(|| decision.header(None, None, "")));
     let (pair, decode) = match (decision.path, pair) {
         (Path::Disaggregated, Some(pair)) => {
-            let decode = pick_decode_for(state, &pair, &request).map_err(told)?;
+            let decode = pick_decode_for(state, &pair, model, &request).map_err(told)?;
             (Some(pair), decode)
         }
         (Path::DecodeOnly, _) => {
@@ -228,12 +274,20 @@ pub async fn start(
                 );
             }
             let decode = state
-                .pick_decode(None, None, &request)
-                .ok_or_else(no_decode)
+                .pick_decode(None, model, &request)
+                .ok_or_else(|| match model {
+                    Some(model) => adapter::model_unavailable(model, "decode"),
+                    None => no_decode(),
+                })
                 .map_err(told)?;
             (None, decode)
         }
-        _ => return Err(told(no_prefill(pairs.is_empty()))),
+        _ => {
+            return Err(told(match model {
+                Some(model) => adapter::model_unavailable(model, "prefill"),
+                None => no_prefill(pairs.is_empty()),
+            }))
+        }
     };
     let route_header = explain.then(|| {
         let prefill = pair.as_ref().map(|p| (p.backend.url(), p.dp_rank));
@@ -246,7 +300,12 @@ pub async fn start(
         common.insert(AUTHORIZATION, authorization.clone());
     }
     let Some(pair) = pair else {
-        let started = decode_only::run(state, route, decode, &common, body, headers, start).await;
+        let alone = decode_only::Alone {
+            model,
+            metrics: handles.route(route),
+            start,
+        };
+        let started = decode_only::run(state, route, decode, &common, body, headers, alone).await;
         return with_route(started, route_header);
     };
     let call = Call {
@@ -259,8 +318,10 @@ pub async fn start(
         headers,
         tokens: tokens.as_deref(),
         prefill_work: std::sync::Mutex::new(request.take_prefill_work()),
+        model,
+        metrics: handles.route(route).clone(),
         start,
-        deadline: start + state.upstream.request_timeout,
+        deadline,
     };
     let started = match state.mode {
         Mode::Concurrent => concurrent::run(call, body).await,
@@ -276,14 +337,21 @@ fn streams(body: &Body<'_>) -> bool {
         .is_some_and(|value| value.get() == "true")
 }
 
-/// A healthy decode for `pair`'s model, or why there is none.
+/// A healthy decode for the request's model (else `pair`'s), or why there is none: the
+/// model's decodes are all down (503 naming it), or no decode serves it (a model mismatch).
 fn pick_decode_for(
     state: &AppState,
     pair: &Pair,
+    model: Option<&str>,
     request: &RequestInfo<'_>,
 ) -> Result<Arc<crate::backend::Backend>, Refusal> {
-    let model = pair.model.as_deref();
+    let model = model.or(pair.model.as_deref());
     state.pick_decode(None, model, request).ok_or_else(|| {
+        let decodes = &state.pool.decodes;
+        if let Some(model) = model.filter(|m| decodes.iter().any(|d| d.lists(m) == Some(true))) {
+            // Decodes of the model exist: they are down or drained.
+            return adapter::model_unavailable(model, "decode");
+        }
         let healthy = state.pool.decodes.iter().any(|d| d.is_healthy());
         match model {
             Some(model) if healthy => refused(

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use super::failure::{decode_refusal, Refusal};
 use super::unknown_engine::registered_instead;
 use crate::backend::{Backend, Call, Pair};
+use crate::metrics::RouteMetrics;
 use crate::relay::{Failure, PrefillCall};
 use crate::routing::RequestInfo;
 use crate::state::{Route, Shared};
@@ -26,6 +27,10 @@ pub struct DecodeCall<'a> {
     pub state: &'a Shared,
     /// The route called.
     pub route: Route,
+    /// The model D must serve (the request's, else its prefill's), if known.
+    pub model: Option<&'a str>,
+    /// The route's metrics for the request's model.
+    pub metrics: &'a RouteMetrics,
     /// The prefill D pulls from (none when D serves the request alone).
     pub pair: Option<&'a Pair>,
     /// The decode chosen first.
@@ -74,7 +79,7 @@ pub async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decoding, Ref
             Ok(answer) => {
                 counted.progressed();
                 let waited = answer.first_at.saturating_duration_since(issued);
-                state.route_metrics(call.route).decode_first_byte(waited);
+                call.metrics.decode_first_byte(waited);
                 return Ok(Decoding {
                     answer,
                     call: counted,
@@ -91,16 +96,15 @@ pub async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decoding, Ref
                     // D is not at fault: the same decode, told the engine's new id.
                     call.body = reroute(&engine);
                     rerouted = true;
-                    state.route_metrics(call.route).engine_reroute();
+                    call.metrics.engine_reroute();
                     continue;
                 }
             }
         }
         if !retried && err.retryable() {
-            let model = call.pair.and_then(|pair| pair.model.as_deref());
-            if let Some(next) = state.pick_decode(Some(&decode), model, call.request) {
+            if let Some(next) = state.pick_decode(Some(&decode), call.model, call.request) {
                 tracing::debug!(decode = decode.url(), error = %err, "decode failed before its first byte; retrying");
-                state.route_metrics(call.route).retry();
+                call.metrics.retry();
                 decode = next;
                 retried = true;
                 continue;

@@ -15,6 +15,8 @@ pub enum Outcome {
     Unavailable,
     /// No healthy decode serves the model of the chosen prefill.
     ModelMismatch,
+    /// No engine serves the model asked for (404).
+    ModelNotFound,
     /// P failed (connect error, bad status or broken body).
     PrefillError,
     /// P did not answer in time.
@@ -33,13 +35,14 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 13] = [
+    pub const ALL: [Outcome; 14] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::ClientTimeout,
         Outcome::Unauthorized,
         Outcome::Unavailable,
         Outcome::ModelMismatch,
+        Outcome::ModelNotFound,
         Outcome::PrefillError,
         Outcome::PrefillTimeout,
         Outcome::DecodeError,
@@ -58,6 +61,7 @@ impl Outcome {
             Outcome::Unauthorized => "unauthorized",
             Outcome::Unavailable => "unavailable",
             Outcome::ModelMismatch => "model_mismatch",
+            Outcome::ModelNotFound => "model_not_found",
             Outcome::PrefillError => "prefill_error",
             Outcome::PrefillTimeout => "prefill_timeout",
             Outcome::DecodeError => "decode_error",

@@ -25,6 +25,7 @@ pub struct RequestInfo<'a> {
     body: Option<&'a Body<'a>>,
     headers: Option<&'a HeaderMap>,
     tokens: Option<&'a [u32]>,
+    adapter: Option<&'a str>,
     prompt: OnceLock<String>,
     cache_salt: OnceLock<Option<String>>,
     held: OnceLock<Vec<Held>>,
@@ -47,12 +48,18 @@ impl<'a> RequestInfo<'a> {
         RequestInfo { tokens, ..self }
     }
 
+    /// The same request for LoRA adapter `adapter` (its KV blocks are the adapter's).
+    pub fn with_adapter(self, adapter: Option<&'a str>) -> Self {
+        RequestInfo { adapter, ..self }
+    }
+
     /// A request nothing is known of.
     pub fn empty() -> Self {
         RequestInfo {
             body: None,
             headers: None,
             tokens: None,
+            adapter: None,
             prompt: OnceLock::new(),
             cache_salt: OnceLock::new(),
             held: OnceLock::new(),
@@ -65,7 +72,7 @@ impl<'a> RequestInfo<'a> {
         self.tokens
     }
 
-    /// What names the request's KV blocks besides its tokens: its `cache_salt`.
+    /// What names the request's KV blocks besides its tokens: its adapter and `cache_salt`.
     pub fn kv_key(&self) -> RequestKey<'_> {
         let salt = self
             .cache_salt
@@ -74,7 +81,7 @@ impl<'a> RequestInfo<'a> {
                 _ => None,
             });
         RequestKey {
-            lora_name: None,
+            lora_name: self.adapter,
             cache_salt: salt.as_deref(),
         }
     }

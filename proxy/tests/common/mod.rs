@@ -223,6 +223,12 @@ pub struct MockState {
     pub metrics: Mutex<Option<String>>,
     /// What `GET /kv_event_sources` answers (404 when none).
     pub kv_event_sources: Mutex<Option<Value>>,
+    /// The cards `GET /v1/models` lists.
+    pub models: Mutex<Vec<Value>>,
+    /// Whether `POST /v1/load_lora_adapter` exists (vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING`).
+    pub lora_updating: AtomicBool,
+    /// The adapters loaded through it, in order.
+    pub lora_loads: Mutex<Vec<Value>>,
 }
 
 /// P's default answer: one token, and the `kv_transfer_params` a NIXL producer returns.
@@ -260,6 +266,9 @@ impl Mock {
             health_checks: AtomicUsize::new(0),
             metrics: Mutex::new(None),
             kv_event_sources: Mutex::new(None),
+            models: Mutex::new(vec![json!({"id": "mock-model", "object": "model"})]),
+            lora_updating: AtomicBool::new(false),
+            lora_loads: Mutex::new(Vec::new()),
         });
         let router = Router::new()
             .route("/health", get(mock_health))
@@ -267,6 +276,7 @@ impl Mock {
             .route("/metrics", get(mock_metrics))
             .route("/kv_event_sources", get(mock_kv_event_sources))
             .route("/tokenize", post(mock_tokenize))
+            .route("/v1/load_lora_adapter", post(mock_load_lora))
             .route("/v1/completions", any(mock_completion))
             .route("/v1/chat/completions", any(mock_completion))
             .route("/generate", any(mock_completion))
@@ -288,6 +298,17 @@ impl Mock {
     /// Makes `GET /kv_event_sources` answer `sources` (vLLM's publisher config per dp rank).
     pub fn set_kv_event_sources(&self, sources: Value) {
         *self.state.kv_event_sources.lock().unwrap() = Some(sources);
+    }
+
+    /// Makes `GET /v1/models` list `model` (with vLLM's `root`) and these adapters of it.
+    pub fn set_models(&self, model: &str, adapters: &[&str]) {
+        let mut cards = vec![json!({"id": model, "object": "model", "owned_by": "vllm",
+            "root": model, "parent": null, "max_model_len": 4096})];
+        cards.extend(adapters.iter().map(|adapter| {
+            json!({"id": adapter, "object": "model", "owned_by": "vllm",
+                "root": format!("/adapters/{adapter}"), "parent": model})
+        }));
+        *self.state.models.lock().unwrap() = cards;
     }
 
     /// Makes `GET /metrics` answer `text`.
@@ -393,12 +414,28 @@ async fn mock_health(State(state): State<Arc<MockState>>) -> Response {
     (status, [(header::CONNECTION, "close")]).into_response()
 }
 
-async fn mock_models() -> Response {
+async fn mock_models(State(state): State<Arc<MockState>>) -> Response {
+    let cards = state.models.lock().unwrap().clone();
     (
         [(header::CONNECTION, "close")],
-        axum::Json(json!({"object": "list", "data": [{"id": "mock-model", "object": "model"}]})),
+        axum::Json(json!({"object": "list", "data": cards})),
     )
         .into_response()
+}
+
+/// vLLM's `POST /v1/load_lora_adapter`: 404 unless runtime updating is allowed; the adapter
+/// then joins the listed models (its parent: the first card's model).
+async fn mock_load_lora(State(state): State<Arc<MockState>>, body: Bytes) -> Response {
+    if !state.lora_updating.load(Ordering::SeqCst) {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    let request: Value = serde_json::from_slice(&body).unwrap();
+    state.lora_loads.lock().unwrap().push(request.clone());
+    let mut models = state.models.lock().unwrap();
+    let base = models[0]["id"].clone();
+    models.push(json!({"id": request["lora_name"], "object": "model",
+        "root": request["lora_path"], "parent": base}));
+    "Success: LoRA adapter loaded".into_response()
 }
 
 async fn mock_completion(
@@ -809,10 +846,10 @@ pub fn sample(metrics: &str, name: &str, labels: &str) -> f64 {
     metrics
         .lines()
         .filter(|line| !line.starts_with('#'))
-        .find(|line| line.starts_with(name) && line.contains(labels))
-        .and_then(|line| line.rsplit(' ').next())
-        .map(|value| value.parse().unwrap())
-        .unwrap_or(0.0)
+        .filter(|line| line.split(['{', ' ']).next() == Some(name) && line.contains(labels))
+        .filter_map(|line| line.rsplit(' ').next())
+        .map(|value| value.parse::<f64>().unwrap())
+        .sum()
 }
 
 /// How many `/v1/completions` requests ended with `outcome` (`pd_proxy_requests_total`).

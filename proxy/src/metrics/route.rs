@@ -1,0 +1,224 @@
+//! The metrics of client requests, by route and by model: outcomes, latencies, the phases (P's
+//! answer, D's first byte), retries, and the routing decisions.
+
+use std::time::Duration;
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
+
+use super::Outcome;
+use crate::routing::decision::Decision;
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0, 600.0,
+];
+
+const OVERHEAD_BUCKETS: &[f64] = &[
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.05,
+];
+
+/// The metric handles of one client-facing route, for one model label.
+#[derive(Clone)]
+pub struct RouteMetrics {
+    outcomes: [IntCounter; Outcome::ALL.len()],
+    duration: Histogram,
+    ttft: Histogram,
+    overhead: Histogram,
+    in_flight: IntGauge,
+    retries: IntCounter,
+    engine_reroutes: IntCounter,
+    prefill: Histogram,
+    decode_first_byte: Histogram,
+}
+
+impl RouteMetrics {
+    /// Counts a request as started.
+    pub fn start(&self) {
+        self.in_flight.inc();
+    }
+
+    /// Counts a started request as no longer in flight under these labels (it moves to its
+    /// model's, see [`crate::relay::Tracker::retarget`]).
+    pub fn leave(&self) {
+        self.in_flight.dec();
+    }
+
+    /// Counts a request as finished.
+    pub fn finish(&self, outcome: Outcome, elapsed: Duration) {
+        self.in_flight.dec();
+        self.outcomes[outcome as usize].inc();
+        self.duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// Records the time from the request's arrival to D's first byte.
+    pub fn first_byte(&self, elapsed: Duration) {
+        self.ttft.observe(elapsed.as_secs_f64());
+    }
+
+    /// Records the proxy's own time on a request (see the metric's help).
+    pub fn overhead(&self, elapsed: Duration) {
+        self.overhead.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one retry of D on another decode.
+    pub fn retry(&self) {
+        self.retries.inc();
+    }
+
+    /// Counts one call of D made again with the new engine id of a re-registered prefill.
+    pub fn engine_reroute(&self) {
+        self.engine_reroutes.inc();
+    }
+
+    /// Records how long P took to answer (its whole call).
+    pub fn prefill_answered(&self, elapsed: Duration) {
+        self.prefill.observe(elapsed.as_secs_f64());
+    }
+
+    /// Records the time from D's call being issued to its first byte.
+    pub fn decode_first_byte(&self, elapsed: Duration) {
+        self.decode_first_byte.observe(elapsed.as_secs_f64());
+    }
+}
+
+/// The routing decision counters of one model label, one per possible decision.
+#[derive(Clone)]
+pub struct DecisionMetrics([IntCounter; Decision::ALL.len()]);
+
+impl DecisionMetrics {
+    /// Counts one decision.
+    pub fn count(&self, decision: Decision) {
+        self.0[decision.slot()].inc();
+    }
+}
+
+/// The metric families of client requests.
+pub(super) struct RouteFamilies {
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    ttft: HistogramVec,
+    overhead: HistogramVec,
+    in_flight: IntGaugeVec,
+    retries: IntCounterVec,
+    engine_reroutes: IntCounterVec,
+    prefill: HistogramVec,
+    decode_first_byte: HistogramVec,
+    decisions: IntCounterVec,
+}
+
+fn histogram(name: &str, help: &str, buckets: &[f64]) -> HistogramVec {
+    HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        &["route", "model"],
+    )
+    .expect("valid metric")
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+}
+
+impl RouteFamilies {
+    /// Creates the families and registers them in `registry`.
+    pub(super) fn new(registry: &Registry) -> Self {
+        let route = &["route", "model"];
+        let families = RouteFamilies {
+            requests: counter(
+                "pd_proxy_requests_total",
+                "Client requests by route, model and outcome",
+                &["route", "model", "outcome"],
+            ),
+            duration: histogram(
+                "pd_proxy_request_duration_seconds",
+                "Time from a client request's arrival to the end of its answer",
+                LATENCY_BUCKETS,
+            ),
+            ttft: histogram(
+                "pd_proxy_time_to_first_byte_seconds",
+                "Time from a client request's arrival to the first byte of D's answer (TTFT when streaming)",
+                LATENCY_BUCKETS,
+            ),
+            overhead: histogram(
+                "pd_proxy_overhead_seconds",
+                "The proxy's own time per request: from the request's arrival until D's call is issued, plus from D's first byte until the answer is handed to the client",
+                OVERHEAD_BUCKETS,
+            ),
+            in_flight: IntGaugeVec::new(
+                Opts::new("pd_proxy_requests_in_flight", "Client requests being served"),
+                route,
+            )
+            .expect("valid metric"),
+            retries: counter(
+                "pd_proxy_decode_retries_total",
+                "Requests retried on another decode after D failed before its first byte",
+                route,
+            ),
+            engine_reroutes: counter(
+                "pd_proxy_engine_reroutes_total",
+                "Requests whose D was asked again with the new engine id of a prefill that \
+                 re-registered (D could not find the engine it was told)",
+                route,
+            ),
+            prefill: histogram(
+                "pd_proxy_prefill_duration_seconds",
+                "Time P took to answer (its whole call: the prompt's computation and KV publication)",
+                LATENCY_BUCKETS,
+            ),
+            decode_first_byte: histogram(
+                "pd_proxy_decode_first_byte_seconds",
+                "Time from D's call being issued to its first byte (D's wait for the KV included)",
+                LATENCY_BUCKETS,
+            ),
+            decisions: counter(
+                "pd_proxy_route_decisions_total",
+                "Routing decisions: through P and D (disaggregated), to a decode alone (decode_only) or refused, and why, by model",
+                &["decision", "reason", "model"],
+            ),
+        };
+        for collector in [
+            Box::new(families.requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(families.decisions.clone()),
+            Box::new(families.duration.clone()),
+            Box::new(families.ttft.clone()),
+            Box::new(families.overhead.clone()),
+            Box::new(families.in_flight.clone()),
+            Box::new(families.retries.clone()),
+            Box::new(families.engine_reroutes.clone()),
+            Box::new(families.prefill.clone()),
+            Box::new(families.decode_first_byte.clone()),
+        ] {
+            registry
+                .register(collector)
+                .expect("metric names are unique");
+        }
+        families
+    }
+
+    /// The handles of `route` for `model`.
+    pub(super) fn route(&self, route: &str, model: &str) -> RouteMetrics {
+        let labels = &[route, model];
+        RouteMetrics {
+            outcomes: Outcome::ALL
+                .map(|o| self.requests.with_label_values(&[route, model, o.as_str()])),
+            duration: self.duration.with_label_values(labels),
+            ttft: self.ttft.with_label_values(labels),
+            overhead: self.overhead.with_label_values(labels),
+            in_flight: self.in_flight.with_label_values(labels),
+            retries: self.retries.with_label_values(labels),
+            engine_reroutes: self.engine_reroutes.with_label_values(labels),
+            prefill: self.prefill.with_label_values(labels),
+            decode_first_byte: self.decode_first_byte.with_label_values(labels),
+        }
+    }
+
+    /// The decision counters of `model`.
+    pub(super) fn decisions(&self, model: &str) -> DecisionMetrics {
+        DecisionMetrics(Decision::ALL.map(|d| {
+            self.decisions
+                .with_label_values(&[d.path_label(), d.reason_label(), model])
+        }))
+    }
+}
