@@ -3,13 +3,15 @@
 //!
 //! Everything a request reads is an atomic or a snapshot behind a lock held for a pointer copy;
 //! no lock is ever held across an await. [`Backend`] is one P or D server (and [`Call`] one call
-//! to it), [`Pair`] a prefill's dp rank, [`Prefill`] what discovery learnt of a prefill, and
-//! [`Pool`] all of them, one file each.
+//! to it), [`ModelCard`] a model it serves, [`Pair`] a prefill's dp rank, [`Prefill`] what
+//! discovery learnt of a prefill, and [`Pool`] all of them, one file each.
 
+mod card;
 mod pair;
 mod pool;
 mod prefill;
 
+pub use card::{read_cards, ModelCard};
 pub use pair::{pair_id, DiscoveredRank, Pair};
 pub use pool::Pool;
 pub use prefill::Prefill;
@@ -23,7 +25,6 @@ use tokio::sync::Notify;
 use crate::config::HealthConfig;
 use crate::endpoint::Endpoint;
 use crate::metrics::{BackendMetrics, CallOutcome, Metrics};
-use crate::models::ModelCard;
 
 /// Whether a backend prefills or decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

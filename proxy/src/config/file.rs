@@ -31,7 +31,7 @@ use clap::{ArgMatches, Command, ValueEnum};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::models::{AdapterSource, ModelsConfig};
+use crate::models::settings::{AdapterSource, ModelPolicies, ModelsConfig};
 use crate::routing::settings::Policy;
 
 /// The tables of the file that are not flags.
@@ -251,7 +251,7 @@ impl FileModels {
             aliases: self.aliases.into_iter().collect(),
             policies: (self.policies.into_iter())
                 .map(|(model, (p, d))| {
-                    let policies = crate::models::ModelPolicies {
+                    let policies = ModelPolicies {
                         prefill: p.unwrap_or(prefill),
                         decode: d.unwrap_or(decode),
                     };

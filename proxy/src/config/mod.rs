@@ -24,7 +24,7 @@ pub use self::targets::{
     PREFILL_ENV,
 };
 pub use crate::kv_events::{KvEventsArgs, KvEventsConfig};
-pub use crate::models::{ModelsArgs, ModelsConfig};
+pub use crate::models::settings::{ModelsArgs, ModelsConfig};
 pub use crate::routing::settings::{Policy, RoutingArgs, RoutingConfig};
 
 /// How P and D are called.

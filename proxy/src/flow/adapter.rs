@@ -1,4 +1,4 @@
-//! The model half of placing a request: loading a LoRA adapter where it is missing
+//! The model half of placing a request: which model it asks for, loading a LoRA adapter where it is missing
 //! (`--lora-load-on-demand`), and telling a model nobody serves (404) from one whose engines
 //! are all down or drained (503).
 
@@ -11,9 +11,20 @@ use axum::response::IntoResponse;
 
 use super::Refusal;
 use crate::backend::Pair;
+use crate::body::Body;
 use crate::metrics::Outcome;
 use crate::models::lora::AdapterLoader;
-use crate::state::AppState;
+use crate::state::{AppState, Route};
+
+/// The model a request asks for, as its body names it: `model`, or for SGLang's `/generate`
+/// (which has no `model`) its `lora_path` when it is a name.
+pub(super) fn requested(route: Route, body: &Body<'_>) -> Option<String> {
+    let text = |name: &str| serde_json::from_str::<String>(body.get(name)?.get()).ok();
+    text("model").or_else(|| match route {
+        Route::Generate => text("lora_path"),
+        Route::Completions | Route::ChatCompletions => None,
+    })
+}
 
 /// When `model` is an adapter that the proxy may load and no ready pair, or no ready decode,
 /// has loaded: loads it on the least loaded ready engine of its base model on each side that

@@ -201,7 +201,7 @@ pub async fn start(
         )
     };
     let parsed = Body::parse(&bytes).map_err(unusable)?;
-    let asked = crate::models::requested(route, &parsed);
+    let asked = adapter::requested(route, &parsed);
     let model = asked
         .as_deref()
         .map(|m| state.models.canonical(m).to_owned());

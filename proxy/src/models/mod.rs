@@ -13,13 +13,12 @@
 //! `GET /v1/models` answers the union ([`list`]); the metrics label requests by model,
 //! within bounds ([`labels`]).
 
-mod card;
 mod labels;
 mod list;
 pub mod lora;
-mod settings;
+pub mod settings;
 
-pub use card::{read_cards, ModelCard};
+pub use crate::backend::{read_cards, ModelCard};
 pub use labels::{ModelHandles, ModelLabels};
 pub use list::models;
 pub use settings::{AdapterSource, ModelPolicies, ModelsArgs, ModelsConfig};
@@ -29,19 +28,7 @@ use std::collections::BTreeSet;
 use axum::http::StatusCode;
 
 use crate::backend::{Pair, Pool};
-use crate::body::Body;
 use crate::error::ApiError;
-use crate::state::Route;
-
-/// The model a request asks for, as its body names it: `model`, or for SGLang's `/generate`
-/// (which has no `model`) its `lora_path` when it is a name.
-pub fn requested(route: Route, body: &Body<'_>) -> Option<String> {
-    let text = |name: &str| serde_json::from_str::<String>(body.get(name)?.get()).ok();
-    text("model").or_else(|| match route {
-        Route::Generate => text("lora_path"),
-        Route::Completions | Route::ChatCompletions => None,
-    })
-}
 
 /// Whether any backend (healthy or not) lists `model`, or a prefill's engine registered it.
 pub fn anyone_serves(pool: &Pool, pairs: &[std::sync::Arc<Pair>], model: &str) -> bool {
