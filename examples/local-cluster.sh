@@ -5,7 +5,9 @@
 # Flags go to pd-cluster (see --help), e.g. --once to exit after the requests, --engine
 # sim-sglang to play SGLang instead of vLLM, --engine vllm for real vLLM engines (vLLM's CPU
 # build and a tiny model, prepared on first use: docs/real-engines.md), or
-# --transfer ucx to move the KV over UCX (built with --features ucx; needs libucx-dev).
+# --transfer ucx to move the KV over UCX (built with --features ucx; needs libucx-dev), or
+# --models N for N models behind the proxy, each on engines of its own (LoRA adapters on the
+# first; docs/examples.md).
 # --python (this script's own flag) registers the prefill workers from Python through the
 # pd_bootstrap package, built with maturin into target/py-venv (needs python3-venv and PyPI).
 set -euo pipefail

@@ -2,57 +2,21 @@
 //! proxy following vLLM's events sees (ZMQ SUB and the replay ROUTER, decoded with
 //! `pd_protocol::kv_events`), and `/tokenize` as vLLM answers it.
 
-use std::path::PathBuf;
+mod common;
+
 use std::time::Duration;
 
 use bytes::Bytes;
-use pd_examples::cluster::{free_port, spawn, wait_for, Process};
-use pd_protocol::kv_events::{BlockHash, BlockStored, EventBatch, KvEvent};
+use common::{next, post, sim_engine, source, stored, subscribe, text, EVENTS, WAIT};
+use pd_examples::cluster::{free_port, Process};
+use pd_protocol::kv_events::{BlockHash, EventBatch, KvEvent};
 use pd_tokenize::{ChatRequest, Tokenizer};
 use serde_json::{json, Value};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
-/// Events on, every socket on a free port of `--host`, topic `kv`.
-const EVENTS: &str = r#"{"enable_kv_cache_events": true, "publisher": "zmq",
-    "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0", "topic": "kv"}"#;
-
-const WAIT: Duration = Duration::from_secs(5);
-
 /// A decode engine serving requests alone, with `args`.
 async fn engine(args: &[&str]) -> (Process, tempfile::TempDir) {
-    let dir = tempfile::Builder::new()
-        .prefix("sim-kv-")
-        .tempdir()
-        .unwrap();
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"));
-    let port = free_port().to_string();
-    let mut all = [
-        "--role",
-        "decode",
-        "--port",
-        &port,
-        "--decode-ms-per-token",
-        "1",
-    ]
-    .to_vec();
-    all.extend_from_slice(args);
-    let all: Vec<String> = all.into_iter().map(str::to_owned).collect();
-    let url = format!("http://127.0.0.1:{port}");
-    let mut process = spawn(dir.path(), "sim", &bin, &all, url).unwrap();
-    wait_for(&mut process, "/health", Duration::from_secs(20))
-        .await
-        .unwrap();
-    (process, dir)
-}
-
-async fn post(url: &str, body: Value) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .post(url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    (response.status().as_u16(), response.json().await.unwrap())
+    sim_engine(args, &[]).await
 }
 
 async fn tokenize(engine: &Process, body: Value) -> Vec<u32> {
@@ -67,59 +31,11 @@ async fn complete(engine: &Process, prompt: &str) {
     assert_eq!(status, 200, "{answer}");
 }
 
-/// Rank `rank`'s publisher config from `/kv_event_sources`.
-async fn source(engine: &Process, rank: &str) -> Value {
-    let url = format!("{}/kv_event_sources", engine.url);
-    let sources: Value = reqwest::get(url).await.unwrap().json().await.unwrap();
-    sources[rank].clone()
-}
-
-/// A SUB socket on rank 0's publisher, subscribed to `kv`, its subscription arrived.
-async fn subscribe(engine: &Process) -> SubSocket {
-    let endpoint = source(engine, "0").await["endpoint"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut socket = SubSocket::new();
-    socket.connect(&endpoint).await.unwrap();
-    socket.subscribe("kv").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    socket
-}
-
-/// A message's sequence number and batch (`frames` ends with them).
-fn batch(frames: &[Bytes]) -> (i64, EventBatch) {
-    let [.., seq, payload] = frames else {
-        panic!("{frames:?}")
-    };
-    let seq = i64::from_be_bytes(seq[..].try_into().unwrap());
-    (seq, EventBatch::decode(payload).unwrap())
-}
-
-async fn next(socket: &mut SubSocket) -> (i64, EventBatch) {
-    let message = tokio::time::timeout(WAIT, socket.recv()).await;
-    let frames = message.expect("a batch in time").unwrap().into_vec();
-    assert_eq!(&frames[0][..], b"kv");
-    batch(&frames)
-}
-
-fn stored(event: &KvEvent) -> &BlockStored {
-    match event {
-        KvEvent::BlockStored(stored) => stored,
-        other => panic!("not BlockStored: {other:?}"),
-    }
-}
-
 fn removed(event: &KvEvent) -> &[BlockHash] {
     match event {
         KvEvent::BlockRemoved(removed) => &removed.block_hashes,
         other => panic!("not BlockRemoved: {other:?}"),
     }
-}
-
-/// `n` bytes of text, distinct for each `tag` (one token per byte).
-fn text(tag: &str, n: usize) -> String {
-    tag.chars().cycle().take(n).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use pd_examples::cluster::{Cluster, ClusterSpec, PrefillShape};
+use pd_examples::cluster::{Cluster, ClusterSpec, PrefillShape, ServedModel};
 use pd_examples::openai_client::send;
 use pd_examples::sim::Dialect;
 use pd_examples::vllm::{self, Connector, VllmEngines};
@@ -92,6 +92,13 @@ struct Args {
     /// One more argument for the proxy (repeatable), e.g. `--proxy-arg=--kv-load-weight=2`.
     #[arg(long, allow_hyphen_values = true)]
     proxy_arg: Vec<String>,
+    /// How many models the simulated engines serve: with more than one, every model gets its
+    /// own prefills and decodes (the shape above, over again) serving `sim-model-<k>`, all behind
+    /// the proxy (which routes by `model`), and model 0's engines load the LoRA adapters
+    /// `sim-lora-a` and `sim-lora-b` (vLLM's wire; more load at run time). One model with
+    /// --engine vllm.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    models: u16,
     /// Register the prefill workers from Python through the pd_bootstrap package: this
     /// interpreter (which must have the package) runs examples/python/register_engine.py beside
     /// each prefill engine, under leases of --lease-ttl (10 if 0). vLLM only.
@@ -147,8 +154,11 @@ async fn vllm_engines(args: &Args, run_dir: &std::path::Path) -> Result<VllmEngi
     Ok(engines)
 }
 
-async fn demo(proxy: &str, dialect: Dialect, model: &str) -> Result<(), String> {
+/// The demo's requests: completions and chats (whole and streamed) for the first model, SGLang's
+/// `/generate` in SGLang's dialect, and a whole completion for every other model and adapter.
+async fn demo(proxy: &str, dialect: Dialect, models: &[ServedModel]) -> Result<(), String> {
     let http = reqwest::Client::new();
+    let model = models.first().map_or("", |m| m.name.as_str());
     let prompt = "Explain in one sentence why prefill and decode run on separate GPUs in disaggregated serving";
     let mut requests = vec![
         (
@@ -172,6 +182,14 @@ async fn demo(proxy: &str, dialect: Dialect, model: &str) -> Result<(), String> 
             json!({"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8, "stream": true, "stream_options": {"include_usage": true}}),
         ),
     ];
+    let others = models
+        .iter()
+        .flat_map(|m| std::iter::once(&m.name).chain(&m.adapters))
+        .skip(1);
+    for name in others {
+        let body = json!({"model": name, "prompt": prompt, "max_tokens": 8});
+        requests.push((name.as_str(), "/v1/completions", body));
+    }
     if dialect == Dialect::Sglang {
         requests.extend([
             (
@@ -223,6 +241,10 @@ async fn main() -> std::process::ExitCode {
         );
         return std::process::ExitCode::FAILURE;
     }
+    if args.models > 1 && args.engine == EngineKind::Vllm {
+        eprintln!("error: --models needs simulated engines: --engine vllm serves one model");
+        return std::process::ExitCode::FAILURE;
+    }
     if args.register_with_python.is_some() && args.engine != EngineKind::Sim {
         eprintln!(
             "error: --register-with-python registers simulated vLLM workers: it needs --engine sim"
@@ -255,6 +277,7 @@ async fn main() -> std::process::ExitCode {
     spec.dialect = args.engine.dialect();
     spec.python_registrar = args.register_with_python.clone();
     spec.kv_events = !args.no_kv_events;
+    spec.models = usize::from(args.models);
     spec.proxy_args = vec!["--policy".to_owned(), args.policy.clone()];
     spec.proxy_args.extend(args.proxy_arg.iter().cloned());
     if args.engine == EngineKind::Vllm {
@@ -268,11 +291,6 @@ async fn main() -> std::process::ExitCode {
         spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
         spec.decodes = 1;
     }
-    let model = spec
-        .vllm
-        .as_ref()
-        .map_or("sim-model", |vllm| vllm.served_name.as_str())
-        .to_owned();
     let kv = match args.engine {
         EngineKind::Vllm => format!("vLLM's {}", args.connector.class_name()),
         _ => args.transfer.to_string(),
@@ -294,8 +312,9 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    for (i, (prefill, bootstrap)) in cluster.prefills.iter().zip(&cluster.bootstraps).enumerate() {
-        let shape = spec.prefills[i];
+    let shapes = spec.prefills.iter().cycle();
+    let prefills = cluster.prefills.iter().zip(&cluster.bootstraps).zip(shapes);
+    for (i, ((prefill, bootstrap), shape)) in prefills.enumerate() {
         println!(
             "  prefill-{i}: {} (dp={}, tp={}), bootstrap server {}",
             prefill.url, shape.dp, shape.tp, bootstrap.url
@@ -307,11 +326,15 @@ async fn main() -> std::process::ExitCode {
     for decode in &cluster.decodes {
         println!("  {}: {}", decode.name, decode.url);
     }
+    for model in cluster.models() {
+        print_model(model);
+    }
     println!("  proxy: {} (--policy {})", cluster.proxy.url, args.policy);
     if spec.kv_events {
         println!("  KV cache events: every engine publishes, the proxy follows (GET /admin/kv-index with --proxy-arg=--admin-key=KEY)");
     }
-    let outcome = demo(&cluster.proxy.url, spec.dialect, &model).await;
+    let outcome = demo(&cluster.proxy.url, spec.dialect, cluster.models()).await;
+    let model = cluster.models().first().map_or("", |m| m.name.as_str());
     if let Err(err) = &outcome {
         eprintln!("error: {err}");
     } else if !args.once {
@@ -333,6 +356,19 @@ async fn main() -> std::process::ExitCode {
     } else {
         std::process::ExitCode::FAILURE
     }
+}
+
+/// One served model's line: its name, its adapters, its engines.
+fn print_model(model: &ServedModel) {
+    let adapters = match model.adapters.is_empty() {
+        true => String::new(),
+        false => format!(
+            " with LoRA adapters {} (more load at run time)",
+            model.adapters.join(", ")
+        ),
+    };
+    let engines = [&model.prefills[..], &model.decodes[..]].concat().join(" ");
+    println!("  model {}{adapters}: {engines}", model.name);
 }
 
 /// `text` with control characters shown as `·`: the tiny model's random tokens include them,

@@ -1,7 +1,7 @@
 //! A whole P/D deployment on one machine, from the real binaries: one bootstrap server per
 //! prefill engine (as on real rank-0 hosts), the prefill and decode engines (simulated:
-//! `sim.rs`; real vLLM: `real.rs`), and the proxy. Used by the `pd-cluster` launcher and by the
-//! end-to-end tests.
+//! `sim.rs`, one set per model with `models`; real vLLM: `real.rs`), and the proxy in front of
+//! them all. Used by the `pd-cluster` launcher and by the end-to-end tests.
 
 mod real;
 mod sim;
@@ -70,6 +70,9 @@ pub enum ClusterError {
         /// What it said.
         reason: String,
     },
+    /// The spec asks for something the engines cannot do.
+    #[error("{0}")]
+    Unsupported(&'static str),
     /// A port the cluster needs is taken.
     #[error("port {port} on 127.0.0.1 is already in use: stop what holds it, or choose another with {flag}")]
     PortBusy {
@@ -143,6 +146,39 @@ pub struct ClusterSpec {
     pub kv_events: bool,
     /// How many proxies, each in front of every engine (replicas of one front door).
     pub proxies: usize,
+    /// How many models the simulated engines serve (1 unless asked). With more, each model
+    /// has engines of its own, `prefills` and `decodes` over again, serving
+    /// [`model_name`]`(k, models)`; in vLLM's dialect model 0's load [`LORA_ADAPTERS`] at start
+    /// and may load more at run time. Real vLLM engines serve one model.
+    pub models: usize,
+}
+
+/// The LoRA adapters model 0's engines load at start when a cluster serves several models
+/// (`--lora-modules`, `name=path`); they run with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=true`, so
+/// `POST /v1/load_lora_adapter` loads more.
+pub const LORA_ADAPTERS: [(&str, &str); 2] =
+    [("sim-lora-a", "/adapters/a"), ("sim-lora-b", "/adapters/b")];
+
+/// The name model `k` of `models` is served as: sim-engine's default, `sim-model`, when the
+/// cluster serves one, else `sim-model-<k>`.
+pub fn model_name(k: usize, models: usize) -> String {
+    match models {
+        0 | 1 => crate::sim::config::SIM_MODEL.to_owned(),
+        _ => format!("{}-{k}", crate::sim::config::SIM_MODEL),
+    }
+}
+
+/// One model a cluster serves, and the engines serving it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedModel {
+    /// The model's name (requests' `model`).
+    pub name: String,
+    /// The LoRA adapters its engines loaded at start (also requests' `model`).
+    pub adapters: Vec<String>,
+    /// Its prefill engines' URLs.
+    pub prefills: Vec<String>,
+    /// Its decode engines' URLs.
+    pub decodes: Vec<String>,
 }
 
 impl ClusterSpec {
@@ -166,7 +202,13 @@ impl ClusterSpec {
             vllm: None,
             kv_events: true,
             proxies: 1,
+            models: 1,
         }
+    }
+
+    /// The shape of every prefill engine, model after model (`prefills` once per model).
+    pub(crate) fn prefill_engines(&self) -> impl Iterator<Item = PrefillShape> + '_ {
+        (0..self.models.max(1)).flat_map(|_| self.prefills.iter().copied())
     }
 }
 
@@ -185,6 +227,8 @@ pub struct Cluster {
     pub proxy: Process,
     /// The other proxies (`spec.proxies` beyond the first), each in front of every engine.
     pub replicas: Vec<Process>,
+    /// The models served, each with its engines.
+    models: Vec<ServedModel>,
 }
 
 impl Cluster {
@@ -192,6 +236,11 @@ impl Cluster {
     /// bootstrap servers, then the engines (simulated, or real vLLM with `spec.vllm`) until
     /// their workers are registered, then the proxy.
     pub async fn start(spec: &ClusterSpec) -> Result<Cluster, ClusterError> {
+        if spec.vllm.is_some() && spec.models > 1 {
+            return Err(ClusterError::Unsupported(
+                "real vLLM engines serve one model here: several models need the simulated engines",
+            ));
+        }
         std::fs::create_dir_all(&spec.run_dir).map_err(|source| ClusterError::RunDir {
             path: spec.run_dir.clone(),
             source,
@@ -228,7 +277,13 @@ impl Cluster {
             decodes: engines.decodes,
             proxy,
             replicas: proxies,
+            models: engines.models,
         })
+    }
+
+    /// The models served, in order, each with its adapters and the URLs of its engines.
+    pub fn models(&self) -> &[ServedModel] {
+        &self.models
     }
 
     /// Every process, proxies first (the order to stop them in).
@@ -270,6 +325,7 @@ pub(crate) struct Engines {
     pub(crate) prefills: Vec<Process>,
     pub(crate) registrars: Vec<Process>,
     pub(crate) decodes: Vec<Process>,
+    pub(crate) models: Vec<ServedModel>,
 }
 
 /// How long a Rust process of the cluster may take to answer.
@@ -280,15 +336,15 @@ pub(crate) fn s(value: &dyn ToString) -> String {
     value.to_string()
 }
 
-/// One bootstrap server per prefill engine (with vLLM's expected topology, for `/ready`),
-/// each answering `/health`.
+/// One bootstrap server per prefill engine of every model (with vLLM's expected topology, for
+/// `/ready`), each answering `/health`.
 async fn start_bootstraps(
     spec: &ClusterSpec,
     program: &Path,
     ports: &mut Ports,
 ) -> Result<Vec<Process>, ClusterError> {
     let mut bootstraps = Vec::new();
-    for (i, shape) in spec.prefills.iter().enumerate() {
+    for (i, shape) in spec.prefill_engines().enumerate() {
         let port = ports.take()?;
         let data_dir = spec.run_dir.join(format!("bootstrap-{i}-data"));
         let mut args = vec![

@@ -3,7 +3,7 @@
 
 use futures_util::future::try_join_all;
 
-use super::{ClusterError, ClusterSpec, Engines, READY_TIMEOUT};
+use super::{ClusterError, ClusterSpec, Engines, ServedModel, READY_TIMEOUT};
 use crate::process::{free_port, wait_for, Ports, Process};
 use crate::vllm::{wait_ready, Connector, EngineRole, VllmEngines};
 
@@ -56,9 +56,17 @@ pub(super) async fn start(
             wait_for(bootstrap, "/ready", READY_TIMEOUT).await?;
         }
     }
+    let urls = |engines: &[Process]| engines.iter().map(|e| e.url.clone()).collect();
+    let model = ServedModel {
+        name: vllm.served_name.clone(),
+        adapters: Vec::new(),
+        prefills: urls(&prefills),
+        decodes: urls(&decodes),
+    };
     Ok(Engines {
         prefills,
         registrars: Vec::new(),
         decodes,
+        models: vec![model],
     })
 }

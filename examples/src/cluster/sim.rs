@@ -1,10 +1,15 @@
 //! The simulated engines of a cluster: sim-engine prefills (one per bootstrap server) and
-//! decodes, playing vLLM or SGLang, registered by themselves or by Python registrars.
+//! decodes, playing vLLM or SGLang, registered by themselves or by Python registrars; one set
+//! per model, prefills and decodes numbered across the models.
 
 use pd_transfer::Transport;
 
-use super::{binary, s, ClusterError, ClusterSpec, Engines, READY_TIMEOUT, REGISTER_ENGINE_SCRIPT};
+use super::{
+    binary, model_name, s, ClusterError, ClusterSpec, Engines, ServedModel, LORA_ADAPTERS,
+    READY_TIMEOUT, REGISTER_ENGINE_SCRIPT,
+};
 use crate::process::{spawn, spawn_with_env, wait_for, Ports, Process};
+use crate::sim::lora::RUNTIME_UPDATING_ENV;
 use crate::sim::Dialect;
 
 /// The prefix cache of a sim that publishes KV events, unless `engine_args` size it: 4,096
@@ -82,50 +87,80 @@ pub(super) async fn start(
             "replay_endpoint": format!("tcp://*:{}", first + dp), "topic": "kv"});
         Ok(vec![s(&"--kv-events-config"), config.to_string()])
     };
-    let mut prefills = Vec::new();
-    for (i, shape) in spec.prefills.iter().enumerate() {
-        let port = ports.take()?;
-        let mut args = sim_args("prefill", port);
-        args.extend(kv_events(ports, shape.dp)?);
-        if spec.dialect == Dialect::Vllm {
-            args.extend([s(&"--engine-id"), format!("prefill-{i}")]);
+    let models = spec.models.max(1);
+    let (mut prefills, mut decodes, mut served) = (Vec::new(), Vec::new(), Vec::new());
+    for k in 0..models {
+        let model = model_name(k, models);
+        // Adapters are vLLM's: model 0's engines load two, and may load more at run time.
+        let adapters = match k == 0 && models > 1 && spec.dialect == Dialect::Vllm {
+            true => &LORA_ADAPTERS[..],
+            false => &[],
+        };
+        let mut model_args = Vec::new();
+        if models > 1 {
+            model_args.extend([s(&"--model"), model.clone()]);
         }
-        args.extend([
-            s(&"--dp-size"),
-            s(&shape.dp),
-            s(&"--tp-size"),
-            s(&shape.tp),
-            s(&"--bootstrap"),
-            bootstraps[i].url.clone(),
-        ]);
-        if spec.python_registrar.is_some() {
-            args.extend([s(&"--registration"), s(&"external")]);
-        } else if let Some(ttl) = spec.lease_ttl.filter(|_| spec.dialect == Dialect::Vllm) {
-            args.extend([s(&"--lease-ttl"), s(&ttl)]);
+        let mut env = sim_env.to_vec();
+        if !adapters.is_empty() {
+            model_args.push(s(&"--lora-modules"));
+            model_args.extend(adapters.iter().map(|(name, path)| format!("{name}={path}")));
+            env.push((RUNTIME_UPDATING_ENV, "true"));
         }
-        prefills.push(spawn_with_env(
-            &spec.run_dir,
-            &format!("prefill-{i}"),
-            &sim_bin,
-            &args,
-            sim_env,
-            format!("http://127.0.0.1:{port}"),
-        )?);
-    }
-    let mut decodes = Vec::new();
-    for i in 0..spec.decodes {
-        let port = ports.take()?;
-        let mut args = sim_args("decode", port);
-        args.extend(kv_events(ports, 1)?);
-        args.extend([s(&"--engine-id"), format!("decode-{i}")]);
-        decodes.push(spawn_with_env(
-            &spec.run_dir,
-            &format!("decode-{i}"),
-            &sim_bin,
-            &args,
-            sim_env,
-            format!("http://127.0.0.1:{port}"),
-        )?);
+        let (first_prefill, first_decode) = (prefills.len(), decodes.len());
+        for shape in &spec.prefills {
+            let i = prefills.len();
+            let port = ports.take()?;
+            let mut args = sim_args("prefill", port);
+            args.extend(model_args.iter().cloned());
+            args.extend(kv_events(ports, shape.dp)?);
+            if spec.dialect == Dialect::Vllm {
+                args.extend([s(&"--engine-id"), format!("prefill-{i}")]);
+            }
+            args.extend([
+                s(&"--dp-size"),
+                s(&shape.dp),
+                s(&"--tp-size"),
+                s(&shape.tp),
+                s(&"--bootstrap"),
+                bootstraps[i].url.clone(),
+            ]);
+            if spec.python_registrar.is_some() {
+                args.extend([s(&"--registration"), s(&"external")]);
+            } else if let Some(ttl) = spec.lease_ttl.filter(|_| spec.dialect == Dialect::Vllm) {
+                args.extend([s(&"--lease-ttl"), s(&ttl)]);
+            }
+            prefills.push(spawn_with_env(
+                &spec.run_dir,
+                &format!("prefill-{i}"),
+                &sim_bin,
+                &args,
+                &env,
+                format!("http://127.0.0.1:{port}"),
+            )?);
+        }
+        for _ in 0..spec.decodes {
+            let i = decodes.len();
+            let port = ports.take()?;
+            let mut args = sim_args("decode", port);
+            args.extend(model_args.iter().cloned());
+            args.extend(kv_events(ports, 1)?);
+            args.extend([s(&"--engine-id"), format!("decode-{i}")]);
+            decodes.push(spawn_with_env(
+                &spec.run_dir,
+                &format!("decode-{i}"),
+                &sim_bin,
+                &args,
+                &env,
+                format!("http://127.0.0.1:{port}"),
+            )?);
+        }
+        let urls = |engines: &[Process]| engines.iter().map(|e| e.url.clone()).collect();
+        served.push(ServedModel {
+            name: model,
+            adapters: adapters.iter().map(|(name, _)| s(name)).collect(),
+            prefills: urls(&prefills[first_prefill..]),
+            decodes: urls(&decodes[first_decode..]),
+        });
     }
     for process in prefills.iter_mut().chain(decodes.iter_mut()) {
         wait_for(process, "/health", READY_TIMEOUT).await?;
@@ -167,5 +202,6 @@ pub(super) async fn start(
         prefills,
         registrars,
         decodes,
+        models: served,
     })
 }

@@ -2,9 +2,12 @@
 //! completions and chat completions, and SGLang's native `/generate`; whole or as Server-Sent
 //! Events chunks.
 
+use std::sync::Arc;
+
 use pd_tokenize::Tokenizer;
 use serde_json::{json, Value};
 
+use super::lora::Adapter;
 use super::prefix_cache::PromptBlocks;
 use super::tokens::prompt_ids;
 
@@ -24,8 +27,10 @@ pub enum Api {
 pub struct Prompt {
     /// The prompt's token ids.
     pub tokens: Vec<u32>,
-    /// The LoRA adapter asked for: the request's `model` when it is not the served model.
-    pub lora_name: Option<String>,
+    /// The request's `model` (none: the base model).
+    pub model: Option<String>,
+    /// The LoRA adapter that `model` names (set by the engine once it checked the model).
+    pub lora: Option<Arc<Adapter>>,
     /// The request's `cache_salt`.
     pub cache_salt: Option<String>,
     /// The dp rank serving it (set by the dialect; 0 until then).
@@ -43,7 +48,7 @@ impl Prompt {
     pub fn blocks(&self) -> PromptBlocks<'_> {
         PromptBlocks {
             tokens: &self.tokens,
-            lora_name: self.lora_name.as_deref(),
+            lora: self.lora.as_deref(),
             cache_salt: self.cache_salt.as_deref(),
         }
     }
@@ -66,16 +71,11 @@ fn string(body: &Value, field: &str) -> Result<Option<String>, String> {
     }
 }
 
-/// Reads the prompt (tokenized by `tokenizer`) and generation settings of a request to an
-/// engine serving `model`, naming the field that is wrong.
-pub fn parse_prompt(
-    api: Api,
-    body: &Value,
-    tokenizer: &Tokenizer,
-    model: &str,
-) -> Result<Prompt, String> {
+/// Reads the prompt (tokenized by `tokenizer`), the model asked for and the generation settings
+/// of a request, naming the field that is wrong.
+pub fn parse_prompt(api: Api, body: &Value, tokenizer: &Tokenizer) -> Result<Prompt, String> {
     let tokens = prompt_ids(tokenizer, api, body)?;
-    let lora_name = string(body, "model")?.filter(|name| name != model);
+    let model = string(body, "model")?;
     let cache_salt = string(body, "cache_salt")?;
     let limit = |field: &str| -> Result<Option<u32>, String> {
         match body.pointer(&format!("/{}", field.replace('.', "/"))) {
@@ -102,7 +102,8 @@ pub fn parse_prompt(
         .unwrap_or(false);
     Ok(Prompt {
         tokens,
-        lora_name,
+        model,
+        lora: None,
         cache_salt,
         dp: 0,
         max_tokens,
@@ -230,11 +231,6 @@ impl ResponseMeta {
     }
 }
 
-/// An OpenAI-style error body.
-pub fn error_body(message: &str, kind: &str) -> Value {
-    json!({"error": {"message": message, "type": kind, "param": null, "code": null}})
-}
-
 /// Frames a JSON value as one SSE event.
 pub fn sse_event(value: &Value) -> bytes::Bytes {
     bytes::Bytes::from(format!("data: {value}\n\n"))
@@ -250,7 +246,7 @@ mod tests {
     #[test]
     fn prompts_and_limits_are_read() {
         let tokenizer = crate::sim::tokens::load(None).unwrap();
-        let parse = |api, body: Value| parse_prompt(api, &body, &tokenizer, "m");
+        let parse = |api, body: Value| parse_prompt(api, &body, &tokenizer);
         let body = json!({"prompt": "a b c", "max_tokens": 4, "stream": true,
                           "stream_options": {"include_usage": true}});
         let prompt = parse(Api::Completions, body).unwrap();
@@ -278,13 +274,16 @@ mod tests {
         )
         .unwrap_err()
         .contains("sampling_params.max_new_tokens"));
-        // An adapter is any other model than the served one; a salt is a string.
+        // The model and the salt are strings.
         let adapted = json!({"prompt": "x", "model": "ad", "cache_salt": "s"});
         let prompt = parse(Api::Completions, adapted).unwrap();
-        assert_eq!(prompt.lora_name.as_deref(), Some("ad"));
+        assert_eq!(prompt.model.as_deref(), Some("ad"));
         assert_eq!(prompt.cache_salt.as_deref(), Some("s"));
-        let base = parse(Api::Completions, json!({"prompt": "x", "model": "m"})).unwrap();
-        assert_eq!(base.lora_name, None);
+        let base = parse(Api::Completions, json!({"prompt": "x"})).unwrap();
+        assert_eq!(base.model, None);
+        assert!(parse(Api::Completions, json!({"prompt": "x", "model": 1}))
+            .unwrap_err()
+            .contains("model"));
         assert!(
             parse(Api::Completions, json!({"prompt": "x", "cache_salt": 1}))
                 .unwrap_err()

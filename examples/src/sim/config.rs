@@ -10,6 +10,7 @@ use pd_service::{parse_seconds, LogFormat};
 use pd_transfer::Transport;
 
 use super::kv_events::KvEventsConfig;
+use super::lora::LoraModule;
 
 /// The role a simulated engine plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -86,8 +87,16 @@ pub struct SimArgs {
     #[arg(long, env = "SIM_BOOTSTRAP", default_value = "http://127.0.0.1:8998")]
     pub bootstrap: String,
     /// The model name served.
-    #[arg(long, default_value = "sim-model")]
+    #[arg(long, default_value = SIM_MODEL)]
     pub model: String,
+    /// vLLM: LoRA adapters loaded at start, each `name=path` or vLLM's JSON (`{"name": ..,
+    /// "path": .., "base_model_name": ..}`); requests name one as their `model`. Adapters
+    /// loaded at run time need `VLLM_ALLOW_RUNTIME_LORA_UPDATING` (`1` or `true`), as in vLLM.
+    #[arg(long, num_args = 1.., value_name = "NAME=PATH", value_parser = LoraModule::parse)]
+    pub lora_modules: Vec<LoraModule>,
+    /// vLLM: milliseconds `POST /v1/load_lora_adapter` takes to load an adapter.
+    #[arg(long, default_value_t = 0)]
+    pub lora_load_delay_ms: u64,
     /// Prefill compute time per prompt token, in microseconds.
     #[arg(long, default_value_t = 200)]
     pub prefill_us_per_token: u64,
@@ -160,6 +169,9 @@ impl SimArgs {
         }
     }
 }
+
+/// The model a sim-engine serves unless `--model` names another.
+pub const SIM_MODEL: &str = "sim-model";
 
 /// The element type of the simulated KV (bytes of a reproducible pattern).
 pub const SIM_KV_DTYPE: &str = "sim-u8";

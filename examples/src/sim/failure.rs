@@ -3,8 +3,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-
-use super::api::error_body;
+use serde_json::json;
 
 /// A request the engine cannot serve: the status and OpenAI error it answers with.
 #[derive(Debug)]
@@ -12,6 +11,10 @@ pub struct Failure {
     status: StatusCode,
     kind: &'static str,
     message: String,
+    /// The field at fault, vLLM's `param`.
+    param: Option<String>,
+    /// Whether `code` carries the status, as vLLM's `ErrorResponse` does (else null).
+    numbered: bool,
 }
 
 impl Failure {
@@ -21,6 +24,8 @@ impl Failure {
             status: StatusCode::BAD_REQUEST,
             kind: "invalid_request_error",
             message: message.into(),
+            param: None,
+            numbered: false,
         }
     }
 
@@ -30,12 +35,44 @@ impl Failure {
             status,
             kind: "kv_transfer_error",
             message: message.into(),
+            param: None,
+            numbered: false,
         }
+    }
+
+    /// vLLM's `ErrorResponse`: `{"error": {"message", "type", "param", "code": status}}`.
+    pub fn vllm(
+        status: StatusCode,
+        kind: &'static str,
+        message: impl Into<String>,
+        param: Option<String>,
+    ) -> Self {
+        Failure {
+            status,
+            kind,
+            message: message.into(),
+            param,
+            numbered: true,
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The error's message.
+    pub fn message(&self) -> &str {
+        &self.message
     }
 }
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
-        (self.status, Json(error_body(&self.message, self.kind))).into_response()
+        let code = self.numbered.then_some(self.status.as_u16());
+        let body = json!({"error": {
+            "message": self.message, "type": self.kind, "param": self.param, "code": code,
+        }});
+        (self.status, Json(body)).into_response()
     }
 }

@@ -9,6 +9,7 @@ pub mod engine;
 pub mod failure;
 pub mod kv;
 pub mod kv_events;
+pub mod lora;
 pub mod prefix_cache;
 pub mod tokens;
 

@@ -1,8 +1,8 @@
 //! A model of an engine's prefix cache (vLLM's automatic prefix caching, SGLang's radix cache):
 //! a prompt's token ids are cut into blocks of [`BLOCK_TOKENS`], each named by a hash chained
-//! over its parent's hash, its token ids and what vLLM mixes in besides (the LoRA adapter's
-//! name, and the cache salt in the first block), seeded randomly per process as vLLM's fast
-//! hashes are; the engine keeps the most recently used blocks up to its capacity. The leading
+//! over its parent's hash, its token ids and what vLLM mixes in besides, each tagged with what it
+//! is (the LoRA adapter's name and path, and the cache salt in the first block), seeded randomly
+//! per process as vLLM's fast hashes are; the engine keeps the most recently used blocks up to its capacity. The leading
 //! blocks of a prompt found there are not computed again, so its prefill time shrinks with
 //! them; KV pulled from a prefill lands in the cache too, as in a real decode. Queried and hit
 //! tokens are counted as vLLM counts them (`prefix_cache_queries`, `prefix_cache_hits`).
@@ -19,6 +19,7 @@ use foldhash::fast::FixedState;
 use lru::LruCache;
 
 use super::kv_events::{Batch, Sink, StoredBlock};
+use super::lora::Adapter;
 
 /// Tokens per cached block (vLLM's default block size).
 pub const BLOCK_TOKENS: usize = 16;
@@ -29,17 +30,23 @@ pub struct PromptBlocks<'a> {
     /// The token ids.
     pub tokens: &'a [u32],
     /// The LoRA adapter it is computed with.
-    pub lora_name: Option<&'a str>,
+    pub lora: Option<&'a Adapter>,
     /// The request's `cache_salt` (an empty one is none, as vLLM tests its truthiness).
     pub cache_salt: Option<&'a str>,
 }
 
 impl PromptBlocks<'_> {
-    /// What block `index`'s hash mixes in besides tokens, as vLLM lists it in events: the
-    /// LoRA name, then (first block only) the cache salt; `None` when nothing.
+    /// The salt block `index` mixes in: the first block's, when not empty.
+    fn salt(&self, index: usize) -> Option<&str> {
+        self.cache_salt.filter(|s| !s.is_empty() && index == 0)
+    }
+
+    /// What block `index`'s hash mixes in besides tokens, as vLLM lists it in events
+    /// (`to_event_extra_keys`: untagged, the adapter without its path): the LoRA name, then
+    /// (first block only) the cache salt; `None` when nothing.
     fn extra_keys(&self, index: usize) -> Option<Vec<&str>> {
-        let salt = self.cache_salt.filter(|s| !s.is_empty() && index == 0);
-        let keys: Vec<&str> = self.lora_name.into_iter().chain(salt).collect();
+        let lora = self.lora.map(|lora| lora.name.as_str());
+        let keys: Vec<&str> = lora.into_iter().chain(self.salt(index)).collect();
         (!keys.is_empty()).then_some(keys)
     }
 }
@@ -75,14 +82,25 @@ impl PrefixCache {
     fn hashes(&self, prompt: &PromptBlocks<'_>) -> Vec<u64> {
         let mut parent: Option<u64> = None;
         let blocks = prompt.tokens.chunks_exact(BLOCK_TOKENS).enumerate();
+        // Each value ends with a byte no UTF-8 text has, after a tag saying what it is, as vLLM
+        // hashes `("lora", name, path)` and `("cache_salt", salt)`.
+        let text = |h: &mut foldhash::fast::FoldHasher, value: &str| {
+            h.write(value.as_bytes());
+            h.write_u8(0xff);
+        };
         blocks
             .map(|(index, tokens)| {
                 let mut h = self.seed.build_hasher();
                 h.write_u64(parent.map_or(0, |p| p ^ 1 << 63));
                 tokens.iter().for_each(|&t| h.write_u32(t));
-                for key in prompt.extra_keys(index).into_iter().flatten() {
-                    h.write(key.as_bytes());
-                    h.write_u8(0xff);
+                if let Some(lora) = prompt.lora {
+                    h.write_u8(1);
+                    text(&mut h, &lora.name);
+                    text(&mut h, &lora.path);
+                }
+                if let Some(salt) = prompt.salt(index) {
+                    h.write_u8(2);
+                    text(&mut h, salt);
                 }
                 let hash = h.finish();
                 parent = Some(hash);
@@ -146,7 +164,7 @@ impl PrefixCache {
                 hash,
                 parent: index.checked_sub(1).map(|i| hashes[i]),
                 tokens: &prompt.tokens[index * BLOCK_TOKENS..][..BLOCK_TOKENS],
-                lora_name: prompt.lora_name,
+                lora: prompt.lora,
                 extra_keys: extra_keys.as_deref(),
             };
             batch.stored(block, BLOCK_TOKENS as u32);
@@ -175,7 +193,7 @@ mod tests {
     fn prompt(tokens: &[u32]) -> PromptBlocks<'_> {
         PromptBlocks {
             tokens,
-            lora_name: None,
+            lora: None,
             cache_salt: None,
         }
     }
@@ -197,16 +215,31 @@ mod tests {
         // Another prefix shares nothing, even with the same tokens later.
         let shifted = [&[999][..], &next].concat();
         assert_eq!(cache.compute(prompt(&shifted)), 0);
-        // Nor does the same prompt under an adapter or a salt.
-        let lora = PromptBlocks {
-            lora_name: Some("ad"),
-            ..prompt(&next)
+        // Nor does the same prompt under an adapter, another adapter, the adapter's name at
+        // another path, or a salt that is the adapter's name.
+        let adapter = |name: &str, path: &str| Adapter {
+            name: name.into(),
+            path: path.into(),
+            id: 1,
         };
+        let adapters = [adapter("s", "/a"), adapter("t", "/a"), adapter("s", "/b")];
+        for lora in &adapters {
+            let lora = PromptBlocks {
+                lora: Some(lora),
+                ..prompt(&next)
+            };
+            assert_eq!(cache.compute(lora), 0);
+        }
         let salted = PromptBlocks {
             cache_salt: Some("s"),
             ..prompt(&next)
         };
-        assert_eq!((cache.compute(lora), cache.compute(salted)), (0, 0));
+        assert_eq!(cache.compute(salted), 0);
+        let again = PromptBlocks {
+            lora: Some(&adapters[0]),
+            ..prompt(&next)
+        };
+        assert_eq!(cache.compute(again), 48);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! dialect's: [`vllm`] or [`sglang`]; pulling and verifying the KV is [`pull`]'s.
 
 mod caches;
+mod models;
 mod pull;
 mod report;
 mod routes;
@@ -33,6 +34,7 @@ use super::config::{Dialect, Registration, Role, SimArgs};
 use super::failure::Failure;
 use super::kv::{kv_bytes, shard_len, token, Shard};
 use super::kv_events::Publisher;
+use super::lora::Adapters;
 use super::prefix_cache::PrefixCache;
 use super::tokens;
 
@@ -99,6 +101,10 @@ struct Engine {
     publishers: Vec<Publisher>,
     /// With `--prefill-concurrency`: each dp rank's compute, a permit per prompt computing.
     compute: Vec<tokio::sync::Semaphore>,
+    /// vLLM: the LoRA adapters served beside the base model.
+    adapters: Adapters,
+    /// vLLM: adapters may be loaded and unloaded at run time (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`).
+    runtime_lora: bool,
 }
 
 /// A bound, registered engine, ready to serve.
@@ -116,6 +122,7 @@ impl SimEngine {
                 "--lease-ttl is vLLM's: SGLang's wire has no leases",
             ));
         }
+        let (adapters, runtime_lora) = models::adapters(&args)?;
         if !args.transfer.is_built() {
             return Err(SimError::Transfer(TransferError::TransportDisabled {
                 transport: args.transfer,
@@ -162,6 +169,8 @@ impl SimEngine {
                     .map(|_| tokio::sync::Semaphore::new(n))
                     .collect(),
             },
+            adapters,
+            runtime_lora,
             args,
         };
         if engine.is_prefill() {
@@ -283,12 +292,17 @@ impl Engine {
                 return Failure::bad_request(format!("the body is not JSON: {err}")).into_response()
             }
         };
-        let prompt = match parse_prompt(api, &body, &self.tokenizer, &self.args.model) {
+        let mut prompt = match parse_prompt(api, &body, &self.tokenizer) {
             Ok(prompt) => prompt,
             Err(message) => return Failure::bad_request(message).into_response(),
         };
         match self.args.dialect {
-            Dialect::Vllm => self.handle_vllm(api, headers, prompt, &body).await,
+            Dialect::Vllm => {
+                if let Err(failure) = self.check_model(&mut prompt).await {
+                    return failure.into_response();
+                }
+                self.handle_vllm(api, headers, prompt, &body).await
+            }
             Dialect::Sglang => self.handle_sglang(api, prompt, &body).await,
         }
     }
@@ -331,7 +345,11 @@ impl Engine {
 
     /// Generates `max_tokens` tokens at the decode pace, whole or as SSE chunks.
     async fn generate(&self, api: Api, prompt: Prompt, kv_params: Value) -> Response {
-        let meta = ResponseMeta::new(api, &self.args.model);
+        let served = prompt
+            .lora
+            .as_ref()
+            .map_or(&self.args.model, |lora| &lora.name);
+        let meta = ResponseMeta::new(api, served);
         let per_token = Duration::from_millis(self.args.decode_ms_per_token);
         let prompt_tokens = prompt.token_count();
         let total = prompt.max_tokens;

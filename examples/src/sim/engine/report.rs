@@ -69,7 +69,8 @@ pub(super) async fn metrics(State(engine): State<Arc<Engine>>) -> String {
     out
 }
 
-/// `GET /stats`: the engine's counters, its workers and meta (a prefill's), as JSON.
+/// `GET /stats`: the engine's model and LoRA adapters, its counters, its workers and meta (a
+/// prefill's), as JSON.
 pub(super) async fn stats(State(engine): State<Arc<Engine>>) -> Json<Value> {
     let s = &engine.stats;
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -77,6 +78,8 @@ pub(super) async fn stats(State(engine): State<Arc<Engine>>) -> Json<Value> {
     let (published, dropped) = engine.kv_event_counts();
     Json(json!({
         "role": format!("{:?}", engine.args.role).to_lowercase(),
+        "model": engine.args.model,
+        "lora_adapters": engine.adapters.list().iter().map(|a| &a.name).collect::<Vec<_>>(),
         "transfer": engine.args.transfer.scheme(),
         "engine_ids": engine.engine_ids,
         "requests": load(&s.requests),

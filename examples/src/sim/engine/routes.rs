@@ -1,37 +1,43 @@
 //! The HTTP routes: OpenAI's completions and chats, SGLang's `/generate`, vLLM's `/tokenize`,
-//! `/reset_prefix_cache` and `/kv_event_sources`, the model list, health, and the reports.
+//! `/reset_prefix_cache` and `/kv_event_sources`, the model list (and vLLM's LoRA adapter
+//! loading, when allowed), health, and the reports; any other path is FastAPI's 404.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
+use super::models::{self, MAX_MODEL_LEN};
 use super::{caches, report, Engine};
 use crate::sim::api::Api;
 use crate::sim::failure::Failure;
 use crate::sim::tokens::tokenize_ids;
 
-/// The longest prompt the simulated model takes, as `/tokenize` reports it (not enforced).
-const MAX_MODEL_LEN: usize = 131_072;
-
 /// Every route, on `engine`.
 pub(super) fn router(engine: Arc<Engine>) -> Router {
-    Router::new()
+    let mut router = Router::new();
+    if engine.runtime_lora {
+        router = router
+            .route("/v1/load_lora_adapter", post(models::load))
+            .route("/v1/unload_lora_adapter", post(models::unload));
+    }
+    router
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/generate", post(generate))
         .route("/tokenize", post(tokenize))
         .route("/reset_prefix_cache", post(caches::reset))
         .route("/kv_event_sources", get(caches::sources))
-        .route("/v1/models", get(models))
+        .route("/v1/models", get(models::list))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/stats", get(report::stats))
         .route("/metrics", get(report::metrics))
+        .fallback(|| async { (StatusCode::NOT_FOUND, Json(json!({"detail": "Not Found"}))) })
         .layer(DefaultBodyLimit::max(engine.args.max_body_bytes))
         .with_state(engine)
 }
@@ -68,10 +74,4 @@ async fn tokenize(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
         .into_response(),
         Err(message) => Failure::bad_request(message).into_response(),
     }
-}
-
-async fn models(State(engine): State<Arc<Engine>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [
-        {"id": engine.args.model, "object": "model", "created": 0, "owned_by": "pd-bootstrap"}
-    ]}))
 }

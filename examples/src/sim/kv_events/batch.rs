@@ -4,9 +4,9 @@
 //! evicted block, `AllBlocksCleared` at a reset. Hashes are published as integers, as vLLM
 //! publishes them by default (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`).
 
-use std::hash::BuildHasher;
-
 use pd_protocol::kv_events::{BlockHash, BlockRemoved, BlockStored, ExtraValue, KvEvent};
+
+use crate::sim::lora::Adapter;
 
 /// Where the blocks are, as vLLM names its own KV cache.
 const MEDIUM: &str = "GPU";
@@ -21,7 +21,7 @@ pub struct StoredBlock<'a> {
     /// Its token ids.
     pub tokens: &'a [u32],
     /// The LoRA adapter the prompt was computed with.
-    pub lora_name: Option<&'a str>,
+    pub lora: Option<&'a Adapter>,
     /// What else its hash mixes in, as vLLM publishes it (`None`: nothing).
     pub extra_keys: Option<&'a [&'a str]>,
 }
@@ -36,13 +36,6 @@ fn int(hash: u64) -> BlockHash {
     BlockHash::Int(hash.into())
 }
 
-/// The adapter's id (vLLM's deprecated `lora_id`): the simulator loads no adapters, so a
-/// stable positive number derived from the name stands in for the id vLLM assigns.
-fn lora_id(name: &str) -> i64 {
-    let hash = foldhash::fast::FixedState::with_seed(0x10a).hash_one(name);
-    1 + (hash % (1 << 31)) as i64
-}
-
 impl Batch {
     /// A block stored: appended to the `BlockStored` before it when it follows that event's
     /// last block, else a new event.
@@ -52,7 +45,8 @@ impl Batch {
             .map(|keys| keys.iter().map(|k| ExtraValue::Str((*k).into())).collect());
         if let Some(KvEvent::BlockStored(last)) = self.events.last_mut() {
             let follows = block.parent.map(int).as_ref() == last.block_hashes.last();
-            if follows && last.lora_name.as_deref() == block.lora_name {
+            let lora_name = block.lora.map(|lora| lora.name.as_str());
+            if follows && last.lora_name.as_deref() == lora_name {
                 last.block_hashes.push(int(block.hash));
                 last.token_ids.extend_from_slice(block.tokens);
                 last.extra_keys.push(extra);
@@ -64,9 +58,9 @@ impl Batch {
             parent_block_hash: block.parent.map(int),
             token_ids: block.tokens.to_vec(),
             block_size,
-            lora_id: block.lora_name.map(lora_id),
+            lora_id: block.lora.map(|lora| lora.id),
             medium: Some(MEDIUM.into()),
-            lora_name: block.lora_name.map(str::to_owned),
+            lora_name: block.lora.map(|lora| lora.name.clone()),
             extra_keys: vec![extra],
             group_idx: Some(0),
         }));
@@ -101,7 +95,7 @@ mod tests {
             hash,
             parent,
             tokens: &[1, 2],
-            lora_name: None,
+            lora: None,
             extra_keys: None,
         }
     }
@@ -134,8 +128,13 @@ mod tests {
     fn an_adapter_and_a_salt_are_published_as_vllm_does() {
         let mut batch = Batch::default();
         let keys = ["ad", "salt"];
+        let adapter = Adapter {
+            name: "ad".into(),
+            path: "/adapters/ad".into(),
+            id: 3,
+        };
         let first = StoredBlock {
-            lora_name: Some("ad"),
+            lora: Some(&adapter),
             extra_keys: Some(&keys),
             ..block(1, None)
         };
@@ -144,7 +143,7 @@ mod tests {
             panic!()
         };
         assert_eq!(stored.lora_name.as_deref(), Some("ad"));
-        assert_eq!(stored.lora_id, Some(lora_id("ad")));
+        assert_eq!(stored.lora_id, Some(3));
         assert_eq!(
             stored.extra_keys,
             vec![Some(vec![

@@ -1,0 +1,107 @@
+//! What the sim-engine tests share: a real sim-engine on 127.0.0.1, JSON requests, and a
+//! subscriber to its KV cache events (decoded with `pd_protocol::kv_events`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pd_examples::cluster::{free_port, spawn_with_env, wait_for, Process};
+use pd_protocol::kv_events::{BlockStored, EventBatch, KvEvent};
+use serde_json::Value;
+use zeromq::{Socket, SocketRecv, SubSocket};
+
+/// Events on, every socket on a free port of `--host`, topic `kv`.
+pub const EVENTS: &str = r#"{"enable_kv_cache_events": true, "publisher": "zmq",
+    "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0", "topic": "kv"}"#;
+
+/// How long a test waits for a message.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+/// A decode engine serving requests alone, with `args` and the environment `env`, healthy; its
+/// log is in the returned folder.
+pub async fn sim_engine(args: &[&str], env: &[(&str, &str)]) -> (Process, tempfile::TempDir) {
+    let dir = tempfile::Builder::new()
+        .prefix("sim-test-")
+        .tempdir()
+        .unwrap();
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"));
+    let port = free_port().to_string();
+    let mut all = [
+        "--role",
+        "decode",
+        "--port",
+        &port,
+        "--decode-ms-per-token",
+        "1",
+    ]
+    .to_vec();
+    all.extend_from_slice(args);
+    let all: Vec<String> = all.into_iter().map(str::to_owned).collect();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut process = spawn_with_env(dir.path(), "sim", &bin, &all, env, url).unwrap();
+    wait_for(&mut process, "/health", Duration::from_secs(20))
+        .await
+        .unwrap();
+    (process, dir)
+}
+
+/// POSTs `body` as JSON: the status and the JSON answer.
+pub async fn post(url: &str, body: Value) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+/// Rank `rank`'s publisher config from `/kv_event_sources`.
+pub async fn source(engine: &Process, rank: &str) -> Value {
+    let url = format!("{}/kv_event_sources", engine.url);
+    let sources: Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+    sources[rank].clone()
+}
+
+/// A SUB socket on rank 0's publisher, subscribed to `kv`, its subscription arrived.
+pub async fn subscribe(engine: &Process) -> SubSocket {
+    let endpoint = source(engine, "0").await["endpoint"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut socket = SubSocket::new();
+    socket.connect(&endpoint).await.unwrap();
+    socket.subscribe("kv").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    socket
+}
+
+/// A message's sequence number and batch (`frames` ends with them).
+fn batch(frames: &[Bytes]) -> (i64, EventBatch) {
+    let [.., seq, payload] = frames else {
+        panic!("{frames:?}")
+    };
+    let seq = i64::from_be_bytes(seq[..].try_into().unwrap());
+    (seq, EventBatch::decode(payload).unwrap())
+}
+
+/// The next message on `socket`: its sequence number and batch.
+pub async fn next(socket: &mut SubSocket) -> (i64, EventBatch) {
+    let message = tokio::time::timeout(WAIT, socket.recv()).await;
+    let frames = message.expect("a batch in time").unwrap().into_vec();
+    assert_eq!(&frames[0][..], b"kv");
+    batch(&frames)
+}
+
+/// The event, which must be a `BlockStored`.
+pub fn stored(event: &KvEvent) -> &BlockStored {
+    match event {
+        KvEvent::BlockStored(stored) => stored,
+        other => panic!("not BlockStored: {other:?}"),
+    }
+}
+
+/// `n` bytes of text, distinct for each `tag` (one token per byte).
+pub fn text(tag: &str, n: usize) -> String {
+    tag.chars().cycle().take(n).collect()
+}
