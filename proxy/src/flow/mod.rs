@@ -291,7 +291,11 @@ pub async fn start(
     };
     let route_header = explain.then(|| {
         let prefill = pair.as_ref().map(|p| (p.backend.url(), p.dp_rank));
-        decision.header(prefill, Some(decode.url()), &request.pick_notes())
+        let notes = match model {
+            Some(model) => format!("; model={model}{}", request.pick_notes()),
+            None => request.pick_notes(),
+        };
+        decision.header(prefill, Some(decode.url()), &notes)
     });
     let mut common = HeaderMap::with_capacity(4);
     common.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
