@@ -37,7 +37,14 @@ async fn complete(proxy: &str, model: &str) -> (u16, String, Value) {
 }
 
 async fn get_json(url: &str) -> Value {
-    client().get(url).send().await.unwrap().json().await.unwrap()
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 async fn ids(url: &str) -> Vec<String> {
@@ -65,7 +72,10 @@ async fn one_proxy_routes_two_models_and_their_adapters() {
         .parent()
         .unwrap()
         .to_path_buf();
-    let run_dir = tempfile::Builder::new().prefix("gateway-").tempdir().unwrap();
+    let run_dir = tempfile::Builder::new()
+        .prefix("gateway-")
+        .tempdir()
+        .unwrap();
     let config = run_dir.path().join("pd-proxy.toml");
     std::fs::write(
         &config,
@@ -99,9 +109,19 @@ async fn one_proxy_routes_two_models_and_their_adapters() {
         let (status, route, body) = complete(&proxy, asked).await;
         assert_eq!(status, 200, "{asked}: {body}");
         let served = &models[k];
-        assert!(route.contains(&format!("prefill={};", served.prefills[0])), "{asked}: {route}");
-        assert!(route.contains(&format!("decode={}", served.decodes[0])), "{asked}: {route}");
-        let model = if asked == "small" { "sim-model-1" } else { asked };
+        assert!(
+            route.contains(&format!("prefill={};", served.prefills[0])),
+            "{asked}: {route}"
+        );
+        assert!(
+            route.contains(&format!("decode={}", served.decodes[0])),
+            "{asked}: {route}"
+        );
+        let model = if asked == "small" {
+            "sim-model-1"
+        } else {
+            asked
+        };
         assert!(route.contains(&format!("model={model}")), "{route}");
         assert_eq!(body["model"], model, "D answered for {model}");
     }
@@ -110,7 +130,10 @@ async fn one_proxy_routes_two_models_and_their_adapters() {
     let list = get_json(&format!("{proxy}/v1/models")).await;
     let cards = list["data"].as_array().unwrap();
     let names: Vec<&str> = cards.iter().map(|c| c["id"].as_str().unwrap()).collect();
-    assert_eq!(names, ["sim-lora-a", "sim-lora-b", "sim-model-0", "sim-model-1"]);
+    assert_eq!(
+        names,
+        ["sim-lora-a", "sim-lora-b", "sim-model-0", "sim-model-1"]
+    );
     assert_eq!(cards[0]["parent"], "sim-model-0");
     assert_eq!(cards[0]["root"], "/adapters/a");
     assert_eq!(cards[3]["owned_by"], "vllm");
@@ -120,23 +143,40 @@ async fn one_proxy_routes_two_models_and_their_adapters() {
     let (status, _, body) = complete(&proxy, "sim-model-9").await;
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"]["code"], "model_not_found");
-    assert!(body["error"]["message"].as_str().unwrap().contains("sim-model-1"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("sim-model-1"),
+        "{body}"
+    );
 
     // An adapter no engine has: loaded on model 0's prefill and decode, then served there.
     let (status, route, body) = complete(&proxy, "sim-lora-c").await;
     assert_eq!(status, 200, "{body}");
-    assert!(route.contains(&format!("decode={}", models[0].decodes[0])), "{route}");
+    assert!(
+        route.contains(&format!("decode={}", models[0].decodes[0])),
+        "{route}"
+    );
     for engine in [&models[0].prefills[0], &models[0].decodes[0]] {
-        assert!(ids(engine).await.contains(&"sim-lora-c".to_owned()), "{engine}");
+        assert!(
+            ids(engine).await.contains(&"sim-lora-c".to_owned()),
+            "{engine}"
+        );
     }
-    assert!(!ids(&models[1].decodes[0]).await.contains(&"sim-lora-c".to_owned()));
+    assert!(!ids(&models[1].decodes[0])
+        .await
+        .contains(&"sim-lora-c".to_owned()));
 
     // Model 1's decode drained at the proxy: its requests are a 503 naming it; model 0 goes on.
     drain(&proxy, &models[1].decodes[0], true).await;
     let (status, _, body) = complete(&proxy, "sim-model-1").await;
     assert_eq!(status, 503, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("sim-model-1") && message.contains("decode"), "{message}");
+    assert!(
+        message.contains("sim-model-1") && message.contains("decode"),
+        "{message}"
+    );
     assert_eq!(complete(&proxy, "sim-model-0").await.0, 200);
     drain(&proxy, &models[1].decodes[0], false).await;
     assert_eq!(complete(&proxy, "sim-model-1").await.0, 200);
