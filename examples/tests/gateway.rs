@@ -204,3 +204,75 @@ async fn one_proxy_routes_two_models_and_their_adapters() {
     assert!(metrics.contains(loads), "{metrics}");
     cluster.shutdown().await;
 }
+
+/// Sends `prompt` to `model` and returns the `x-pd-route` answer.
+async fn route_of(proxy: &str, model: &str, prompt: &str) -> String {
+    let response = client()
+        .post(format!("{proxy}/v1/completions"))
+        .header("x-pd-route", "1")
+        .json(&json!({"model": model, "prompt": prompt, "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let route = response.headers()["x-pd-route"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    route
+}
+
+fn word<'r>(route: &'r str, key: &str) -> &'r str {
+    let start = route
+        .find(&format!("{key}="))
+        .unwrap_or_else(|| panic!("{key}: {route}"));
+    route[start + key.len() + 1..].split(';').next().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapters_cached_blocks_are_its_own_to_precise_prefix() {
+    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let run_dir = tempfile::Builder::new()
+        .prefix("gateway-kv-")
+        .tempdir()
+        .unwrap();
+    let mut spec = ClusterSpec::demo(bin_dir, run_dir.path().to_path_buf());
+    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; 2];
+    spec.decodes = 1;
+    spec.models = 2;
+    spec.prefill_us_per_token = 10;
+    spec.decode_ms_per_token = 1;
+    spec.proxy_args = ["--policy", "precise_prefix"].map(String::from).to_vec();
+    let cluster = Cluster::start(&spec).await.expect("the cluster starts");
+    let proxy = cluster.proxy.url.clone();
+    let prompt = "an adapter's long prompt, repeated until it fills several blocks. ".repeat(4);
+
+    let first = route_of(&proxy, "sim-lora-a", &prompt).await;
+    assert_eq!(word(&first, "prefill_pick"), "kv_miss", "{first}");
+    let holder = word(&first, "prefill").to_owned();
+    // Once the prefill's events are in, the same prompt goes back to it, on the adapter's
+    // blocks; the base model's request for the same text holds none of them.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let again = loop {
+        let route = route_of(&proxy, "sim-lora-a", &prompt).await;
+        if word(&route, "prefill_pick") == "kv_hit" {
+            break route;
+        }
+        assert!(std::time::Instant::now() < deadline, "never a hit: {route}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(word(&again, "prefill"), holder, "{again}");
+    assert!(
+        word(&again, "prefill_cached_tokens")
+            .parse::<usize>()
+            .unwrap()
+            >= 64
+    );
+    let base = route_of(&proxy, "sim-model-0", &prompt).await;
+    assert_eq!(word(&base, "prefill_pick"), "kv_miss", "{base}");
+    assert_eq!(word(&base, "prefill_cached_tokens"), "0", "{base}");
+    cluster.shutdown().await;
+}
