@@ -1,6 +1,7 @@
 //! The process plumbing every pd-bootstrap binary shares, so that each server's lifecycle reads
 //! the same and is written once: logging ([`init_logging`]), the shutdown signal
-//! ([`shutdown_signal`]), duration flags and error text ([`parse_seconds`], [`error_chain`]),
+//! ([`shutdown_signal`]), stopping in two steps, not ready first and closed after
+//! ([`Draining`], [`drain_on_signal`]), duration flags and error text ([`parse_seconds`], [`error_chain`]),
 //! binding and serving an axum router with bounded timeouts and a graceful shutdown
 //! ([`serve`], [`bind`], [`Background`]), the bearer-token check ([`BearerToken`]), a layer
 //! answering the requests a server's own rule refuses ([`GateLayer`]), what a server
@@ -8,6 +9,7 @@
 //! check that a shipped dashboard queries only exported metrics ([`check_dashboard`]).
 
 mod bearer;
+mod draining;
 mod gate;
 mod logging;
 mod memory;
@@ -18,6 +20,7 @@ mod text;
 mod wire_errors;
 
 pub use bearer::BearerToken;
+pub use draining::{drain_on_signal, Draining};
 pub use gate::{Gate, GateLayer, Gated};
 pub use logging::{init_logging, LogFormat, Logging};
 pub use memory::disable_transparent_huge_pages;

@@ -3,7 +3,8 @@
 //! `axum::serve` reads request headers without a time limit (a client that connects and sends
 //! nothing keeps its connection, and a file descriptor, forever) and its graceful shutdown waits
 //! for every connection however long it streams. [`serve`] is the same accept loop with a header
-//! read timeout, `TCP_NODELAY` on every connection, and a bounded grace period at shutdown.
+//! read timeout, `TCP_NODELAY` on every connection, and a bounded grace period at shutdown (after
+//! the not-ready delay of a [`Draining`] server, when it has one).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -11,6 +12,9 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request};
+use axum::http::header::CONNECTION;
+use axum::http::HeaderValue;
+use axum::response::Response;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -21,6 +25,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
+use crate::draining::Draining;
 use crate::wire_errors::{JsonWireErrors, WireErrorBody};
 
 /// The listening socket could not be bound.
@@ -112,8 +117,8 @@ fn spawn_connection<E: std::fmt::Display>(
     });
 }
 
-/// Time limits of [`serve`].
-#[derive(Debug, Clone, Copy)]
+/// Time limits and shutdown of [`serve`].
+#[derive(Debug, Clone)]
 pub struct ServeLimits {
     /// How long a connection may take to send a request's headers (also while idle between
     /// keep-alive requests) before it is closed.
@@ -132,6 +137,12 @@ pub struct ServeLimits {
     /// connection, so such a server's connections are not drained at shutdown: for servers
     /// that run until their process ends (the TCP KV exporter).
     pub upgrades: bool,
+    /// The server's [`Draining`] state, shared with its readiness routes and long polls:
+    /// while it drains every answer carries `Connection: close`, so that clients holding
+    /// keep-alive connections reconnect (to another replica, once the load balancer took this
+    /// one out) instead of having the connection closed under them at the end of the delay; and
+    /// it turns to stopping when the `shutdown` future resolves. `None`: the server has none.
+    pub draining: Option<Draining>,
 }
 
 impl Default for ServeLimits {
@@ -142,6 +153,7 @@ impl Default for ServeLimits {
             wire_error_body: None,
             max_connections: None,
             upgrades: false,
+            draining: None,
         }
     }
 }
@@ -196,6 +208,8 @@ pub async fn serve(
             request.extensions_mut().insert(ConnectInfo(peer));
             request
         });
+        let draining = limits.draining.clone();
+        let service = service.map_response(move |response| close_if_draining(response, &draining));
         let service = TowerToHyperService::new(service);
         match limits.wire_error_body {
             Some(render) => {
@@ -225,6 +239,9 @@ pub async fn serve(
         }
     }
     drop(listener);
+    if let Some(draining) = &limits.draining {
+        draining.stop();
+    }
     if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
         .await
         .is_err()
@@ -232,6 +249,14 @@ pub async fn serve(
         tracing::warn!(grace = ?limits.shutdown_grace, "requests still running after the shutdown grace period were cut off");
     }
     Ok(())
+}
+
+/// `response`, with `Connection: close` while `draining`.
+fn close_if_draining(mut response: Response, draining: &Option<Draining>) -> Response {
+    if draining.as_ref().is_some_and(Draining::is_draining) {
+        (response.headers_mut()).insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 #[cfg(test)]
@@ -299,6 +324,67 @@ mod tests {
             answer.starts_with("HTTP/1.1 200") && answer.ends_with("hi"),
             "{answer}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_draining_server_closes_each_connection_after_its_answer_and_ends_long_polls() {
+        let draining = Draining::new();
+        let app = Router::new().route(
+            "/poll",
+            axum::routing::get({
+                let draining = draining.clone();
+                || async move {
+                    draining.stopping().await;
+                    "stopped"
+                }
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let limits = ServeLimits {
+            draining: Some(draining.clone()),
+            ..ServeLimits::default()
+        };
+        let task = tokio::spawn(serve(
+            listener,
+            app,
+            async move {
+                let _ = stopped.await;
+            },
+            limits,
+        ));
+        let mut poll = tokio::net::TcpStream::connect(addr).await.unwrap();
+        poll.write_all(b"GET /poll HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        draining.begin();
+        // Still served, but the connection is closed after the answer.
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET /nothing HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(5), client.read_to_string(&mut answer))
+            .await
+            .expect("the connection is closed after the answer")
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+        assert!(answer.contains("connection: close"), "{answer}");
+        // The long poll answers once the server stops accepting, and shutdown is not held.
+        stop.send(()).unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(5), poll.read_to_string(&mut answer))
+            .await
+            .expect("the long poll ends at shutdown")
+            .unwrap();
+        assert!(answer.ends_with("stopped"), "{answer}");
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
     }
 
     #[tokio::test]
