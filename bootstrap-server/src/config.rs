@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 use ipnet::IpNet;
 use pd_protocol::{Rank, MAX_RANK};
-use pd_service::{parse_seconds, LogFormat};
+use pd_service::{parse_seconds, parse_seconds_or_zero, LogFormat};
 
 use crate::registry::{EngineConflictPolicy, ExpectedTopology, RegistryConfig};
 use crate::server::ServerConfig;
@@ -79,6 +79,15 @@ pub struct Args {
     /// Log format.
     #[arg(long, env = "PD_BOOTSTRAP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Seconds between the first SIGTERM/SIGINT and the end of accepting: `/readyz` and
+    /// `/ready` answer 503 meanwhile, everything else is served as usual (so that Kubernetes
+    /// takes the pod out of its endpoints first). A second signal ends it early.
+    #[arg(long, env = "PD_BOOTSTRAP_SHUTDOWN_DELAY", default_value = "0", value_parser = parse_seconds_or_zero)]
+    pub shutdown_delay: Duration,
+    /// Seconds the requests in flight when the server stops accepting may run on before their
+    /// connections are closed (long polls answer at once).
+    #[arg(long, env = "PD_BOOTSTRAP_SHUTDOWN_GRACE", default_value = "30", value_parser = parse_seconds_or_zero)]
+    pub shutdown_grace: Duration,
 }
 
 /// The etcd members named by `--store`.
@@ -147,6 +156,7 @@ impl Args {
                 engine_conflict: self.engine_conflict,
             },
             request_timeout: self.request_timeout,
+            shutdown_grace: self.shutdown_grace,
         }
     }
 }
@@ -162,6 +172,8 @@ mod tests {
             args.server_config().request_timeout,
             crate::server::DEFAULT_REQUEST_TIMEOUT
         );
+        assert_eq!(args.shutdown_delay, Duration::ZERO);
+        assert_eq!(args.server_config().shutdown_grace, Duration::from_secs(30));
     }
 
     #[test]
@@ -182,6 +194,10 @@ mod tests {
             "prod-a",
             "--allow-writes-from",
             "10.0.0.0/16, 192.168.1.7",
+            "--shutdown-delay",
+            "5",
+            "--shutdown-grace",
+            "0",
         ])
         .unwrap();
         let config = args.server_config();
@@ -203,6 +219,8 @@ mod tests {
         );
         assert_eq!(config.registry.request_ttl, Duration::from_millis(1500));
         assert_eq!(config.request_timeout, Duration::from_millis(2500));
+        assert_eq!(args.shutdown_delay, Duration::from_secs(5));
+        assert_eq!(config.shutdown_grace, Duration::ZERO);
         assert_eq!(
             config.allow_writes_from,
             vec![
@@ -231,6 +249,8 @@ mod tests {
             &["--store", "etcd://"],
             &["--cluster", "a/b"],
             &["--cluster", ""],
+            &["--shutdown-delay", "-1"],
+            &["--shutdown-grace", "soon"],
         ] {
             let argv = std::iter::once("bootstrap-server").chain(bad.iter().copied());
             assert!(Args::try_parse_from(argv).is_err(), "{bad:?} was accepted");

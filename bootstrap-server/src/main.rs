@@ -1,5 +1,5 @@
 use clap::Parser;
-use pd_service::{disable_transparent_huge_pages, init_logging, shutdown_signal};
+use pd_service::{disable_transparent_huge_pages, drain_on_signal, init_logging};
 
 use bootstrap_server::config::Args;
 use bootstrap_server::Server;
@@ -22,7 +22,8 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match server.run(shutdown_signal()).await {
+    let stop = drain_on_signal(&server.draining(), args.shutdown_delay);
+    match server.run(stop).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err}");

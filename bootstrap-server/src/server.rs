@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use pd_service::{bind, serve, Background, BearerToken, BindError, ServeLimits};
+use pd_service::{bind, serve, Background, BearerToken, BindError, Draining, ServeLimits};
 use tokio::net::TcpListener;
 
 use crate::http::{self, AppState, WriteGuard};
@@ -35,6 +35,9 @@ pub struct ServerConfig {
     /// its body and the answer within it again, or it gets a 408. So a slow or stuck client
     /// holds a connection for bounded time. Held to [`REQUEST_TIMEOUT_BOUNDS`].
     pub request_timeout: Duration,
+    /// How long the requests in flight when the server stops accepting may run on before their
+    /// connections are closed.
+    pub shutdown_grace: Duration,
 }
 
 impl ServerConfig {
@@ -49,6 +52,7 @@ impl ServerConfig {
             allow_writes_from: Vec::new(),
             registry: RegistryConfig::default(),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            shutdown_grace: ServeLimits::default().shutdown_grace,
         }
     }
 }
@@ -85,6 +89,7 @@ pub struct Server {
     listener: TcpListener,
     state: AppState,
     guard: WriteGuard,
+    shutdown_grace: Duration,
 }
 
 impl Server {
@@ -148,8 +153,10 @@ impl Server {
                 request_timeout: config
                     .request_timeout
                     .clamp(REQUEST_TIMEOUT_BOUNDS.0, REQUEST_TIMEOUT_BOUNDS.1),
+                draining: Draining::new(),
             },
             guard,
+            shutdown_grace: config.shutdown_grace,
         })
     }
 
@@ -165,6 +172,12 @@ impl Server {
         self.state.registry.clone()
     }
 
+    /// The server's draining state: begin it (or let [`pd_service::drain_on_signal`] do so) and
+    /// `/readyz` and `/ready` answer 503 while everything else is served as usual.
+    pub fn draining(&self) -> Draining {
+        self.state.draining.clone()
+    }
+
     /// Runs the server on a background task of the current runtime.
     pub fn spawn(self) -> ServerHandle {
         let registry = self.state.registry.clone();
@@ -174,8 +187,8 @@ impl Server {
         }
     }
 
-    /// Serves until `shutdown` resolves, then stops accepting, finishes in-flight requests and
-    /// flushes the store.
+    /// Serves until `shutdown` resolves, then stops accepting, finishes in-flight requests (for
+    /// at most the shutdown grace; long polls answer at once) and flushes the store.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -184,8 +197,10 @@ impl Server {
             listener,
             state,
             guard,
+            shutdown_grace,
         } = self;
         let request_timeout = state.request_timeout;
+        let draining = state.draining.clone();
         let registry = state.registry.clone();
         let pruner = tokio::spawn(prune_forever(state.clone()));
         tracing::info!(addr = %listener.local_addr()?, "bootstrap server listening");
@@ -193,6 +208,8 @@ impl Server {
         let limits = ServeLimits {
             wire_error_body: Some(http::wire_error_body),
             header_read_timeout: request_timeout,
+            shutdown_grace,
+            draining: Some(draining),
             ..ServeLimits::default()
         };
         let served = serve(listener, app, shutdown, limits).await;

@@ -18,7 +18,7 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Router;
-use pd_service::GateLayer;
+use pd_service::{Draining, GateLayer};
 use tower::ServiceBuilder;
 use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
 
@@ -42,6 +42,9 @@ pub struct AppState {
     pub open_writes: Option<Arc<str>>,
     /// How long a request may take before it is answered with a 408 (long polls end sooner).
     pub request_timeout: Duration,
+    /// Whether the server is on its way out (`/readyz` and `/ready` then answer 503, and long
+    /// polls end when it stops accepting).
+    pub draining: Draining,
 }
 
 /// Builds the full router; every write route goes through `guard` (see [`WriteGuard`]), and a

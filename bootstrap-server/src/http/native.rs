@@ -1,5 +1,6 @@
 //! pd-bootstrap's own routes: leases, deregistration, request release, the worker list and its
-//! changes (`GET /workers`, `GET /watch`), health, readiness and metrics.
+//! changes (`GET /workers`, `GET /watch`), health, readiness (`GET /readyz`: this server takes
+//! traffic; `GET /ready`: the configured topology is complete) and metrics.
 
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use super::error::ApiError;
 use super::extract::JsonBody;
 use super::{rejected, vllm, AppState};
 use crate::registry::model::{Change, ChangeKind, Deregistration, WorkerRecord};
+use crate::registry::Changes;
 use crate::registry::RegistryError;
 
 /// How long `GET /watch` waits for a change when the caller does not say.
@@ -44,6 +46,7 @@ pub fn reads() -> Router<AppState> {
         .route("/workers", get(workers))
         .route("/watch", get(watch))
         .route("/health", get(health))
+        .route("/readyz", get(readyz))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
 }
@@ -180,7 +183,15 @@ async fn watch(
     // A long poll must answer before the request timeout turns it into a 408.
     let longest = WATCH_WAIT_MAX.min(state.request_timeout / 6 * 5);
     let asked = Duration::from_millis(params.timeout_ms.unwrap_or(WATCH_WAIT_DEFAULT_MS));
-    match state.registry.watch(params.since, asked.min(longest)).await {
+    let watched = tokio::select! {
+        watched = state.registry.watch(params.since, asked.min(longest)) => watched,
+        // A server that stops accepting does not wait out its long polls: nothing new, so far.
+        () = state.draining.stopping() => Ok(Changes {
+            revision: params.since,
+            changes: Vec::new(),
+        }),
+    };
+    match watched {
         Ok(changes) => Ok(Json(WatchBatch {
             revision: changes.revision,
             events: changes.changes.iter().map(worker_event).collect(),
@@ -211,6 +222,26 @@ async fn health(State(state): State<AppState>) -> Response {
     }
 }
 
+/// `GET /readyz`: whether this server takes traffic, for a Kubernetes readinessProbe:
+/// `{"status": "ready"}`, or 503 with `"status": "not_ready"` and why once it is shutting down.
+/// Unlike `/ready` it does not wait for the topology: P's workers register through the same
+/// address.
+async fn readyz(State(state): State<AppState>) -> Response {
+    match state.draining.not_ready_reason() {
+        None => Json(Status {
+            status: "ready".to_owned(),
+        })
+        .into_response(),
+        Some(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({"status": "not_ready", "detail": reason})),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /ready`: the configured topology is complete (503 with the counts until it is, and
+/// while the server is shutting down).
 async fn ready(State(state): State<AppState>) -> Response {
     let readiness = state.registry.readiness();
     let mut body = ReadyStatus {
@@ -220,9 +251,15 @@ async fn ready(State(state): State<AppState>) -> Response {
         missing: readiness.missing,
         detail: None,
     };
-    if readiness.is_incomplete() {
+    let detail = match state.draining.not_ready_reason() {
+        Some(reason) => Some(reason.to_owned()),
+        None => readiness
+            .is_incomplete()
+            .then(|| vllm::not_ready(readiness)),
+    };
+    if detail.is_some() {
         body.status = "not_ready".to_owned();
-        body.detail = Some(vllm::not_ready(readiness));
+        body.detail = detail;
         return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     }
     Json(body).into_response()
