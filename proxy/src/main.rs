@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use pd_proxy::config::{Args, PREFILL_ENV};
 use pd_proxy::Proxy;
-use pd_service::{disable_transparent_huge_pages, init_logging, shutdown_signal};
+use pd_service::{disable_transparent_huge_pages, drain_on_signal, init_logging};
 
 /// mimalloc: glibc's malloc and free were a tenth of the proxy's CPU (every request's headers,
 /// bodies and futures, often freed on another worker thread than the one that allocated them).
@@ -16,6 +16,7 @@ async fn main() -> ExitCode {
     let args = Args::parse_args();
     let _logging = init_logging(args.log_format);
     let prefill_env = std::env::var(PREFILL_ENV).ok();
+    let shutdown_delay = args.shutdown_delay;
     let config = match args.into_config(prefill_env.as_deref()) {
         Ok(config) => config,
         Err(err) => {
@@ -30,7 +31,8 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match proxy.run(shutdown_signal()).await {
+    let stop = drain_on_signal(&proxy.draining(), shutdown_delay);
+    match proxy.run(stop).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("pd-proxy: {err}");

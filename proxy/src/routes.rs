@@ -195,6 +195,7 @@ async fn ready(State(state): State<AppState>) -> Response {
     } else {
         None
     };
+    let detail = shutting_down(&state).or(detail);
     let status = if detail.is_none() {
         StatusCode::OK
     } else {
@@ -213,6 +214,11 @@ async fn ready(State(state): State<AppState>) -> Response {
         detail,
     };
     (status, Json(body)).into_response()
+}
+
+/// Why `GET /ready` fails before anything else: the proxy is shutting down (`--shutdown-delay`).
+fn shutting_down(state: &AppState) -> Option<String> {
+    state.draining.not_ready_reason().map(str::to_owned)
 }
 
 /// The ids of the models `backend` lists (empty until read).

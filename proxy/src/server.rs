@@ -4,7 +4,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use pd_service::{bind, serve, Background, BindError, ServeLimits};
+use pd_service::{bind, serve, Background, BindError, Draining, ServeLimits};
 use tokio::net::TcpListener;
 
 use crate::backend::Pool;
@@ -61,12 +61,19 @@ impl Proxy {
             .expect("a bound TCP listener has an address")
     }
 
+    /// The proxy's draining state: begin it (or let [`pd_service::drain_on_signal`] do so) and
+    /// `GET /ready` answers 503 while everything else is served as usual.
+    pub fn draining(&self) -> Draining {
+        self.state.draining.clone()
+    }
+
     /// Runs the proxy on a background task of the current runtime.
     pub fn spawn(self) -> ProxyHandle {
         Background::spawn(self.local_addr(), |shutdown| self.run(shutdown))
     }
 
-    /// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests finish.
+    /// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests finish
+    /// (for at most the shutdown grace).
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -145,13 +152,12 @@ impl Proxy {
             "pd-proxy listening"
         );
         // Streams may run for minutes: at shutdown they get a bounded grace, then are cut.
-        let served = serve(
-            listener,
-            routes::router(state),
-            shutdown,
-            ServeLimits::default(),
-        )
-        .await;
+        let limits = ServeLimits {
+            shutdown_grace: config.shutdown_grace,
+            draining: Some(state.draining.clone()),
+            ..ServeLimits::default()
+        };
+        let served = serve(listener, routes::router(state), shutdown, limits).await;
         for task in tasks {
             task.abort();
         }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use pd_service::BearerToken;
+use pd_service::{BearerToken, Draining};
 
 use crate::backend::{Backend, Pair, Pool};
 use crate::config::{Config, Mode};
@@ -95,6 +95,8 @@ pub struct Shared {
     /// Whether each request is tokenized before it is placed (a policy routes on the engines'
     /// events; `--kv-events` alone does not cost requests a tokenization).
     pub tokenize_requests: bool,
+    /// Whether the proxy is on its way out (`GET /ready` then answers 503).
+    pub draining: Draining,
     policies: Policies,
 }
 
@@ -175,6 +177,7 @@ impl Shared {
             admin_key: config.admin_key.as_deref().and_then(BearerToken::new),
             ids: Ids::default(),
             intake: Intake::new(&config.clients),
+            draining: Draining::new(),
         })
     }
 

@@ -1,10 +1,11 @@
 //! The real `pd-proxy` binary: clear start-up errors, environment fallbacks, serving and a
-//! graceful stop on SIGTERM, NIXL prefills without a bootstrap server in sequential mode.
+//! graceful stop on SIGTERM (with `--shutdown-delay`: not ready first, streams in flight
+//! finished after), NIXL prefills without a bootstrap server in sequential mode.
 
 mod common;
 
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{client, prefill_answer, wait_ready_at, Mock};
 use serde_json::json;
@@ -187,6 +188,99 @@ async fn serves_and_stops_gracefully_on_sigterm() {
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
         .await
         .expect("pd-proxy did not stop on SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn sigterm_turns_readiness_off_for_the_delay_then_finishes_streams_in_flight() {
+    let prefill = Mock::prefill().await;
+    let decode = Mock::decode().await;
+    // A streamed answer takes 1.6 s after its first chunk; a whole one comes at once.
+    decode.set(|b| b.chunk_gap = Duration::from_millis(800));
+    let (prefill_url, decode_url) = (prefill.url(), decode.url());
+    let delay = Duration::from_secs(1);
+    let (mut child, addr) = listening(
+        &[
+            "--mode",
+            "sequential",
+            "--prefill",
+            &prefill_url,
+            "--decode",
+            &decode_url,
+            "--port",
+            "0",
+            "--shutdown-grace",
+            "10",
+        ],
+        &[("RUST_LOG", "info"), ("PD_PROXY_SHUTDOWN_DELAY", "1")],
+    )
+    .await;
+    let url = format!("http://{addr}");
+    wait_ready_at(&url).await;
+    let client = client();
+    let completion = |stream: bool| {
+        (client.post(format!("{url}/v1/completions")))
+            .json(&json!({"prompt": "hi", "stream": stream}))
+            .send()
+    };
+    let mut stream = completion(true).await.unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut streamed = String::from_utf8(stream.chunk().await.unwrap().unwrap().to_vec()).unwrap();
+
+    let signalled = Instant::now();
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let ready = loop {
+        let ready = client.get(format!("{url}/ready")).send().await.unwrap();
+        if ready.status() == 503 {
+            break ready;
+        }
+        assert!(signalled.elapsed() < Duration::from_secs(5), "still ready");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let took = signalled.elapsed();
+    assert!(
+        took < Duration::from_millis(250),
+        "not ready after {took:?}"
+    );
+    let body: serde_json::Value = ready.json().await.unwrap();
+    assert_eq!(
+        (&body["status"], &body["detail"]),
+        (&json!("not_ready"), &json!("shutting down"))
+    );
+    assert_eq!(body["prefills"][0]["url"], prefill_url.as_str(), "{body}");
+    // Everything else is served as usual, each answer closing its connection.
+    let health = client.get(format!("{url}/health")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let answer = completion(false).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.headers()["connection"], "close");
+    assert!(
+        signalled.elapsed() < delay,
+        "the checks outlasted the delay"
+    );
+
+    // After the delay: new connections are refused, while the stream goes on to its end.
+    while tokio::net::TcpStream::connect(&addr).await.is_ok() {
+        assert!(signalled.elapsed() < delay * 2, "still accepting");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let closed = signalled.elapsed();
+    assert!(closed >= delay - Duration::from_millis(50), "{closed:?}");
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        streamed.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(signalled.elapsed() > closed);
+    assert!(
+        streamed.contains("Hel") && streamed.ends_with("data: [DONE]\n\n"),
+        "{streamed}"
+    );
+
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("pd-proxy exits within the grace")
         .unwrap();
     assert!(status.success(), "{status:?}");
 }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
-use pd_service::{parse_seconds, LogFormat};
+use pd_service::{parse_seconds, parse_seconds_or_zero, LogFormat};
 
 use self::targets::base_url;
 
@@ -159,6 +159,15 @@ pub struct Args {
     /// Log format.
     #[arg(long, env = "PD_PROXY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Seconds between the first SIGTERM/SIGINT and the end of accepting: `/ready` answers 503
+    /// meanwhile, everything else is served as usual (so that Kubernetes takes the pod out of
+    /// its endpoints first). A second signal ends it early.
+    #[arg(long, env = "PD_PROXY_SHUTDOWN_DELAY", default_value = "0", value_parser = parse_seconds_or_zero)]
+    pub shutdown_delay: Duration,
+    /// Seconds the requests in flight (streams included) when the proxy stops accepting may run
+    /// on before their connections are closed.
+    #[arg(long, env = "PD_PROXY_SHUTDOWN_GRACE", default_value = "30", value_parser = parse_seconds_or_zero)]
+    pub shutdown_grace: Duration,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub models: ModelsArgs,
@@ -250,6 +259,8 @@ pub struct Config {
     pub decode_first_byte_timeout: Duration,
     /// Time limit of a TCP connect to any backend.
     pub connect_timeout: Duration,
+    /// How long requests in flight may run on once the proxy stops accepting.
+    pub shutdown_grace: Duration,
     /// What a client may cost.
     pub clients: ClientLimits,
     /// Health checks.
@@ -283,6 +294,7 @@ impl Config {
             prefill_timeout: Duration::from_secs(30),
             decode_first_byte_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(30),
             clients: ClientLimits {
                 header_read_timeout: Duration::from_secs(10),
                 body_read_timeout: Duration::from_secs(30),
@@ -475,6 +487,7 @@ impl Args {
             max_connections: self.max_connections.max(1),
         };
         config.connect_timeout = self.connect_timeout;
+        config.shutdown_grace = self.shutdown_grace;
         config.health = HealthConfig {
             interval: self.health_check_interval,
             recovery_interval: self.health_recovery_interval,
