@@ -10,6 +10,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
+use pd_protocol::proxy_admin::{BackendState, Backends, RankState};
 use pd_protocol::Rank;
 use serde::{Deserialize, Serialize};
 
@@ -19,52 +20,10 @@ use crate::prompt_tokens::PromptKind;
 use crate::routing::RequestInfo;
 use crate::state::AppState;
 
-/// One dp rank of a prefill.
-#[derive(Debug, Serialize)]
-pub struct RankState {
-    /// The dp rank.
-    pub dp_rank: Rank,
-    /// Its engine id (none without a bootstrap server, or on SGLang's).
-    pub engine_id: Option<String>,
-    /// Its engine is marked draining in the registry.
-    pub draining: bool,
-    /// P calls to it in flight through this proxy.
-    pub in_flight: usize,
-}
-
-/// One backend.
-#[derive(Debug, Serialize)]
-pub struct BackendState {
-    /// `prefill` or `decode`.
-    pub role: &'static str,
-    /// Its URL.
-    pub url: String,
-    /// Passing its health checks.
-    pub healthy: bool,
-    /// Drained at this proxy (`POST /admin/drain`).
-    pub drained: bool,
-    /// Calls to it in flight through this proxy.
-    pub in_flight: usize,
-    /// No call in flight: safe to restart once it takes no new requests.
-    pub idle: bool,
-    /// A prefill's dp ranks.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub dp_ranks: Vec<RankState>,
-}
-
-/// The answer of `GET /admin/backends`.
-#[derive(Debug, Serialize)]
-pub struct Backends {
-    /// Every prefill.
-    pub prefills: Vec<BackendState>,
-    /// Every decode.
-    pub decodes: Vec<BackendState>,
-}
-
 fn state_of(backend: &Backend, dp_ranks: Vec<RankState>) -> BackendState {
     let in_flight = backend.outstanding();
     BackendState {
-        role: backend.role().as_str(),
+        role: backend.role().as_str().to_owned(),
         url: backend.url().to_owned(),
         healthy: backend.is_healthy(),
         drained: backend.is_drained(),

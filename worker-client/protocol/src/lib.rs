@@ -8,6 +8,8 @@
 //!   the fields its router adds to P's and D's bodies.
 //! - [`native`]: pd-bootstrap's own routes (leases, `GET /workers`, `GET /watch`,
 //!   deregistration, readiness).
+//! - [`proxy_admin`]: pd-proxy's `GET /admin/backends` (what `worker-client drain --wait-idle`
+//!   reads).
 //! - [`kv_events`]: the KV cache events vLLM and SGLang publish over ZMQ (msgpack), both of
 //!   vLLM's encodings.
 //!
@@ -18,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod kv_events;
 pub mod native;
+pub mod proxy_admin;
 pub mod sglang;
 pub mod vllm;
 

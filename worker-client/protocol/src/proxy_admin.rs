@@ -1,0 +1,49 @@
+//! pd-proxy's `GET /admin/backends`: every backend this proxy sends to, with its health, its
+//! drain marks and the requests in flight through this proxy. The proxy answers it;
+//! `worker-client drain --wait-idle` reads it to know when a drained engine is idle.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Rank;
+
+/// The answer of `GET /admin/backends`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backends {
+    /// Every prefill.
+    pub prefills: Vec<BackendState>,
+    /// Every decode.
+    pub decodes: Vec<BackendState>,
+}
+
+/// One backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendState {
+    /// `prefill` or `decode`.
+    pub role: String,
+    /// Its URL.
+    pub url: String,
+    /// Passing its health checks.
+    pub healthy: bool,
+    /// Drained at this proxy (`POST /admin/drain`).
+    pub drained: bool,
+    /// Calls to it in flight through this proxy.
+    pub in_flight: usize,
+    /// No call in flight: safe to restart once it takes no new requests.
+    pub idle: bool,
+    /// A prefill's dp ranks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dp_ranks: Vec<RankState>,
+}
+
+/// One dp rank of a prefill.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankState {
+    /// The dp rank.
+    pub dp_rank: Rank,
+    /// Its engine id (none without a bootstrap server, or on SGLang's).
+    pub engine_id: Option<String>,
+    /// Its engine is marked draining in the registry.
+    pub draining: bool,
+    /// P calls to it in flight through this proxy.
+    pub in_flight: usize,
+}
