@@ -1,42 +1,18 @@
 //! The `worker-client` binary: output and exit code of every subcommand.
 
+mod common;
+
 use std::time::Duration;
 
 use bootstrap_server::registry::ExpectedTopology;
 use bootstrap_server::server::ServerHandle;
 use bootstrap_server::{Server, ServerConfig};
+use common::cli;
 
 async fn start(dir: &std::path::Path, expected: Option<ExpectedTopology>) -> ServerHandle {
     let mut config = ServerConfig::local(dir);
     config.registry.expected = expected;
     Server::bind(config).await.unwrap().spawn()
-}
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs the CLI against `url` (the server keeps serving: the child runs asynchronously).
-async fn cli(url: &str, args: &[&str]) -> Run {
-    let output = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_worker-client"))
-            .arg("--url")
-            .arg(url)
-            .args(args)
-            .env_remove("PD_BOOTSTRAP_TOKEN")
-            .output(),
-    )
-    .await
-    .expect("the CLI finishes")
-    .unwrap();
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
 }
 
 #[tokio::test]

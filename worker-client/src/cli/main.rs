@@ -2,10 +2,13 @@
 //!
 //! Exit codes: 0 success (for `register --lease-ttl` and `watch`: stopped by SIGINT/SIGTERM); 1
 //! the server refused the call (4xx; for `register --lease-ttl`: also refused to register the
-//! worker again after its lease was lost), the topology is not ready, or a request id did not
-//! resolve; 2 bad command-line usage; 3 the server could not be reached in time (connection
-//! failure, timeout, 5xx).
+//! worker again after its lease was lost), the topology is not ready, a request id did not
+//! resolve, or (`drain --wait-idle`) a proxy still had requests in flight to the engine at the
+//! idle timeout or refused the poll; 2 bad command-line usage; 3 the server could not be reached
+//! in time (connection failure, timeout, 5xx).
 
+mod drain;
+mod idle;
 mod output;
 
 use std::process::ExitCode;
@@ -24,7 +27,8 @@ use output::{print_changes, print_json, print_topology};
 ///
 /// Exit codes: 0 success (for `register --lease-ttl` and `watch`: stopped by SIGINT/SIGTERM);
 /// 1 the server refused the call (4xx), the topology is not ready, a request id did not resolve,
-/// or a lost lease could not be registered again; 2 bad usage; 3 the server could not be reached
+/// a lost lease could not be registered again, or (`drain --wait-idle`) a proxy still had
+/// requests in flight to the engine at the idle timeout or refused the poll; 2 bad usage; 3 the server could not be reached
 /// in time (connection failure, timeout, 5xx).
 #[derive(Debug, Parser)]
 #[command(name = "worker-client", version, about, long_about)]
@@ -102,14 +106,10 @@ enum Command {
         pp_rank: Option<Rank>,
     },
     /// Mark an engine draining (routers that follow the server's watch, such as pd-proxy, send
-    /// it no new requests within a second) or, with --undo, take requests again.
-    Drain {
-        /// The engine id.
-        engine_id: String,
-        /// Lift the mark.
-        #[arg(long)]
-        undo: bool,
-    },
+    /// it no new requests within a second) or, with --undo, take requests again. With
+    /// --wait-idle, then wait until every proxy named has no request in flight to it (an engine
+    /// pod's preStop hook).
+    Drain(drain::DrainArgs),
     /// Show the registered topology.
     Query {
         /// Only this engine.
@@ -255,15 +255,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 .await?;
             println!("removed {removed} worker(s)");
         }
-        Command::Drain { engine_id, undo } => {
-            let workers = client.drain(&engine_id, !undo).await?;
-            let state = if undo {
-                "takes requests again"
-            } else {
-                "is draining"
-            };
-            println!("engine {engine_id} ({workers} worker(s)) {state}");
-        }
+        Command::Drain(args) => drain::drain(&client, args, cli.timeout).await?,
         Command::Query { engine_id, json } => {
             let topology = client.topology(engine_id.as_deref()).await?;
             if json {

@@ -1,5 +1,5 @@
-//! Shared test helpers: the real bootstrap server in-process, a fast client, a worker, and a
-//! capture of this thread's logs.
+//! Shared test helpers: the real bootstrap server in-process, a fast client, a worker, a
+//! capture of this thread's logs, and runs of the `worker-client` binary.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::io::Write;
@@ -114,4 +114,35 @@ pub fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
         .with_max_level(tracing::Level::INFO)
         .finish();
     (logs, tracing::subscriber::set_default(subscriber))
+}
+
+/// How a run of the `worker-client` binary ended.
+pub struct Run {
+    /// The exit code.
+    pub code: i32,
+    /// What it printed.
+    pub stdout: String,
+    /// What it logged and its error.
+    pub stderr: String,
+}
+
+/// Runs the CLI against `url` (the server keeps serving: the child runs asynchronously).
+pub async fn cli(url: &str, args: &[&str]) -> Run {
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_worker-client"))
+            .arg("--url")
+            .arg(url)
+            .args(args)
+            .env_remove("PD_BOOTSTRAP_TOKEN")
+            .output(),
+    )
+    .await
+    .expect("the CLI finishes")
+    .unwrap();
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
 }

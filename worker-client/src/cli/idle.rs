@@ -1,0 +1,275 @@
+//! `drain --wait-idle`: polling pd-proxies' `GET /admin/backends` until none has a request in
+//! flight to the drained engines, nor can send them one (each lists their dp ranks marked
+//! draining, or not at all).
+//!
+//! A proxy URL whose host name has several addresses (a Kubernetes headless Service lists
+//! every pod) is every one of them: each address is asked, and the proxy is idle only when
+//! every address that answers is, and one does. An address that refuses connections has no
+//! request in flight (no proxy listens there any more).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use pd_protocol::proxy_admin::Backends;
+use tokio::time::Instant;
+use url::Url;
+
+use crate::Failure;
+
+/// Time between two rounds of polls.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// A `--wait-idle` proxy.
+pub struct Proxy {
+    /// The URL as given.
+    given: String,
+    /// `GET /admin/backends` at it.
+    backends: Url,
+    /// Its host (a name, or an address without brackets), looked up each round.
+    host: String,
+    /// Its port.
+    port: u16,
+}
+
+impl Proxy {
+    /// Checks a `--wait-idle` URL (exit 2 on a bad one).
+    pub fn parse(given: &str) -> Result<Proxy, Failure> {
+        let bad = |reason: &str| Failure {
+            code: 2,
+            message: format!("invalid --wait-idle URL {given:?}: {reason}"),
+        };
+        let url = Url::parse(given).map_err(|err| bad(&err.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(bad("not an http(s) URL"));
+        }
+        let host = url.host_str().ok_or_else(|| bad("no host"))?;
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let port = url.port_or_known_default().ok_or_else(|| bad("no port"))?;
+        let base = given.trim_end_matches('/');
+        let backends =
+            Url::parse(&format!("{base}/admin/backends")).map_err(|err| bad(&err.to_string()))?;
+        Ok(Proxy {
+            given: given.to_owned(),
+            backends,
+            host,
+            port,
+        })
+    }
+}
+
+/// What one proxy said in a round.
+enum Verdict {
+    /// No request in flight to the engines, and none can start.
+    Idle,
+    /// Not yet, and why.
+    Busy(String),
+    /// It refused the question (4xx): asking again cannot help.
+    Refused(String),
+}
+
+/// Polls the proxies until all are idle for `engines` (returns how many addresses answered idle),
+/// or `timeout` passes (exit 1 naming the proxies still busy). Each call has `call_timeout`.
+pub struct IdleWait<'a> {
+    /// The proxies.
+    pub proxies: &'a [Proxy],
+    /// The drained engine ids.
+    pub engines: &'a [String],
+    /// Sent as `Authorization: Bearer`, when given.
+    pub admin_key: Option<&'a str>,
+    /// The longest one call (a lookup, a poll) may take.
+    pub call_timeout: Duration,
+    /// The longest the whole wait may take.
+    pub timeout: Duration,
+}
+
+impl IdleWait<'_> {
+    /// Waits; see [`IdleWait`].
+    pub async fn run(&self) -> Result<usize, Failure> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let checks = join_all(self.proxies.iter().map(|p| self.check(p, deadline))).await;
+            let mut busy = Vec::new();
+            let mut answered = 0;
+            for (proxy, (verdict, idle)) in self.proxies.iter().zip(checks) {
+                answered += idle;
+                match verdict {
+                    Verdict::Idle => {}
+                    Verdict::Busy(reason) => busy.push(format!("{} ({reason})", proxy.given)),
+                    Verdict::Refused(reason) => {
+                        return Err(Failure {
+                            code: 1,
+                            message: format!("{} refused: {reason}", proxy.given),
+                        })
+                    }
+                }
+            }
+            if busy.is_empty() {
+                return Ok(answered);
+            }
+            if Instant::now() + POLL_INTERVAL >= deadline {
+                return Err(Failure {
+                    code: 1,
+                    message: format!(
+                        "{} not idle after {:?}: still busy at {}",
+                        self.engines.join(", "),
+                        self.timeout,
+                        busy.join("; ")
+                    ),
+                });
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// One round at `proxy`: every address of its host asked; how many answered idle.
+    async fn check(&self, proxy: &Proxy, deadline: Instant) -> (Verdict, usize) {
+        let addresses = match self.addresses(proxy, deadline).await {
+            Ok(addresses) => addresses,
+            Err(reason) => return (Verdict::Busy(reason), 0),
+        };
+        let polls = addresses.into_iter().map(|a| self.poll(proxy, a, deadline));
+        let verdicts = join_all(polls).await;
+        let idle = (verdicts.iter())
+            .filter(|v| matches!(v, Some(Verdict::Idle)))
+            .count();
+        (combine(verdicts), idle)
+    }
+
+    /// The addresses of `proxy`'s host, looked up anew each round (proxies come and go).
+    async fn addresses(&self, proxy: &Proxy, deadline: Instant) -> Result<Vec<SocketAddr>, String> {
+        let lookup = tokio::net::lookup_host((proxy.host.as_str(), proxy.port));
+        match tokio::time::timeout(self.budget(deadline), lookup).await {
+            Ok(Ok(addresses)) => {
+                let mut addresses: Vec<SocketAddr> = addresses.collect();
+                addresses.sort();
+                addresses.dedup();
+                Ok(addresses)
+            }
+            Ok(Err(err)) => Err(format!("cannot look {} up: {err}", proxy.host)),
+            Err(_) => Err(format!(
+                "looking {} up took over {:?}",
+                proxy.host, self.call_timeout
+            )),
+        }
+    }
+
+    /// How long the next call may take: the call timeout, within what is left of the wait (at
+    /// least one poll interval, so the first round always asks).
+    fn budget(&self, deadline: Instant) -> Duration {
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.call_timeout.min(left.max(POLL_INTERVAL))
+    }
+
+    /// Asks one address of `proxy`; `None`: nothing listens there.
+    async fn poll(&self, proxy: &Proxy, addr: SocketAddr, deadline: Instant) -> Option<Verdict> {
+        let client = match client_for(proxy, addr) {
+            Ok(client) => client,
+            Err(err) => return Some(Verdict::Busy(format!("cannot build an HTTP client: {err}"))),
+        };
+        let mut request = client
+            .get(proxy.backends.clone())
+            .timeout(self.budget(deadline));
+        if let Some(key) = self.admin_key {
+            request = request.bearer_auth(key);
+        }
+        let answer = match request.send().await {
+            Ok(answer) => answer,
+            Err(err) if refused(&err) => return None,
+            Err(err) => {
+                return Some(Verdict::Busy(format!(
+                    "{addr}: {}",
+                    pd_service::error_chain(&err)
+                )))
+            }
+        };
+        let status = answer.status();
+        if status.is_client_error() {
+            let text = answer.text().await.unwrap_or_default();
+            return Some(Verdict::Refused(format!(
+                "GET /admin/backends at {addr} answered {status}: {text}"
+            )));
+        }
+        if !status.is_success() {
+            return Some(Verdict::Busy(format!("{addr} answered {status}")));
+        }
+        Some(match answer.json::<Backends>().await {
+            Ok(backends) => match busy_with(&backends, self.engines) {
+                reasons if reasons.is_empty() => Verdict::Idle,
+                reasons => Verdict::Busy(format!("{addr}: {}", reasons.join(", "))),
+            },
+            Err(err) => Verdict::Busy(format!("{addr}: not an /admin/backends answer: {err}")),
+        })
+    }
+}
+
+/// A client whose connections to `proxy`'s host go to `addr`, while the URL keeps its host
+/// name (its `Host` header, its TLS name); and to no HTTP proxy: it asks one proxy replica, not
+/// whatever a forward proxy picks.
+fn client_for(proxy: &Proxy, addr: SocketAddr) -> reqwest::Result<reqwest::Client> {
+    (reqwest::Client::builder().no_proxy())
+        .resolve(&proxy.host, addr)
+        .build()
+}
+
+/// One proxy's verdict from its addresses' (`None`: not listening).
+fn combine(verdicts: Vec<Option<Verdict>>) -> Verdict {
+    let mut idle = false;
+    let mut busy = Vec::new();
+    for verdict in verdicts.into_iter().flatten() {
+        match verdict {
+            Verdict::Idle => idle = true,
+            Verdict::Busy(reason) => busy.push(reason),
+            refused @ Verdict::Refused(_) => return refused,
+        }
+    }
+    match (busy.is_empty(), idle) {
+        (true, true) => Verdict::Idle,
+        (true, false) => Verdict::Busy("no address accepts connections".to_owned()),
+        (false, _) => Verdict::Busy(busy.join("; ")),
+    }
+}
+
+/// Why `backends` is not idle for `engines` (nothing: it is). A proxy that does not list an
+/// engine cannot send it anything.
+fn busy_with(backends: &Backends, engines: &[String]) -> Vec<String> {
+    let mut reasons = Vec::new();
+    for prefill in &backends.prefills {
+        for rank in &prefill.dp_ranks {
+            let Some(engine) = rank.engine_id.as_ref().filter(|e| engines.contains(e)) else {
+                continue;
+            };
+            let which = format!(
+                "engine {engine} (dp rank {} of {})",
+                rank.dp_rank, prefill.url
+            );
+            if !rank.draining {
+                reasons.push(format!("{which} not yet seen draining"));
+            }
+            if rank.in_flight > 0 {
+                reasons.push(format!(
+                    "{} request(s) in flight to {which}",
+                    rank.in_flight
+                ));
+            }
+        }
+    }
+    reasons
+}
+
+/// Whether the connection was refused (no one listens at that address).
+fn refused(err: &reqwest::Error) -> bool {
+    let mut source: Option<&dyn std::error::Error> = Some(err);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return true;
+            }
+        }
+        source = err.source();
+    }
+    false
+}
