@@ -77,7 +77,12 @@ impl Failure {
             Failure::NxDomain
         } else if err.is_no_records_found() {
             Failure::NoRecords
-        } else if err.to_string().contains("timed out") {
+        } else if err.proto().is_some_and(|proto| {
+            matches!(
+                proto.kind(),
+                hickory_resolver::proto::ProtoErrorKind::Timeout
+            )
+        }) {
             Failure::Timeout
         } else {
             Failure::Error
@@ -152,7 +157,7 @@ pub async fn follow(
             Ok((mut addrs, valid)) => {
                 addrs.sort_unstable();
                 addrs.dedup();
-                metrics.resolved(&label, None);
+                metrics.resolved(&label, "ok");
                 let gone: Vec<SocketAddr> = (current.keys())
                     .filter(|addr| !addrs.contains(addr))
                     .copied()
@@ -174,7 +179,7 @@ pub async fn follow(
                 valid.clamp(MIN_PAUSE, interval.max(MIN_PAUSE))
             }
             Err((failure, why)) => {
-                metrics.resolved(&label, Some(failure));
+                metrics.resolved(&label, failure.as_str());
                 tracing::warn!(name = %label, outcome = failure.as_str(), backends = current.len(), "DNS resolution failed, keeping the last set of backends: {why}");
                 interval.max(MIN_PAUSE)
             }

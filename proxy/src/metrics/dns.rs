@@ -2,8 +2,6 @@
 
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use crate::dns::Failure;
-
 /// The handles of the DNS discovery metrics.
 #[derive(Clone)]
 pub struct DnsMetrics {
@@ -43,9 +41,8 @@ impl DnsMetrics {
         }
     }
 
-    /// Counts one resolution of `name` (`None`: it succeeded).
-    pub fn resolved(&self, name: &str, failure: Option<Failure>) {
-        let outcome = failure.map_or("ok", Failure::as_str);
+    /// Counts one resolution of `name` that ended with `outcome` (`ok`, or why it failed).
+    pub fn resolved(&self, name: &str, outcome: &str) {
         self.resolutions.with_label_values(&[name, outcome]).inc();
     }
 
