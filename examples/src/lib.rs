@@ -1,9 +1,11 @@
 //! Examples of pd-bootstrap: a simulated engine ([`sim`]), the launcher of a local P/D cluster
-//! ([`cluster`]) and the small OpenAI client they are exercised with ([`openai_client`]).
+//! ([`cluster`]), the small OpenAI client they are exercised with ([`openai_client`]) and a
+//! real DNS server for tests of DNS discovery ([`dnsmasq`]).
 
 pub mod bench;
 pub mod cluster;
 pub mod cpus;
+pub mod dnsmasq;
 pub mod openai_client;
 pub mod process;
 pub mod sim;

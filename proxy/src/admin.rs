@@ -38,7 +38,7 @@ pub async fn backends(State(state): State<AppState>) -> Json<Backends> {
     let pairs = state.pool.pairs();
     let prefills = state
         .pool
-        .prefills
+        .prefills()
         .iter()
         .map(|prefill| {
             let ranks = pairs
@@ -56,7 +56,7 @@ pub async fn backends(State(state): State<AppState>) -> Json<Backends> {
         .collect();
     let decodes = state
         .pool
-        .decodes
+        .decodes()
         .iter()
         .map(|decode| state_of(decode, Vec::new()))
         .collect();
@@ -94,12 +94,8 @@ pub async fn drain(
         )
     })?;
     let url = request.url.trim_end_matches('/');
-    let backend = state
-        .pool
-        .prefills
-        .iter()
-        .map(|prefill| &prefill.backend)
-        .chain(state.pool.decodes.iter())
+    let backends = state.pool.backends();
+    let backend = (backends.iter())
         .find(|backend| backend.url() == url)
         .ok_or_else(|| {
             ApiError::new(
@@ -195,7 +191,8 @@ pub async fn kv_match(
             "`prompt` or `messages`: the body names no prompt".into(),
         ));
     };
-    let engine = state.pool.decodes.iter().find(|d| d.is_healthy());
+    let decodes = state.pool.decodes();
+    let engine = decodes.iter().find(|d| d.is_healthy());
     let tokens = prompt_tokens
         .of(kind, &raw, &body, engine.map(|e| &**e))
         .await

@@ -46,17 +46,16 @@ pub enum DiscoveryError {
     },
 }
 
-/// One attempt for prefill `index`: `/health`, then `/query` (on `bootstrap`, the prefill's
+/// One attempt for `prefill`: `/health`, then `/query` (on `bootstrap`, the prefill's
 /// bootstrap server if it has one), then the pool is updated. Returns whether the dp ranks or
 /// engine ids changed.
 pub async fn discover_once(
     pool: &Pool,
-    index: usize,
+    prefill: &Prefill,
     client: &reqwest::Client,
     bootstrap: Option<&BootstrapClient>,
     config: &DiscoveryConfig,
 ) -> Result<bool, DiscoveryError> {
-    let prefill = &pool.prefills[index];
     let url = prefill.backend.url();
     let not_healthy = |reason: String| DiscoveryError::NotHealthy {
         url: url.to_owned(),
@@ -79,7 +78,7 @@ pub async fn discover_once(
             model: None,
             dp_size: 1,
         };
-        return Ok(pool.set_ranks(index, &[only]));
+        return Ok(pool.set_ranks(prefill, &[only]));
     };
     let addr = bootstrap.url();
     let query_failed = |err: worker_client::ClientError| DiscoveryError::Query {
@@ -97,7 +96,7 @@ pub async fn discover_once(
                 dp_size: topology.dp_size,
             })
             .collect();
-        return Ok(pool.set_ranks(index, &ranks));
+        return Ok(pool.set_ranks(prefill, &ranks));
     }
     let topology = bootstrap.topology(None).await.map_err(query_failed)?;
     // The models engines registered, as the bootstrap server's watch reported them (a server
@@ -127,21 +126,20 @@ pub async fn discover_once(
             addr: addr.to_owned(),
         });
     }
-    Ok(pool.set_ranks(index, &ranks))
+    Ok(pool.set_ranks(prefill, &ranks))
 }
 
-/// Discovers prefill `index` forever: polls as [`poll_forever`] does, and wakes it on every
+/// Discovers `prefill` forever: polls as [`poll_forever`] does, and wakes it on every
 /// change the bootstrap server reports ([`follow_changes`]). `recheck` paces the retries while P
 /// does not answer `/health` (the health checks' recovery interval).
 pub async fn run(
     pool: Arc<Pool>,
-    index: usize,
+    prefill: Arc<Prefill>,
     client: reqwest::Client,
     config: DiscoveryConfig,
     recheck: Duration,
 ) {
-    let prefill = pool.prefills[index].clone();
-    let poll = |bootstrap| poll_forever(&pool, index, &client, bootstrap, &config, recheck);
+    let poll = |bootstrap| poll_forever(&pool, &prefill, &client, bootstrap, &config, recheck);
     let Some(addr) = &prefill.bootstrap_addr else {
         return poll(None).await;
     };
@@ -228,23 +226,22 @@ pub async fn follow_changes(prefill: &Prefill, bootstrap: &BootstrapClient) {
     metrics.watching.set(0);
 }
 
-/// Discovers prefill `index` forever: retries with backoff until an attempt succeeds (a P that
+/// Discovers `prefill` forever: retries with backoff until an attempt succeeds (a P that
 /// does not answer `/health` is asked again every `recheck` at most, as the health checks ask a
 /// failing backend), then waits for the refresh interval, and starts again. Every wait ends
 /// early when discovery is asked for, which also starts the backoff over.
 async fn poll_forever(
     pool: &Pool,
-    index: usize,
+    prefill: &Prefill,
     client: &reqwest::Client,
     bootstrap: Option<&BootstrapClient>,
     config: &DiscoveryConfig,
     recheck: Duration,
 ) {
-    let prefill = &pool.prefills[index];
     let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
     let mut last_failure = None;
     loop {
-        let pause = match discover_once(pool, index, client, bootstrap, config).await {
+        let pause = match discover_once(pool, prefill, client, bootstrap, config).await {
             Ok(changed) => {
                 last_failure = None;
                 prefill.discovery_metrics.discovery(true);

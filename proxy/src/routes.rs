@@ -127,13 +127,12 @@ async fn ready(State(state): State<AppState>) -> Response {
     let pool = &state.pool;
     let pairs = pool.pairs();
     let prefills: Vec<PrefillReadiness> = pool
-        .prefills
+        .prefills()
         .iter()
-        .enumerate()
-        .map(|(index, prefill)| {
+        .map(|prefill| {
             let mut models: Vec<String> = pairs
                 .iter()
-                .filter(|pair| pair.prefill_index == index)
+                .filter(|pair| std::sync::Arc::ptr_eq(&pair.backend, &prefill.backend))
                 .filter_map(|pair| pair.model.as_deref().map(str::to_owned))
                 .collect();
             models.dedup();
@@ -153,7 +152,7 @@ async fn ready(State(state): State<AppState>) -> Response {
             }
         })
         .collect();
-    let healthy_decodes = pool.decodes.iter().filter(|d| d.is_healthy()).count();
+    let healthy_decodes = pool.decodes().iter().filter(|d| d.is_healthy()).count();
     // A pair is ready when its prefill is healthy and a healthy decode serves one of its
     // models (what it lists, else what it registered).
     let ready_pairs = pairs
@@ -169,12 +168,12 @@ async fn ready(State(state): State<AppState>) -> Response {
                     .collect(),
                 _ => vec![pair.model.as_deref()],
             };
-            (pool.decodes.iter())
+            (pool.decodes().iter())
                 .any(|d| d.is_healthy() && models.iter().any(|model| d.serves(*model)))
         })
         .count();
     let decodes: Vec<DecodeReadiness> = pool
-        .decodes
+        .decodes()
         .iter()
         .map(|decode| DecodeReadiness {
             url: decode.url().to_owned(),

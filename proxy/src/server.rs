@@ -7,13 +7,13 @@ use std::sync::Arc;
 use pd_service::{bind, serve, Background, BindError, Draining, ServeLimits};
 use tokio::net::TcpListener;
 
-use crate::backend::Pool;
-use crate::config::Config;
+use crate::backend::{Pool, Role};
+use crate::config::{Config, DnsTarget};
+use crate::members::Members;
 use crate::metrics::Metrics;
 use crate::routes;
 use crate::state::{AppState, Shared};
 use crate::upstream::Upstream;
-use crate::{discovery, engine_load, health, kv_events};
 
 /// Why the proxy could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +30,36 @@ pub enum ProxyError {
     /// Serving failed.
     #[error("server failed: {0}")]
     Serve(#[from] std::io::Error),
+    /// The DNS resolver of `dns://` backends could not be set up.
+    #[error("cannot set up DNS resolution: {0}")]
+    Dns(#[from] hickory_resolver::ResolveError),
+}
+
+/// Starts following every `dns://` name of `config`.
+fn start_dns(
+    members: &Arc<Members>,
+    config: &Config,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, ProxyError> {
+    let dns = &config.dns;
+    if dns.prefills.is_empty() && dns.decodes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let resolver = Arc::new(crate::dns::resolver(dns, config.health.timeout)?);
+    let metrics = members.metrics().dns();
+    let prefills = dns.prefills.iter().map(|target| (target, Role::Prefill));
+    let names = prefills.chain(dns.decodes.iter().map(|target| (target, Role::Decode)));
+    Ok(names
+        .map(|(target, role)| {
+            tokio::spawn(crate::dns::follow(
+                members.clone(),
+                resolver.clone(),
+                target.clone(),
+                role,
+                dns.interval,
+                metrics.clone(),
+            ))
+        })
+        .collect())
 }
 
 /// A bound proxy, ready to [`run`](Proxy::run).
@@ -83,53 +113,9 @@ impl Proxy {
             state,
             config,
         } = self;
-        let client = state.upstream.client.clone();
-        let mut tasks = Vec::new();
-        for (index, prefill) in state.pool.prefills.iter().enumerate() {
-            tasks.push(tokio::spawn(discovery::run(
-                state.pool.clone(),
-                index,
-                client.clone(),
-                config.discovery.clone(),
-                config.health.recovery(),
-            )));
-            tasks.push(tokio::spawn(health::check_forever(
-                prefill.backend.clone(),
-                Some(prefill.clone()),
-                client.clone(),
-                config.health.clone(),
-            )));
-        }
-        if let Some(interval) = config.engine_metrics_interval {
-            let backends = state.pool.prefills.iter().map(|p| &p.backend);
-            for backend in backends.chain(state.pool.decodes.iter()) {
-                tasks.push(tokio::spawn(engine_load::scrape_forever(
-                    backend.clone(),
-                    client.clone(),
-                    interval,
-                    config.health.timeout,
-                )));
-            }
-        }
-        if let Some(kv) = &state.kv {
-            let backends = state.pool.prefills.iter().map(|p| &p.backend);
-            for backend in backends.chain(state.pool.decodes.iter()) {
-                tasks.push(tokio::spawn(kv_events::watch_backend(
-                    kv.clone(),
-                    backend.clone(),
-                    client.clone(),
-                    config.health.timeout,
-                )));
-            }
-        }
-        for decode in &state.pool.decodes {
-            tasks.push(tokio::spawn(health::check_forever(
-                decode.clone(),
-                None,
-                client.clone(),
-                config.health.clone(),
-            )));
-        }
+        let members = Arc::new(Members::new(&state, &config));
+        members.start_all();
+        let names = start_dns(&members, &config)?;
         for prefill in config
             .prefills
             .iter()
@@ -146,6 +132,7 @@ impl Proxy {
             addr = %listener.local_addr()?,
             prefills = ?config.prefills.iter().map(|p| format!("{} (bootstrap {})", p.url, p.bootstrap_addr.as_deref().unwrap_or("none"))).collect::<Vec<_>>(),
             decodes = ?config.decodes,
+            dns = ?config.dns.prefills.iter().chain(&config.dns.decodes).map(DnsTarget::label).collect::<Vec<_>>(),
             mode = ?config.mode,
             prefill_policy = ?config.routing.prefill_policy,
             decode_policy = ?config.routing.decode_policy,
@@ -158,9 +145,10 @@ impl Proxy {
             ..ServeLimits::default()
         };
         let served = serve(listener, routes::router(state), shutdown, limits).await;
-        for task in tasks {
+        for task in names {
             task.abort();
         }
+        members.stop_all();
         tracing::info!("pd-proxy stopped");
         served.map_err(ProxyError::from)
     }

@@ -200,10 +200,8 @@ impl Shared {
     /// Whether `model` is a LoRA adapter (the `--config` file's, or one an engine lists with
     /// a base model).
     pub fn is_adapter(&self, model: &str) -> bool {
-        let pool = &self.pool;
         self.models.adapters.contains_key(model)
-            || (pool.prefills.iter().map(|prefill| &prefill.backend))
-                .chain(&pool.decodes)
+            || (self.pool.backends().iter())
                 .any(|backend| backend.card(model).is_some_and(|card| card.is_adapter()))
     }
 
@@ -232,7 +230,7 @@ impl Shared {
         model: Option<&str>,
         request: &RequestInfo<'_>,
     ) -> Option<Arc<Backend>> {
-        let decodes = &self.pool.decodes;
+        let decodes = &self.pool.decodes();
         let other =
             |decode: &Arc<Backend>| instead_of.is_none_or(|failed| !Arc::ptr_eq(decode, failed));
         let candidates = Slice {
@@ -251,7 +249,7 @@ impl Shared {
     /// if the decode policy knows (cache-aware).
     pub fn decode_share(&self, model: Option<&str>, request: &RequestInfo<'_>) -> Option<f64> {
         let candidates = Slice {
-            items: &self.pool.decodes,
+            items: &self.pool.decodes(),
             usable: |decode: &Arc<Backend>| {
                 decode.is_healthy() && !decode.is_drained() && decode.serves(model)
             },

@@ -287,6 +287,13 @@ impl Backend {
         }
     }
 
+    /// Marks a backend that just joined and failed its first check out of rotation, quietly:
+    /// its health checks bring it in once they pass.
+    pub fn start_unproven(&self) {
+        self.successes.store(0, Ordering::Relaxed);
+        self.set_healthy(false);
+    }
+
     fn set_healthy(&self, healthy: bool) {
         self.healthy.store(healthy, Ordering::Relaxed);
         self.metrics.healthy.set(i64::from(healthy));

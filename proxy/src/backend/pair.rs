@@ -10,8 +10,6 @@ use super::{Backend, Call};
 
 /// One dp rank of one prefill: what a request's P half is sent to.
 pub struct Pair {
-    /// The index of the prefill in [`Pool::prefills`].
-    pub prefill_index: usize,
     /// The prefill server.
     pub backend: Arc<Backend>,
     /// Its bootstrap server (`remote_bootstrap_addr`), if it has one.

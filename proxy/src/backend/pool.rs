@@ -1,68 +1,127 @@
 //! [`Pool`]: every backend, and the snapshot of (prefill, dp rank) pairs requests choose from.
+//! Backends come and go (DNS discovery): each list is a snapshot replaced whole, so a request
+//! reads a consistent one with a pointer copy, and a backend that leaves keeps serving the
+//! calls that hold it until they end.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use reqwest::header::HeaderValue;
-use tokio::sync::Notify;
 
 use super::{Backend, DiscoveredRank, Pair, Prefill, Role};
-use crate::config::Config;
+use crate::config::{Config, PrefillTarget};
 use crate::metrics::Metrics;
 use crate::sync::lock;
 
 /// Every backend, and the snapshot of (prefill, dp rank) pairs requests choose from.
 pub struct Pool {
-    /// The prefills, in flag order.
-    pub prefills: Vec<Arc<Prefill>>,
-    /// The decodes, in flag order.
-    pub decodes: Vec<Arc<Backend>>,
+    prefills: RwLock<Arc<[Arc<Prefill>]>>,
+    decodes: RwLock<Arc<[Arc<Backend>]>>,
     pairs: RwLock<Arc<[Arc<Pair>]>>,
 }
 
+fn read<T: ?Sized>(list: &RwLock<Arc<T>>) -> Arc<T> {
+    list.read().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
 impl Pool {
-    /// The backends of `config`, with no dp rank discovered yet.
+    /// The backends of `config`'s flags, with no dp rank discovered yet.
     pub fn new(config: &Config, metrics: &Metrics) -> Self {
-        let prefills = config
-            .prefills
-            .iter()
-            .map(|target| {
-                Arc::new(Prefill {
-                    backend: Arc::new(Backend::new(Role::Prefill, &target.url, metrics)),
-                    bootstrap_addr: target.bootstrap_addr.as_deref().map(Arc::from),
-                    refresh: Notify::new(),
-                    discovery_metrics: metrics.discovery(&target.url),
-                    pairs: Mutex::new(Vec::new()),
-                    models: Mutex::default(),
-                    draining: Mutex::default(),
-                })
-            })
+        let prefills: Vec<Arc<Prefill>> = (config.prefills.iter())
+            .map(|target| Arc::new(Prefill::new(target, metrics)))
             .collect();
-        let decodes = config
-            .decodes
-            .iter()
+        let decodes: Vec<Arc<Backend>> = (config.decodes.iter())
             .map(|url| Arc::new(Backend::new(Role::Decode, url, metrics)))
             .collect();
         Pool {
-            prefills,
-            decodes,
+            prefills: RwLock::new(Arc::from(prefills)),
+            decodes: RwLock::new(Arc::from(decodes)),
             pairs: RwLock::new(Arc::from(Vec::new())),
         }
     }
 
-    /// The current (prefill, dp rank) pairs, healthy or not.
-    pub fn pairs(&self) -> Arc<[Arc<Pair>]> {
-        self.pairs
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    /// The prefills, in the order they joined.
+    pub fn prefills(&self) -> Arc<[Arc<Prefill>]> {
+        read(&self.prefills)
     }
 
-    /// Replaces what is known about prefill `index` with `ranks` (sorted by rank). Pairs whose
-    /// rank, engine id and model did not change are kept, with their load counters. Returns
-    /// whether anything changed.
-    pub fn set_ranks(&self, index: usize, ranks: &[DiscoveredRank<'_>]) -> bool {
-        let prefill = &self.prefills[index];
+    /// The decodes, in the order they joined.
+    pub fn decodes(&self) -> Arc<[Arc<Backend>]> {
+        read(&self.decodes)
+    }
+
+    /// Every backend: the prefills' then the decodes.
+    pub fn backends(&self) -> Vec<Arc<Backend>> {
+        let prefills = self.prefills();
+        let prefills = prefills.iter().map(|prefill| prefill.backend.clone());
+        prefills.chain(self.decodes().iter().cloned()).collect()
+    }
+
+    /// The current (prefill, dp rank) pairs, healthy or not.
+    pub fn pairs(&self) -> Arc<[Arc<Pair>]> {
+        read(&self.pairs)
+    }
+
+    /// The prefill whose server is `backend`.
+    pub fn prefill_of(&self, backend: &Arc<Backend>) -> Option<Arc<Prefill>> {
+        let prefills = self.prefills();
+        let found = prefills.iter().find(|p| Arc::ptr_eq(&p.backend, backend));
+        found.cloned()
+    }
+
+    /// Adds a prefill (its dp ranks come with its discovery).
+    pub fn add_prefill(&self, prefill: Arc<Prefill>) {
+        let mut list = self
+            .prefills
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        *list = list.iter().cloned().chain([prefill]).collect();
+    }
+
+    /// Adds a decode.
+    pub fn add_decode(&self, decode: Arc<Backend>) {
+        let mut list = self.decodes.write().unwrap_or_else(PoisonError::into_inner);
+        *list = list.iter().cloned().chain([decode]).collect();
+    }
+
+    /// Takes `backend` out: no request picks it (or, for a prefill, its dp ranks) from now on;
+    /// calls already holding it finish.
+    pub fn remove(&self, backend: &Arc<Backend>) {
+        {
+            let mut list = self
+                .prefills
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            *list = (list.iter())
+                .filter(|p| !Arc::ptr_eq(&p.backend, backend))
+                .cloned()
+                .collect();
+        }
+        {
+            let mut list = self.decodes.write().unwrap_or_else(PoisonError::into_inner);
+            *list = (list.iter())
+                .filter(|d| !Arc::ptr_eq(d, backend))
+                .cloned()
+                .collect();
+        }
+        self.refresh_pairs();
+    }
+
+    /// Rebuilds the pairs' snapshot from the prefills'.
+    fn refresh_pairs(&self) {
+        let mut snapshot = self.pairs.write().unwrap_or_else(PoisonError::into_inner);
+        let all: Vec<Arc<Pair>> = self
+            .prefills()
+            .iter()
+            .flat_map(|prefill| lock(&prefill.pairs).clone())
+            .collect();
+        *snapshot = Arc::from(all);
+    }
+
+    /// Replaces what is known about `prefill` with `ranks` (sorted by rank). Pairs whose rank,
+    /// engine id and model did not change are kept, with their load counters. Returns whether
+    /// anything changed.
+    pub fn set_ranks(&self, prefill: &Prefill, ranks: &[DiscoveredRank<'_>]) -> bool {
         let same = |pair: &Pair, rank: &DiscoveredRank<'_>| {
             pair.dp_rank == rank.rank
                 && pair.engine_id.as_deref() == rank.engine_id
@@ -87,7 +146,6 @@ impl Pool {
                         .cloned()
                         .unwrap_or_else(|| {
                             Arc::new(Pair {
-                                prefill_index: index,
                                 backend: prefill.backend.clone(),
                                 bootstrap_addr: prefill.bootstrap_addr.clone(),
                                 dp_rank: rank.rank,
@@ -111,13 +169,22 @@ impl Pool {
             *pairs = updated;
             prefill.discovery_metrics.dp_ranks.set(ranks.len() as i64);
         }
-        let mut snapshot = self.pairs.write().unwrap_or_else(PoisonError::into_inner);
-        let all: Vec<Arc<Pair>> = self
-            .prefills
-            .iter()
-            .flat_map(|prefill| lock(&prefill.pairs).clone())
-            .collect();
-        *snapshot = Arc::from(all);
+        self.refresh_pairs();
         true
+    }
+}
+
+impl Prefill {
+    /// The prefill of `target`, nothing discovered yet.
+    pub fn new(target: &PrefillTarget, metrics: &Metrics) -> Self {
+        Prefill {
+            backend: Arc::new(Backend::new(Role::Prefill, &target.url, metrics)),
+            bootstrap_addr: target.bootstrap_addr.as_deref().map(Arc::from),
+            refresh: tokio::sync::Notify::new(),
+            discovery_metrics: metrics.discovery(&target.url),
+            pairs: std::sync::Mutex::new(Vec::new()),
+            models: std::sync::Mutex::default(),
+            draining: std::sync::Mutex::default(),
+        }
     }
 }

@@ -20,8 +20,8 @@ use self::targets::base_url;
 
 pub use self::file::{ConfigFile, FileError, FileModels};
 pub use self::targets::{
-    parse_backend_url, parse_prefill, parse_prefill_env, PrefillTarget, DEFAULT_BOOTSTRAP_PORT,
-    PREFILL_ENV,
+    parse_backend_url, parse_dns, parse_prefill, parse_prefill_entry, parse_prefill_env, DnsTarget,
+    PrefillEntry, PrefillTarget, DEFAULT_BOOTSTRAP_PORT, PREFILL_ENV,
 };
 pub use crate::kv_events::{KvEventsArgs, KvEventsConfig};
 pub use crate::models::settings::{ModelsArgs, ModelsConfig};
@@ -168,6 +168,14 @@ pub struct Args {
     /// on before their connections are closed.
     #[arg(long, env = "PD_PROXY_SHUTDOWN_GRACE", default_value = "30", value_parser = parse_seconds_or_zero)]
     pub shutdown_grace: Duration,
+    /// The DNS server that resolves `dns://` backends, `IP:PORT` (default: the system's, from
+    /// /etc/resolv.conf).
+    #[arg(long, env = "PD_PROXY_DNS_SERVER")]
+    pub dns_server: Option<std::net::SocketAddr>,
+    /// Seconds between two resolutions of each `dns://` name (sooner when its records' TTL is
+    /// shorter, never under 1 s).
+    #[arg(long, env = "PD_PROXY_DNS_INTERVAL", default_value = "5", value_parser = parse_seconds)]
+    pub dns_interval: Duration,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub models: ModelsArgs,
@@ -178,6 +186,19 @@ pub struct Args {
     /// The models' tables of `--config`.
     #[arg(skip)]
     pub file_models: FileModels,
+}
+
+/// Backends found through DNS names (`dns://` in `--prefill` and `--decode`).
+#[derive(Debug, Clone)]
+pub struct DnsConfig {
+    /// The prefills' names.
+    pub prefills: Vec<DnsTarget>,
+    /// The decodes' names.
+    pub decodes: Vec<DnsTarget>,
+    /// The DNS server (none: the system's).
+    pub server: Option<std::net::SocketAddr>,
+    /// The longest time between two resolutions of a name.
+    pub interval: Duration,
 }
 
 /// What one client may cost the proxy: time to send a request, bytes held while it arrives,
@@ -275,6 +296,8 @@ pub struct Config {
     pub admin_key: Option<String>,
     /// Following the engines' KV cache events (none: off).
     pub kv_events: Option<KvEventsConfig>,
+    /// Backends found through DNS names.
+    pub dns: DnsConfig,
     /// Aliases, per-model policies, adapters.
     pub models: ModelsConfig,
 }
@@ -320,6 +343,12 @@ impl Config {
             api_key: None,
             admin_key: None,
             kv_events: None,
+            dns: DnsConfig {
+                prefills: Vec::new(),
+                decodes: Vec::new(),
+                server: None,
+                interval: Duration::from_secs(5),
+            },
             models: ModelsConfig {
                 load_timeout: Duration::from_secs(30),
                 ..ModelsConfig::default()
@@ -431,30 +460,44 @@ impl Args {
     /// used only when no `--prefill` flag was given.
     pub fn into_config(self, prefill_env: Option<&str>) -> Result<Config, ConfigError> {
         let default_port = self.mode.default_bootstrap_port();
-        let prefills = if self.prefill_groups.is_empty() {
+        let entries = if self.prefill_groups.is_empty() {
             parse_prefill_env(prefill_env.unwrap_or(""), default_port)?
         } else {
             self.prefill_groups
                 .iter()
                 .map(|values| {
                     let port = values.get(1).map(String::as_str);
-                    parse_prefill(&values[0], port, default_port)
+                    parse_prefill_entry(&values[0], port, default_port)
                 })
                 .collect::<Result<Vec<_>, _>>()?
         };
-        if prefills.is_empty() {
+        let (mut prefills, mut dns_prefills) = (Vec::new(), Vec::new());
+        for entry in entries {
+            match entry {
+                PrefillEntry::Server(target) => prefills.push(target),
+                PrefillEntry::Dns(target) => dns_prefills.push(target),
+            }
+        }
+        if prefills.is_empty() && dns_prefills.is_empty() {
             return Err(ConfigError::NoPrefill);
         }
-        let decodes = self
-            .decode
-            .iter()
-            .filter(|text| !text.trim().is_empty())
-            .map(|text| parse_backend_url("--decode", text).map(|url| base_url(&url)))
-            .collect::<Result<Vec<_>, _>>()?;
-        if decodes.is_empty() {
+        let (mut decodes, mut dns_decodes) = (Vec::new(), Vec::new());
+        for text in self.decode.iter().filter(|text| !text.trim().is_empty()) {
+            match parse_dns("--decode", text) {
+                Some(target) => dns_decodes.push(target?),
+                None => decodes.push(base_url(&parse_backend_url("--decode", text)?)),
+            }
+        }
+        if decodes.is_empty() && dns_decodes.is_empty() {
             return Err(ConfigError::NoDecode);
         }
         let mut config = Config::new(prefills, decodes);
+        config.dns = DnsConfig {
+            prefills: dns_prefills,
+            decodes: dns_decodes,
+            server: self.dns_server,
+            interval: self.dns_interval,
+        };
         config.host = self.host;
         config.port = self.port;
         config.routing = self.routing.config(self.policy);
@@ -577,8 +620,52 @@ mod tests {
             .collect();
         assert_eq!(bootstraps, [None, None, Some("http://10.0.0.7:9000")]);
         let targets = parse_prefill_env("http://a:1, http://b:2 9000", None).unwrap();
-        assert_eq!(targets[0].bootstrap_addr, None);
-        assert_eq!(targets[1].bootstrap_addr.as_deref(), Some("http://b:9000"));
+        assert_eq!(bootstrap_of(&targets[0]), None);
+        assert_eq!(bootstrap_of(&targets[1]), Some("http://b:9000"));
+    }
+
+    fn bootstrap_of(entry: &PrefillEntry) -> Option<&str> {
+        match entry {
+            PrefillEntry::Server(target) => target.bootstrap_addr.as_deref(),
+            PrefillEntry::Dns(target) => panic!("{target:?}"),
+        }
+    }
+
+    #[test]
+    fn dns_names_are_backends_too() {
+        let parsed = config(&[
+            "--prefill",
+            "dns://prefill.pd.svc.cluster.local:8000",
+            "9000",
+            "--prefill",
+            "http://p:1",
+            "--decode",
+            "dns://_http._tcp.decode.pd.svc.cluster.local",
+            "--dns-server",
+            "127.0.0.1:5353",
+            "--dns-interval",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!(parsed.prefills.len(), 1);
+        assert!(parsed.decodes.is_empty());
+        let prefill = &parsed.dns.prefills[0];
+        assert_eq!(prefill.name, "prefill.pd.svc.cluster.local");
+        assert_eq!(
+            (prefill.port, prefill.bootstrap_port),
+            (Some(8000), Some(9000))
+        );
+        let decode = &parsed.dns.decodes[0];
+        assert_eq!(
+            (decode.name.as_str(), decode.port),
+            ("_http._tcp.decode.pd.svc.cluster.local", None)
+        );
+        assert_eq!(parsed.dns.server.unwrap().port(), 5353);
+        assert_eq!(parsed.dns.interval, Duration::from_secs(2));
+        for bad in ["dns://", "dns://a b:1", "dns://name:0", "dns://name:port"] {
+            let err = config(&["--prefill", "http://p:1", "--decode", bad]).unwrap_err();
+            assert!(matches!(err, ConfigError::BadUrl { .. }), "{bad}: {err}");
+        }
     }
 
     #[test]
@@ -630,8 +717,8 @@ mod tests {
     fn prefill_env_lists_entries() {
         let targets = parse_prefill_env("http://a:1 9000, http://b:2 ,", Some(8998)).unwrap();
         assert_eq!(targets.len(), 2);
-        assert_eq!(targets[0].bootstrap_addr.as_deref(), Some("http://a:9000"));
-        assert_eq!(targets[1].bootstrap_addr.as_deref(), Some("http://b:8998"));
+        assert_eq!(bootstrap_of(&targets[0]), Some("http://a:9000"));
+        assert_eq!(bootstrap_of(&targets[1]), Some("http://b:8998"));
         assert!(parse_prefill_env("http://a:1 2 3", Some(8998)).is_err());
         let args = Args::try_parse_args(["pd-proxy", "--decode", "http://d:1"]).unwrap();
         assert_eq!(

@@ -1,6 +1,7 @@
 //! Where the backends are: `--prefill URL [BOOTSTRAP_PORT|none]`, `PD_PROXY_PREFILL` and
 //! `--decode URL`, each URL checked and its bootstrap server found as vLLM's proxy finds it (or
-//! none, for a prefill given without a port in a mode that needs no bootstrap server).
+//! none, for a prefill given without a port in a mode that needs no bootstrap server). A URL
+//! `dns://NAME[:PORT]` names a set of backends behind a DNS name ([`DnsTarget`]).
 
 use reqwest::Url;
 
@@ -21,6 +22,61 @@ pub struct PrefillTarget {
     /// `remote_bootstrap_addr`); `None` when it has none (sequential mode's NIXL prefills): it
     /// is then one dp rank, 0, without an engine id, usable once its `/health` passes.
     pub bootstrap_addr: Option<String>,
+}
+
+/// Backends behind a DNS name (`dns://NAME[:PORT]`): one per address the name resolves to,
+/// re-resolved as it changes. SRV records of NAME, when there are, give each backend's host and
+/// port; else its A and AAAA records, with PORT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsTarget {
+    /// The name, e.g. `prefill.pd.svc.cluster.local`.
+    pub name: String,
+    /// The port of A/AAAA addresses (SRV records carry their own).
+    pub port: Option<u16>,
+    /// A prefill's: its bootstrap server's port on the same address (none: it has none).
+    pub bootstrap_port: Option<u16>,
+}
+
+impl DnsTarget {
+    /// How it is written on the command line.
+    pub fn label(&self) -> String {
+        match self.port {
+            Some(port) => format!("dns://{}:{port}", self.name),
+            None => format!("dns://{}", self.name),
+        }
+    }
+}
+
+/// Parses `dns://NAME[:PORT]` (`None` when `text` is not a `dns://` URL).
+pub fn parse_dns(flag: &'static str, text: &str) -> Option<Result<DnsTarget, ConfigError>> {
+    let rest = text.trim().strip_prefix("dns://")?;
+    let bad = |reason: &str| ConfigError::BadUrl {
+        flag,
+        url: text.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let rest = rest.trim_end_matches('/');
+    let (name, port) = match rest.rsplit_once(':') {
+        Some((name, port)) => match port.parse::<u16>() {
+            Ok(port) if port != 0 => (name, Some(port)),
+            _ => return Some(Err(bad("the port must be a number from 1 to 65535"))),
+        },
+        None => (rest, None),
+    };
+    let valid = |label: &str| {
+        !label.is_empty()
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if name.is_empty() || !name.trim_end_matches('.').split('.').all(valid) {
+        return Some(Err(bad("expected dns://NAME[:PORT], NAME a DNS name")));
+    }
+    Some(Ok(DnsTarget {
+        name: name.to_owned(),
+        port,
+        bootstrap_port: None,
+    }))
 }
 
 /// Checks a backend URL and returns it without a trailing slash.
@@ -60,19 +116,7 @@ pub fn parse_prefill(
     default_port: Option<u16>,
 ) -> Result<PrefillTarget, ConfigError> {
     let url = parse_backend_url("--prefill", url_text)?;
-    let port = match port.map(str::trim) {
-        None => default_port,
-        Some(text) if text.eq_ignore_ascii_case("none") => default_port,
-        Some(text) => match text.parse::<u16>() {
-            Ok(port) if port != 0 => Some(port),
-            _ => {
-                return Err(ConfigError::BadBootstrapPort {
-                    url: url_text.to_owned(),
-                    port: text.to_owned(),
-                })
-            }
-        },
-    };
+    let port = bootstrap_port(url_text, port, default_port)?;
     // `host_str` keeps the brackets of an IPv6 literal, which is what a URL needs.
     let host = url.host_str().expect("checked by parse_backend_url");
     Ok(PrefillTarget {
@@ -81,20 +125,64 @@ pub fn parse_prefill(
     })
 }
 
+/// The bootstrap port of a prefill given with `port` (none, `none`, or a number): as
+/// [`parse_prefill`] takes it.
+fn bootstrap_port(
+    url_text: &str,
+    port: Option<&str>,
+    default_port: Option<u16>,
+) -> Result<Option<u16>, ConfigError> {
+    match port.map(str::trim) {
+        None => Ok(default_port),
+        Some(text) if text.eq_ignore_ascii_case("none") => Ok(default_port),
+        Some(text) => match text.parse::<u16>() {
+            Ok(port) if port != 0 => Ok(Some(port)),
+            _ => Err(ConfigError::BadBootstrapPort {
+                url: url_text.to_owned(),
+                port: text.to_owned(),
+            }),
+        },
+    }
+}
+
+/// One `--prefill` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrefillEntry {
+    /// One prefill server.
+    Server(PrefillTarget),
+    /// The prefills behind a DNS name, each with its bootstrap server on its own address.
+    Dns(DnsTarget),
+}
+
+/// Parses one `--prefill URL [BOOTSTRAP_PORT|none]` (or `dns://NAME[:PORT] ...`).
+pub fn parse_prefill_entry(
+    url_text: &str,
+    port: Option<&str>,
+    default_port: Option<u16>,
+) -> Result<PrefillEntry, ConfigError> {
+    match parse_dns("--prefill", url_text) {
+        Some(target) => Ok(PrefillEntry::Dns(DnsTarget {
+            bootstrap_port: bootstrap_port(url_text, port, default_port)?,
+            ..target?
+        })),
+        None => parse_prefill(url_text, port, default_port).map(PrefillEntry::Server),
+    }
+}
+
 /// Parses [`PREFILL_ENV`]: comma-separated entries, each `URL` or `URL BOOTSTRAP_PORT` (the
 /// port defaulting as [`parse_prefill`] says).
 pub fn parse_prefill_env(
     text: &str,
     default_port: Option<u16>,
-) -> Result<Vec<PrefillTarget>, ConfigError> {
+) -> Result<Vec<PrefillEntry>, ConfigError> {
     text.split(',')
         .map(str::trim)
         .filter(|entry| !entry.is_empty())
         .map(|entry| {
             let words: Vec<&str> = entry.split_whitespace().collect();
             match words.as_slice() {
-                [url] => parse_prefill(url, None, default_port),
-                [url, port] => parse_prefill(url, Some(port), default_port),
+                [url] => parse_prefill_entry(url, None, default_port),
+                [url, port] => parse_prefill_entry(url, Some(port), default_port),
                 _ => Err(ConfigError::BadPrefillEntry(entry.to_owned())),
             }
         })

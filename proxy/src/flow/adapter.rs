@@ -40,7 +40,7 @@ pub(super) async fn load_if_missing(
     if !state.models.load_on_demand {
         return Ok(());
     }
-    let decodes = &state.pool.decodes;
+    let decodes = &state.pool.decodes();
     let ready = |backend: &crate::backend::Backend| backend.is_healthy() && !backend.is_drained();
     let pair_has = pairs
         .iter()

@@ -228,7 +228,8 @@ pub async fn start(
     let pairs = state.pool.pairs();
     let tokens = match &state.prompt_tokens {
         Some(prompt_tokens) if state.tokenize_requests => {
-            let engine = state.pool.decodes.iter().find(|d| d.is_healthy());
+            let decodes = state.pool.decodes();
+            let engine = decodes.iter().find(|d| d.is_healthy());
             prompt_tokens
                 .of(route.prompt_kind(), bytes, &body, engine.map(|e| &**e))
                 .await
@@ -351,12 +352,12 @@ fn pick_decode_for(
 ) -> Result<Arc<crate::backend::Backend>, Refusal> {
     let model = model.or(pair.model.as_deref());
     state.pick_decode(None, model, request).ok_or_else(|| {
-        let decodes = &state.pool.decodes;
+        let decodes = &state.pool.decodes();
         if let Some(model) = model.filter(|m| decodes.iter().any(|d| d.lists(m) == Some(true))) {
             // Decodes of the model exist: they are down or drained.
             return adapter::model_unavailable(model, "decode");
         }
-        let healthy = state.pool.decodes.iter().any(|d| d.is_healthy());
+        let healthy = state.pool.decodes().iter().any(|d| d.is_healthy());
         match model {
             Some(model) if healthy => refused(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -50,6 +50,8 @@ pub(super) async fn registered_instead(
         listed,
         "the engine D was told to pull from is no longer registered; rediscovering"
     );
-    state.pool.prefills[pair.prefill_index].refresh.notify_one();
+    if let Some(prefill) = state.pool.prefill_of(&pair.backend) {
+        prefill.refresh.notify_one();
+    }
     listed.map(Arc::from)
 }

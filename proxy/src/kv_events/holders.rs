@@ -35,6 +35,7 @@ impl KvTracker {
         let mut engines: Vec<(usize, Held, usize)> = lock(&self.engines)
             .iter()
             .enumerate()
+            .filter_map(|(slot, e)| Some((slot, e.as_ref()?)))
             .filter(|(_, e)| e.feed.connected.load(Ordering::Relaxed))
             .map(|(slot, e)| {
                 let owner = match e.backend.role() {

@@ -69,7 +69,8 @@ impl Feed {
 /// The index and the subscriptions feeding it.
 pub struct KvTracker {
     index: RwLock<KvIndex>,
-    engines: Mutex<Vec<Engine>>,
+    /// By slot; a removed backend's slots are vacant until a new subscription takes them.
+    engines: Mutex<Vec<Option<Engine>>>,
     metrics: KvMetrics,
     config: KvEventsConfig,
 }
@@ -103,8 +104,12 @@ impl KvTracker {
         self.index.write().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The feed of the engine in `slot` (a vacant slot's: a fresh one nothing reads).
     fn feed(&self, slot: EngineSlot) -> Arc<Feed> {
-        lock(&self.engines)[slot.0 as usize].feed.clone()
+        match &lock(&self.engines)[slot.0 as usize] {
+            Some(engine) => engine.feed.clone(),
+            None => Arc::default(),
+        }
     }
 
     /// Applies one batch (sequence `seq`) of the engine in `slot`.
@@ -147,16 +152,19 @@ impl KvTracker {
     /// (replacing one of the same dp rank on another endpoint).
     fn follow(self: &Arc<Self>, backend: &Arc<Backend>, source: Source) {
         let mut engines = lock(&self.engines);
-        let same_rank = engines
-            .iter()
-            .position(|e| Arc::ptr_eq(&e.backend, backend) && e.source.dp_rank == source.dp_rank);
-        if let Some(slot) = same_rank {
-            if engines[slot].source == source {
+        let same_rank = engines.iter().position(|e| {
+            e.as_ref().is_some_and(|e| {
+                Arc::ptr_eq(&e.backend, backend) && e.source.dp_rank == source.dp_rank
+            })
+        });
+        if let Some(engine) = same_rank.and_then(|slot| engines[slot].as_ref()) {
+            if engine.source == source {
                 return;
             }
-            engines[slot].task.abort();
+            engine.task.abort();
         }
-        let slot = same_rank.unwrap_or(engines.len());
+        let vacant = engines.iter().position(Option::is_none);
+        let slot = same_rank.or(vacant).unwrap_or(engines.len());
         let engine_slot = EngineSlot(slot as u32);
         tracing::info!(backend = backend.url(), dp_rank = source.dp_rank, endpoint = %source.endpoint, "following the engine's KV cache events");
         let feed = Arc::new(Feed {
@@ -176,11 +184,13 @@ impl KvTracker {
         };
         let replaced = slot < engines.len();
         if replaced {
-            engines[slot] = engine;
+            engines[slot] = Some(engine);
         } else {
-            engines.push(engine);
+            engines.push(Some(engine));
         }
-        self.metrics.engines.set(engines.len() as i64);
+        self.metrics
+            .engines
+            .set(engines.iter().flatten().count() as i64);
         drop(engines);
         if replaced {
             self.rebuild(engine_slot);
@@ -192,12 +202,39 @@ impl KvTracker {
         let slots: Vec<EngineSlot> = lock(&self.engines)
             .iter()
             .enumerate()
-            .filter(|(_, e)| Arc::ptr_eq(&e.backend, backend))
+            .filter(|(_, e)| e.as_ref().is_some_and(|e| Arc::ptr_eq(&e.backend, backend)))
             .map(|(slot, _)| EngineSlot(slot as u32))
             .collect();
         for slot in slots {
             self.rebuild(slot);
         }
+    }
+
+    /// Stops following `backend` (it left the proxy's backends): its subscriptions end, its
+    /// entries leave the index and its slots are free for other engines.
+    pub fn remove(&self, backend: &Arc<Backend>) {
+        let mut engines = lock(&self.engines);
+        let mut freed = Vec::new();
+        for (slot, entry) in engines.iter_mut().enumerate() {
+            if entry
+                .as_ref()
+                .is_some_and(|e| Arc::ptr_eq(&e.backend, backend))
+            {
+                if let Some(engine) = entry.take() {
+                    engine.task.abort();
+                }
+                freed.push(EngineSlot(slot as u32));
+            }
+        }
+        self.metrics
+            .engines
+            .set(engines.iter().flatten().count() as i64);
+        drop(engines);
+        let mut index = self.write_index();
+        for slot in freed {
+            index.clear_engine(slot);
+        }
+        self.metrics.blocks.set(index.len() as i64);
     }
 }
 

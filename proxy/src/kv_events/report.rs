@@ -18,6 +18,7 @@ impl KvTracker {
         let engines = lock(&self.engines)
             .iter()
             .enumerate()
+            .filter_map(|(slot, e)| Some((slot, e.as_ref()?)))
             .map(|(slot, e)| EngineReport {
                 role: e.backend.role().as_str(),
                 backend: e.backend.url().to_owned(),

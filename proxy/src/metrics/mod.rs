@@ -3,12 +3,14 @@
 //! Label sets that the hot path touches are resolved once (per backend, per route) so a request
 //! only bumps atomics.
 
+mod dns;
 mod kv;
 mod lora;
 mod outcome;
 mod route;
 mod tokenize;
 
+pub use dns::DnsMetrics;
 pub use kv::KvMetrics;
 pub use lora::{LoadOutcome, LoraMetrics};
 pub use outcome::{CallOutcome, Outcome};
@@ -68,6 +70,7 @@ pub struct Metrics {
     kv: KvMetrics,
     tokenize: TokenizeMetrics,
     lora: LoraMetrics,
+    dns: DnsMetrics,
     routes: RouteFamilies,
     calls: IntCounterVec,
     backend_in_flight: IntGaugeVec,
@@ -168,11 +171,13 @@ impl Metrics {
         let tokenize = TokenizeMetrics::new(&registry);
         let routes = RouteFamilies::new(&registry);
         let lora = LoraMetrics::new(&registry);
+        let dns = DnsMetrics::new(&registry);
         Metrics {
             registry,
             kv,
             tokenize,
             lora,
+            dns,
             routes,
             calls,
             backend_in_flight,
@@ -194,6 +199,11 @@ impl Metrics {
     /// The KV-event index's handles.
     pub fn kv(&self) -> KvMetrics {
         self.kv.clone()
+    }
+
+    /// The DNS discovery handles.
+    pub fn dns(&self) -> DnsMetrics {
+        self.dns.clone()
     }
 
     /// The adapter-load handles.
@@ -234,6 +244,28 @@ impl Metrics {
             watch_refreshes: self.watch_refreshes.with_label_values(&[url]),
             discoveries_ok: self.discoveries.with_label_values(&[url, "ok"]),
             discoveries_failed: self.discoveries.with_label_values(&[url, "error"]),
+        }
+    }
+
+    /// Drops the series of the `role` backend at `url` (it left the pool), so that backends
+    /// coming and going do not grow the metrics without bound.
+    pub fn forget_backend(&self, role: &str, url: &str) {
+        for outcome in CallOutcome::ALL {
+            let _ = self
+                .calls
+                .remove_label_values(&[role, url, outcome.as_str()]);
+        }
+        for family in [&self.backend_in_flight, &self.healthy, &self.engine_load] {
+            let _ = family.remove_label_values(&[role, url]);
+        }
+        if role == "prefill" {
+            for family in [&self.dp_ranks, &self.watching] {
+                let _ = family.remove_label_values(&[url]);
+            }
+            let _ = self.watch_refreshes.remove_label_values(&[url]);
+            for outcome in ["ok", "error"] {
+                let _ = self.discoveries.remove_label_values(&[url, outcome]);
+            }
         }
     }
 

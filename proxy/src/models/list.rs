@@ -17,8 +17,7 @@ use crate::state::AppState;
 pub async fn models(State(state): State<AppState>) -> Json<Value> {
     let pool = &state.pool;
     let mut cards: BTreeMap<String, Value> = BTreeMap::new();
-    let prefills = pool.prefills.iter().map(|prefill| &prefill.backend);
-    for backend in prefills.chain(&pool.decodes) {
+    for backend in pool.backends() {
         if !backend.is_healthy() {
             continue;
         }

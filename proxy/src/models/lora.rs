@@ -71,8 +71,7 @@ impl AdapterLoader {
         if let Some(source) = config.adapters.get(name) {
             return Some(source.clone());
         }
-        let backends = pool.prefills.iter().map(|prefill| &prefill.backend);
-        backends.chain(&pool.decodes).find_map(|backend| {
+        pool.backends().into_iter().find_map(|backend| {
             let card = backend.card(name)?;
             Some(AdapterSource {
                 base: card.parent?,

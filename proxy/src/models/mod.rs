@@ -32,12 +32,8 @@ use crate::error::ApiError;
 
 /// Whether any backend (healthy or not) lists `model`, or a prefill's engine registered it.
 pub fn anyone_serves(pool: &Pool, pairs: &[std::sync::Arc<Pair>], model: &str) -> bool {
-    let listed = pool
-        .prefills
-        .iter()
-        .map(|prefill| &prefill.backend)
-        .chain(&pool.decodes)
-        .any(|backend| backend.lists(model) == Some(true));
+    let backends = pool.backends();
+    let listed = (backends.iter()).any(|backend| backend.lists(model) == Some(true));
     listed
         || pairs
             .iter()
@@ -47,21 +43,13 @@ pub fn anyone_serves(pool: &Pool, pairs: &[std::sync::Arc<Pair>], model: &str) -
 /// Whether every backend's model list is known (a model none of them lists is then served
 /// nowhere).
 pub fn all_known(pool: &Pool) -> bool {
-    let prefills = pool.prefills.iter().map(|prefill| &prefill.backend);
-    prefills
-        .chain(&pool.decodes)
-        .all(|backend| backend.models().is_some())
+    (pool.backends().iter()).all(|backend| backend.models().is_some())
 }
 
 /// Every model served here: what the backends list and what prefills registered.
 pub fn served_names(pool: &Pool, pairs: &[std::sync::Arc<Pair>]) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
-    for backend in pool
-        .prefills
-        .iter()
-        .map(|prefill| &prefill.backend)
-        .chain(&pool.decodes)
-    {
+    for backend in pool.backends() {
         for card in backend.models().unwrap_or_default().iter() {
             names.insert(card.id.clone());
         }

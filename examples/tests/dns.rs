@@ -1,0 +1,408 @@
+//! pd-proxy finding its backends through a real DNS server (dnsmasq on 127.0.0.1), on sim
+//! engines: a prefill by its A record and port (its bootstrap server on the same address), the
+//! decodes by SRV records; decodes added, removed and replaced under load without a failed
+//! request; the name going NXDOMAIN and the server going silent keep the last set.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pd_examples::cluster::{Cluster, ClusterSpec, PrefillShape};
+use pd_examples::dnsmasq::{Dnsmasq, Records};
+use pd_examples::process::{free_port, spawn, wait_for};
+use serde_json::{json, Value};
+
+const DECODES: &str = "_http._tcp.decode.pd.test";
+
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// SRV records naming the decodes at `urls`, and the prefill's A record.
+fn records(urls: &[&str]) -> Records {
+    let local: IpAddr = "127.0.0.1".parse().unwrap();
+    let mut records = Records {
+        hosts: vec![("p.pd.test".into(), local)],
+        ..Records::default()
+    };
+    for (k, url) in urls.iter().enumerate() {
+        let host = format!("d{k}.pd.test");
+        records
+            .srv
+            .push((DECODES.into(), host.clone(), port_of(url)));
+        records.hosts.push((host, local));
+    }
+    records
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+async fn ready(proxy: &str) -> Value {
+    let answer = client().get(format!("{proxy}/ready")).send().await.unwrap();
+    answer.json().await.unwrap()
+}
+
+/// The decodes `/ready` lists (healthy or not), sorted.
+async fn decodes(proxy: &str) -> Vec<String> {
+    let answer = ready(proxy).await;
+    let mut urls: Vec<String> = (answer["decodes"].as_array().unwrap().iter())
+        .map(|d| d["url"].as_str().unwrap().to_owned())
+        .collect();
+    urls.sort();
+    urls
+}
+
+async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !check().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn metrics(proxy: &str) -> String {
+    let answer = client()
+        .get(format!("{proxy}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    answer.text().await.unwrap()
+}
+
+fn count(metrics: &str, labels: &str) -> f64 {
+    (metrics.lines())
+        .filter(|l| l.starts_with("pd_proxy_dns_resolutions_total{") && l.contains(labels))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// Requests sent one after another until stopped: (sent, failed, last failure).
+struct Load {
+    sent: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Option<String>>>,
+}
+
+impl Load {
+    /// `clients` clients sending one request after another.
+    fn start(proxy: &str, clients: usize) -> Self {
+        let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (0..clients)
+            .map(|_| Self::client(proxy, &sent, &failed, &stop))
+            .collect();
+        Load {
+            sent,
+            failed,
+            stop,
+            tasks,
+        }
+    }
+
+    fn client(
+        proxy: &str,
+        sent: &Arc<AtomicUsize>,
+        failed: &Arc<AtomicUsize>,
+        stop: &Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<Option<String>> {
+        let url = format!("{proxy}/v1/completions");
+        let (s, f, halt) = (sent.clone(), failed.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut last = None;
+            while !halt.load(Ordering::Relaxed) {
+                let body = json!({"model": "sim-model", "prompt": "a request under load", "max_tokens": 3});
+                let answer = client().post(&url).json(&body).send().await;
+                s.fetch_add(1, Ordering::Relaxed);
+                match answer {
+                    Ok(answer) if answer.status().is_success() => {}
+                    Ok(answer) => {
+                        f.fetch_add(1, Ordering::Relaxed);
+                        last = Some(format!(
+                            "{}: {}",
+                            answer.status(),
+                            answer.text().await.unwrap_or_default()
+                        ));
+                    }
+                    Err(err) => {
+                        f.fetch_add(1, Ordering::Relaxed);
+                        last = Some(err.to_string());
+                    }
+                }
+            }
+            last
+        })
+    }
+
+    async fn finish(self) -> (usize, usize, Option<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut last = None;
+        for task in self.tasks {
+            last = task.await.unwrap().or(last);
+        }
+        (
+            self.sent.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+            last,
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_follows_its_backends_through_dns() {
+    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let run_dir = tempfile::Builder::new().prefix("dns-").tempdir().unwrap();
+    let mut spec = ClusterSpec::demo(bin_dir.clone(), run_dir.path().to_path_buf());
+    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
+    spec.decodes = 3;
+    spec.kv_events = false;
+    spec.prefill_us_per_token = 10;
+    spec.decode_ms_per_token = 1;
+    let cluster = Cluster::start(&spec).await.expect("the cluster starts");
+    let d: Vec<&str> = cluster.decodes.iter().map(|p| p.url.as_str()).collect();
+    let (prefill, bootstrap) = (&cluster.prefills[0].url, &cluster.bootstraps[0].url);
+    let mut dns = Dnsmasq::start(run_dir.path(), "pd.test", &records(&[d[0], d[1]]))
+        .await
+        .expect("dnsmasq starts (Debian: dnsmasq-base)");
+
+    let port = free_port();
+    let args: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--prefill",
+        &format!("dns://p.pd.test:{}", port_of(prefill)),
+        &port_of(bootstrap).to_string(),
+        "--decode",
+        &format!("dns://{DECODES}"),
+        "--dns-server",
+        &dns.addr.to_string(),
+        "--dns-interval",
+        "1",
+        "--health-check-interval",
+        "0.2",
+        "--health-check-timeout",
+        "0.5",
+    ]
+    .map(String::from)
+    .to_vec();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut proxy = spawn(
+        run_dir.path(),
+        "dns-proxy",
+        &bin_dir.join("pd-proxy"),
+        &args,
+        url.clone(),
+    )
+    .unwrap();
+    wait_for(&mut proxy, "/ready", Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|err| panic!("{err}: {}", proxy.log_tail(30)));
+    let answer = ready(&url).await;
+    assert_eq!(answer["prefills"][0]["url"], prefill.as_str(), "{answer}");
+    assert_eq!(
+        answer["prefills"][0]["bootstrap_addr"],
+        bootstrap.as_str(),
+        "{answer}"
+    );
+    let mut first: Vec<String> = vec![d[0].into(), d[1].into()];
+    first.sort();
+    assert_eq!(decodes(&url).await, first);
+
+    // d0 replaced by d2 under load: d2 joins, d0 leaves, nothing fails.
+    let load = Load::start(&url, 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    dns.set(&records(&[d[1], d[2]])).await.unwrap();
+    let mut second: Vec<String> = vec![d[1].into(), d[2].into()];
+    second.sort();
+    until("d0 replaced by d2", || async {
+        decodes(&url).await == second
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (sent, failed, last) = load.finish().await;
+    assert!(sent > 10, "only {sent} requests");
+    assert_eq!(failed, 0, "{failed} of {sent} failed, the last: {last:?}");
+    let text = metrics(&url).await;
+    assert!(
+        !text.contains(&format!("backend=\"{}\"", d[0])),
+        "d0's series are gone"
+    );
+    assert!(count(&text, r#"outcome="ok""#) >= 2.0);
+
+    // The decodes' name gone (NXDOMAIN): the last set is kept, and said so.
+    dns.set(&Records {
+        srv: Vec::new(),
+        ..records(&[])
+    })
+    .await
+    .unwrap();
+    until("an nxdomain", || async {
+        count(&metrics(&url).await, r#"outcome="nxdomain""#) >= 1.0
+    })
+    .await;
+    assert_eq!(decodes(&url).await, second);
+    assert_eq!(
+        client()
+            .post(format!("{url}/v1/completions"))
+            .json(&json!({"model": "sim-model", "prompt": "hi", "max_tokens": 2}))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    // The server silent: the last set is kept.
+    dns.set(&records(&[d[1], d[2]])).await.unwrap();
+    dns.pause(true);
+    until("a timeout", || async {
+        count(&metrics(&url).await, r#"outcome="timeout""#) >= 1.0
+    })
+    .await;
+    assert_eq!(decodes(&url).await, second);
+    dns.pause(false);
+    let log = std::fs::read_to_string(&proxy.log).unwrap();
+    assert!(
+        log.contains("keeping the last set of backends"),
+        "{}",
+        proxy.log_tail(20)
+    );
+    proxy.stop(Duration::from_secs(2)).await;
+    cluster.shutdown().await;
+}
+
+/// Whether the proxy shows the decode at `url` with nothing in flight.
+async fn idle(proxy: &str, url: &str) -> bool {
+    let answer = client()
+        .get(format!("{proxy}/admin/backends"))
+        .bearer_auth("rollout")
+        .send()
+        .await
+        .unwrap();
+    let backends: Value = answer.json().await.unwrap();
+    (backends["decodes"].as_array().unwrap().iter())
+        .any(|d| d["url"] == url && d["idle"] == true && d["drained"] == true)
+}
+
+async fn healthy(proxy: &str, url: &str) -> bool {
+    let answer = ready(proxy).await;
+    (answer["decodes"].as_array().unwrap().iter()).any(|d| d["url"] == url && d["healthy"] == true)
+}
+
+/// A rolling update of the decodes behind a DNS name, under load through the proxy: each new
+/// decode appears in DNS and joins; the old one it replaces is drained at the proxy, waited for
+/// until idle, taken out of DNS, then stopped. No request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_behind_dns_loses_no_request() {
+    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let run_dir = tempfile::Builder::new()
+        .prefix("rollout-")
+        .tempdir()
+        .unwrap();
+    let mut spec = ClusterSpec::demo(bin_dir.clone(), run_dir.path().to_path_buf());
+    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
+    spec.decodes = 4;
+    spec.kv_events = false;
+    spec.prefill_us_per_token = 10;
+    spec.decode_ms_per_token = 2;
+    let mut cluster = Cluster::start(&spec).await.expect("the cluster starts");
+    let d: Vec<String> = cluster.decodes.iter().map(|p| p.url.clone()).collect();
+    let (prefill, bootstrap) = (&cluster.prefills[0].url, &cluster.bootstraps[0].url);
+    let mut dns = Dnsmasq::start(run_dir.path(), "pd.test", &records(&[&d[0], &d[1]]))
+        .await
+        .expect("dnsmasq starts (Debian: dnsmasq-base)");
+    let port = free_port();
+    let args: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--prefill",
+        &format!("dns://p.pd.test:{}", port_of(prefill)),
+        &port_of(bootstrap).to_string(),
+        "--decode",
+        &format!("dns://{DECODES}"),
+        "--dns-server",
+        &dns.addr.to_string(),
+        "--dns-interval",
+        "1",
+        "--health-check-interval",
+        "0.2",
+        "--admin-key",
+        "rollout",
+    ]
+    .map(String::from)
+    .to_vec();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut proxy = spawn(
+        run_dir.path(),
+        "rollout-proxy",
+        &bin_dir.join("pd-proxy"),
+        &args,
+        url.clone(),
+    )
+    .unwrap();
+    wait_for(&mut proxy, "/ready", Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|err| panic!("{err}: {}", proxy.log_tail(30)));
+    until("both decodes", || async { decodes(&url).await.len() == 2 }).await;
+
+    let load = Load::start(&url, 3);
+    let mut live = vec![d[0].clone(), d[1].clone()];
+    for (old, new) in [(0, 2), (1, 3)] {
+        // The replacement appears and joins.
+        live.push(d[new].clone());
+        let names: Vec<&str> = live.iter().map(String::as_str).collect();
+        dns.set(&records(&names)).await.unwrap();
+        until("the new decode healthy", || async {
+            healthy(&url, &d[new]).await
+        })
+        .await;
+        // The old one is drained, then waited for.
+        let drained = client()
+            .post(format!("{url}/admin/drain"))
+            .bearer_auth("rollout")
+            .json(&json!({"url": d[old]}))
+            .send()
+            .await
+            .unwrap();
+        assert!(drained.status().is_success());
+        until("the old decode idle", || async {
+            idle(&url, &d[old]).await
+        })
+        .await;
+        // It leaves DNS, then stops.
+        live.retain(|u| *u != d[old]);
+        let names: Vec<&str> = live.iter().map(String::as_str).collect();
+        dns.set(&records(&names)).await.unwrap();
+        until("the old decode gone", || async {
+            !decodes(&url).await.contains(&d[old])
+        })
+        .await;
+        cluster.decodes[old].stop(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (sent, failed, last) = load.finish().await;
+    assert!(sent > 30, "only {sent} requests");
+    assert_eq!(
+        failed, 0,
+        "{failed} of {sent} failed during the rollout, the last: {last:?}"
+    );
+    let mut now = vec![d[2].clone(), d[3].clone()];
+    now.sort();
+    assert_eq!(decodes(&url).await, now);
+    proxy.stop(Duration::from_secs(2)).await;
+    cluster.shutdown().await;
+}

@@ -1,0 +1,221 @@
+//! Backends found through DNS (`--prefill dns://NAME[:PORT] BOOTSTRAP_PORT`,
+//! `--decode dns://NAME[:PORT]`): a Kubernetes headless Service's name resolves to one address
+//! per ready pod, and each address is a backend with its own health checks. The name is
+//! resolved again every `--dns-interval` (sooner when its records' TTL is shorter): an address
+//! that appears joins after one health check (in rotation at once if it passes, else once its
+//! checks pass), an address that disappears leaves (its calls in flight finish). SRV records of
+//! the name, when there are, give each backend's host and port (Kubernetes publishes them for a
+//! Service's named ports: `_http._tcp.NAME`); else the A and AAAA records, with the URL's port.
+//! A failed resolution (no answer in time, the name unknown, no records) keeps the last set
+//! found, says so in the log and counts it: a DNS outage never empties the pool.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig};
+use hickory_resolver::name_server::TokioConnectionProvider;
+use hickory_resolver::{ResolveError, TokioResolver};
+
+use crate::backend::{Backend, Prefill, Role};
+use crate::config::{DnsConfig, DnsTarget, PrefillTarget};
+use crate::health::{self, Check};
+use crate::members::Members;
+use crate::metrics::DnsMetrics;
+
+/// The shortest pause between two resolutions of a name, whatever its TTL.
+const MIN_PAUSE: Duration = Duration::from_secs(1);
+
+/// The resolver of `config`: its `--dns-server`, else the system's configuration; no cache (each
+/// resolution asks the server: the pause between them follows the records' TTL).
+pub fn resolver(config: &DnsConfig, timeout: Duration) -> Result<TokioResolver, ResolveError> {
+    let mut builder = match config.server {
+        Some(server) => {
+            let servers =
+                NameServerConfigGroup::from_ips_clear(&[server.ip()], server.port(), true);
+            TokioResolver::builder_with_config(
+                ResolverConfig::from_parts(None, Vec::new(), servers),
+                TokioConnectionProvider::default(),
+            )
+        }
+        None => TokioResolver::builder_tokio()?,
+    };
+    let options = builder.options_mut();
+    options.cache_size = 0;
+    options.timeout = timeout;
+    options.attempts = 2;
+    Ok(builder.build())
+}
+
+/// Why a resolution found nothing (the last set is kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The name does not exist (NXDOMAIN).
+    NxDomain,
+    /// The name exists but has no usable records.
+    NoRecords,
+    /// No answer in time.
+    Timeout,
+    /// Anything else.
+    Error,
+}
+
+impl Failure {
+    /// The `outcome` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::NxDomain => "nxdomain",
+            Failure::NoRecords => "no_records",
+            Failure::Timeout => "timeout",
+            Failure::Error => "error",
+        }
+    }
+
+    fn of(err: &ResolveError) -> Self {
+        if err.is_nx_domain() {
+            Failure::NxDomain
+        } else if err.is_no_records_found() {
+            Failure::NoRecords
+        } else if err.proto().is_some_and(|proto| {
+            matches!(
+                proto.kind(),
+                hickory_resolver::proto::ProtoErrorKind::Timeout
+            )
+        }) {
+            Failure::Timeout
+        } else {
+            Failure::Error
+        }
+    }
+}
+
+/// The addresses `target` resolves to now, and how long they stay valid.
+pub async fn resolve(
+    resolver: &TokioResolver,
+    target: &DnsTarget,
+) -> Result<(Vec<SocketAddr>, Duration), (Failure, String)> {
+    let failed = |err: ResolveError| (Failure::of(&err), err.to_string());
+    let now = std::time::Instant::now();
+    let ttl = |until: std::time::Instant| until.saturating_duration_since(now);
+    match resolver.srv_lookup(target.name.as_str()).await {
+        Ok(srv) => {
+            let mut addrs = Vec::new();
+            let mut valid = ttl(srv.as_lookup().valid_until());
+            for record in srv.iter() {
+                let ips = resolver
+                    .lookup_ip(record.target().clone())
+                    .await
+                    .map_err(failed)?;
+                valid = valid.min(ttl(ips.valid_until()));
+                addrs.extend(ips.iter().map(|ip| SocketAddr::new(ip, record.port())));
+            }
+            return Ok((addrs, valid));
+        }
+        // No SRV records: the A and AAAA records with the URL's port, if it gives one.
+        Err(err) if target.port.is_some() && (err.is_no_records_found() || err.is_nx_domain()) => {}
+        Err(err) => return Err(failed(err)),
+    }
+    let port = target.port.expect("checked above");
+    let ips = resolver
+        .lookup_ip(target.name.as_str())
+        .await
+        .map_err(failed)?;
+    let valid = ttl(ips.valid_until());
+    Ok((
+        ips.iter().map(|ip| SocketAddr::new(ip, port)).collect(),
+        valid,
+    ))
+}
+
+/// The base URL of a backend at `addr` (an IPv6 address in brackets).
+fn url_of(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}
+
+fn host_of(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(ip) => ip.to_string(),
+        IpAddr::V6(ip) => format!("[{ip}]"),
+    }
+}
+
+/// Follows `target`'s backends of `role` forever.
+pub async fn follow(
+    members: Arc<Members>,
+    resolver: Arc<TokioResolver>,
+    target: DnsTarget,
+    role: Role,
+    interval: Duration,
+    metrics: DnsMetrics,
+) {
+    let label = target.label();
+    let mut current: BTreeMap<SocketAddr, Arc<Backend>> = BTreeMap::new();
+    loop {
+        let started = Instant::now();
+        let pause = match resolve(&resolver, &target).await {
+            Ok((mut addrs, valid)) => {
+                addrs.sort_unstable();
+                addrs.dedup();
+                metrics.resolved(&label, "ok");
+                let gone: Vec<SocketAddr> = (current.keys())
+                    .filter(|addr| !addrs.contains(addr))
+                    .copied()
+                    .collect();
+                for addr in gone {
+                    if let Some(backend) = current.remove(&addr) {
+                        tracing::info!(name = %label, backend = backend.url(), "address gone from DNS: the backend leaves (its requests in flight finish)");
+                        members.leave(&backend);
+                    }
+                }
+                for addr in addrs {
+                    if let std::collections::btree_map::Entry::Vacant(slot) = current.entry(addr) {
+                        let backend = join(&members, &target, role, addr).await;
+                        tracing::info!(name = %label, backend = backend.url(), healthy = backend.is_healthy(), "address found in DNS: the backend joins");
+                        slot.insert(backend);
+                    }
+                }
+                metrics.backends(&label, current.len());
+                valid.clamp(MIN_PAUSE, interval.max(MIN_PAUSE))
+            }
+            Err((failure, why)) => {
+                metrics.resolved(&label, failure.as_str());
+                tracing::warn!(name = %label, outcome = failure.as_str(), backends = current.len(), "DNS resolution failed, keeping the last set of backends: {why}");
+                interval.max(MIN_PAUSE)
+            }
+        };
+        tokio::time::sleep(pause.saturating_sub(started.elapsed()).max(MIN_PAUSE / 4)).await;
+    }
+}
+
+/// A new backend at `addr`, checked once, then added to the pool: in rotation at once if its
+/// first check passes, else once its health checks pass.
+async fn join(members: &Members, target: &DnsTarget, role: Role, addr: SocketAddr) -> Arc<Backend> {
+    let url = url_of(addr);
+    let (backend, prefill) = match role {
+        Role::Prefill => {
+            let bootstrap = target
+                .bootstrap_port
+                .map(|port| format!("http://{}:{port}", host_of(addr.ip())));
+            let target = PrefillTarget {
+                url: url.clone(),
+                bootstrap_addr: bootstrap,
+            };
+            let prefill = Arc::new(Prefill::new(&target, members.metrics()));
+            (prefill.backend.clone(), Some(prefill))
+        }
+        Role::Decode => (
+            Arc::new(Backend::new(Role::Decode, &url, members.metrics())),
+            None,
+        ),
+    };
+    let timeout = members.health().timeout;
+    if health::check(members.client(), &backend.health_url, timeout).await != Check::Passed {
+        backend.start_unproven();
+    }
+    match prefill {
+        Some(prefill) => members.join_prefill(prefill),
+        None => members.join_decode(backend.clone()),
+    }
+    backend
+}
