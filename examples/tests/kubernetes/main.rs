@@ -283,7 +283,6 @@ fn each_overlay_runs_the_proxy_in_the_mode_its_engines_need() {
         ("overlays/vllm-mooncake", "concurrent", "8998"),
         ("overlays/vllm-nixl", "sequential", "none"),
         ("overlays/sglang", "sglang", "8998"),
-        ("overlays/ha-etcd", "concurrent", "8998"),
     ] {
         let args = proxy_args(name);
         let after = |flag: &str, n: usize| {

@@ -15,7 +15,6 @@ const KUSTOMIZATIONS: &[&str] = &[
     "overlays/vllm-mooncake",
     "overlays/vllm-nixl",
     "overlays/sglang",
-    "overlays/ha-etcd",
     "dashboards",
 ];
 
