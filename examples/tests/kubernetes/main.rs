@@ -21,7 +21,7 @@ use render::{all, binary as binary_path, root, run, run_status, venv};
 use serde_json::{json, Value};
 
 /// The Kubernetes versions validated against: the first with native sidecars on by default
-/// and GA (the SGLang overlay runs one), and the newest kubernetes-validate knows.
+/// and GA (every prefill pod runs one), and the newest kubernetes-validate knows.
 const KUBERNETES_VERSIONS: &[&str] = &["1.33.0", "1.37.0"];
 
 /// Kinds that are not Kubernetes' own (so not in its schemas), each validated instead against
