@@ -240,3 +240,159 @@ fn collect_strings<'a>(value: &'a Value, into: &mut Vec<&'a str>) {
         _ => {}
     }
 }
+
+/// A flag's value in a command line (`--flag VALUE` or `--flag=VALUE`).
+fn flag_value<'a>(argv: &'a [String], flag: &str) -> Option<&'a str> {
+    argv.iter().enumerate().find_map(|(at, arg)| {
+        if arg == flag {
+            argv.get(at + 1).map(String::as_str)
+        } else {
+            arg.strip_prefix(flag)?.strip_prefix('=')
+        }
+    })
+}
+
+/// The prefills a pd-proxy command line names with a bootstrap server: (URL, bootstrap port).
+/// As pd-proxy reads `--prefill URL [BOOTSTRAP_PORT]`: `none` or no port is 8998, except in
+/// sequential mode, where it is no bootstrap server at all.
+fn proxy_prefills(args: &[String]) -> Vec<(String, u16)> {
+    let sequential = flag_value(args, "--mode") == Some("sequential");
+    let mut found = Vec::new();
+    for (at, _) in args.iter().enumerate().filter(|(_, a)| *a == "--prefill") {
+        let Some(url) = args.get(at + 1) else {
+            continue;
+        };
+        let port = args.get(at + 2).filter(|p| !p.starts_with("--"));
+        let port = match port.map(String::as_str) {
+            Some("none") | None if sequential => continue,
+            Some("none") | None => Some(8998),
+            Some(number) => number.parse().ok(),
+        };
+        // An unparsable port is pd-proxy's to refuse; 0 is never listened on, so it is reported.
+        found.push((url.clone(), port.unwrap_or(0)));
+    }
+    found
+}
+
+/// The Service a URL's host names (`NAME.NAMESPACE.svc.cluster.local`), if it is one.
+fn service_of_url<'a>(docs: &'a [Value], url: &str) -> Option<&'a Value> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let host = rest.split([':', '/']).next()?;
+    let (name, namespace) = host.strip_suffix(".svc.cluster.local")?.split_once('.')?;
+    of_kind(docs, "Service").find(|s| {
+        str_at(s, "/metadata/name") == name && str_at(s, "/metadata/namespace") == namespace
+    })
+}
+
+/// Whether a container runs bootstrap-server reachable from other pods on `port` (an address
+/// of every interface, the port declared) and keeps running beside the pod's other containers
+/// (a container, or an init container with `restartPolicy: Always`, a native sidecar).
+fn listens_for_bootstrap(pod: &Pod, container: &Value, port: u16) -> bool {
+    let argv = argv(container);
+    let Some(("bootstrap-server", args)) = split_binary(&argv) else {
+        return false;
+    };
+    let listens_on = flag_value(&args, "--port").unwrap_or("8998");
+    let host = flag_value(&args, "--host").unwrap_or("0.0.0.0");
+    let every_interface = ["0.0.0.0", "::", "[::]"].contains(&host);
+    let init = array_at(pod.template, "/spec/initContainers")
+        .iter()
+        .any(|c| c == container);
+    let stays = !init || container["restartPolicy"] == "Always";
+    listens_on == port.to_string()
+        && every_interface
+        && declares(container, &Value::from(port))
+        && stays
+}
+
+/// Where a pod's engines register, if they name it: vLLM's `bootstrap_server_address` in the
+/// KV connector's config (the `KV_TRANSFER_CONFIG` engine-start.sh passes), SGLang's
+/// `--disaggregation-bootstrap-port`. (container, host or "", port text).
+fn engine_registrations<'a>(pod: &Pod<'a>) -> Vec<(&'a str, String, String)> {
+    let mut found = Vec::new();
+    for container in pod.containers() {
+        let name = str_at(container, "/name");
+        for var in array_at(container, "/env") {
+            let value = str_at(var, "/value");
+            if str_at(var, "/name") != "KV_TRANSFER_CONFIG" || value.is_empty() {
+                continue;
+            }
+            let config: Value =
+                serde_json::from_str(&value.replace("%s", "engine")).unwrap_or(Value::Null);
+            let address = str_at(
+                &config,
+                "/kv_connector_extra_config/bootstrap_server_address",
+            );
+            if config.is_null() {
+                let unread = format!("(unreadable KV_TRANSFER_CONFIG {value})");
+                found.push((name, unread, String::new()));
+            } else if let Some((host, port)) = address.rsplit_once(':') {
+                found.push((name, host.to_owned(), port.to_owned()));
+            } else if !address.is_empty() {
+                found.push((name, address.to_owned(), String::new()));
+            }
+        }
+        if let Some(port) = flag_value(&argv(container), "--disaggregation-bootstrap-port") {
+            found.push((name, String::new(), port.to_owned()));
+        }
+    }
+    found
+}
+
+/// The bootstrap port each pd-proxy gives its prefills is served in every pod behind them: the
+/// proxy tells D that a prefill's bootstrap server is at `http://<the prefill's address>:PORT`
+/// and learns its dp ranks and engine ids there, so each of those pods must run bootstrap-server
+/// on PORT for other pods to reach, and its engine must register there (vLLM's
+/// `bootstrap_server_address` on the pod's own loopback, SGLang's bootstrap port). Returns how
+/// many prefill pods were checked, and what is wrong.
+pub fn prefill_bootstraps(docs: &[Value]) -> (usize, Vec<String>) {
+    let pods = pods(docs);
+    let mut checked = 0;
+    let mut problems = Vec::new();
+    let proxies = pods.iter().flat_map(|p| p.containers()).filter_map(|c| {
+        let argv = argv(c);
+        split_binary(&argv).and_then(|(binary, args)| (binary == "pd-proxy").then_some(args))
+    });
+    for args in proxies.collect::<Vec<_>>() {
+        for (url, port) in proxy_prefills(&args) {
+            let said = format!("pd-proxy --prefill {url} {port}");
+            let Some(service) = service_of_url(docs, &url) else {
+                problems.push(format!("{said}: no Service of the manifests behind {url}"));
+                continue;
+            };
+            let namespace = str_at(service, "/metadata/namespace");
+            let behind: Vec<&Pod> = pods
+                .iter()
+                .filter(|p| p.selected_by(&service["spec"]["selector"]))
+                .filter(|p| str_at(p.workload, "/metadata/namespace") == namespace)
+                .collect();
+            if behind.is_empty() {
+                problems.push(format!("{said}: {} selects no pod", id(service)));
+            }
+            for pod in behind {
+                checked += 1;
+                if !pod
+                    .containers()
+                    .any(|c| listens_for_bootstrap(pod, c, port))
+                {
+                    problems.push(format!(
+                        "{said}: no container of {} runs bootstrap-server on 0.0.0.0:{port} \
+                         (declared, and running beside the engine)",
+                        pod.at
+                    ));
+                }
+                for (container, host, at) in engine_registrations(pod) {
+                    let local = ["", "127.0.0.1", "localhost"].contains(&host.as_str());
+                    if !local || at != port.to_string() {
+                        problems.push(format!(
+                            "{said}: {} container {container} registers at {host}:{at}, not at \
+                             its own pod's bootstrap-server",
+                            pod.at
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    (checked, problems)
+}

@@ -246,6 +246,78 @@ fn the_references_check_catches_a_wrong_port() {
 }
 
 #[test]
+fn every_prefill_pod_serves_the_bootstrap_port_the_proxy_names() {
+    let mut problems = Vec::new();
+    for rendered in all() {
+        let (checked, found) = checks::prefill_bootstraps(&rendered.docs);
+        problems.extend(found.into_iter().map(|p| format!("{}: {p}", rendered.name)));
+        // Every kustomization with a proxy whose prefills have a bootstrap server (all but
+        // NIXL's sequential mode, and the dashboards, which have no proxy) was checked.
+        let expected = !["overlays/vllm-nixl", "dashboards"].contains(&rendered.name);
+        assert_eq!(
+            checked > 0,
+            expected,
+            "{}: {checked} pods checked",
+            rendered.name
+        );
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_bootstrap_check_catches_a_prefill_without_its_registry() {
+    let base = &all()[0];
+    let prefill = |docs: &[Value]| -> usize {
+        docs.iter()
+            .position(|d| id(d) == "Deployment/prefill")
+            .unwrap()
+    };
+    // The central registry of old: no sidecar, and vLLM registering at a Service.
+    let mut docs = base.docs.clone();
+    let at = prefill(&docs);
+    let spec = &mut docs[at]["spec"]["template"]["spec"];
+    spec["initContainers"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|c| c["name"] != "bootstrap-server");
+    for var in spec["containers"][0]["env"].as_array_mut().unwrap() {
+        if var["name"] == "KV_TRANSFER_CONFIG" {
+            let value = var["value"].as_str().unwrap();
+            var["value"] =
+                json!(value.replace("127.0.0.1:8998", "bootstrap.pd.svc.cluster.local:8998"));
+        }
+    }
+    let (checked, problems) = checks::prefill_bootstraps(&docs);
+    assert!(checked > 0);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("runs bootstrap-server on 0.0.0.0:8998")),
+        "{problems:?}"
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("registers at bootstrap.pd.svc.cluster.local:8998")),
+        "{problems:?}"
+    );
+    // A sidecar listening on loopback only, which D cannot reach.
+    let mut docs = base.docs.clone();
+    let at = prefill(&docs);
+    let sidecar = docs[at]["spec"]["template"]["spec"]["initContainers"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|c| c["name"] == "bootstrap-server")
+        .unwrap();
+    let args = sidecar["args"].as_array_mut().unwrap();
+    let host = args.iter().position(|a| a == "--host").unwrap();
+    args[host + 1] = json!("127.0.0.1");
+    let (_, problems) = checks::prefill_bootstraps(&docs);
+    assert!(!problems.is_empty(), "a loopback-only registry passed");
+}
+
+#[test]
 fn images_are_pinned_and_ours_carry_the_workspace_version() {
     let ours = format!("pd-bootstrap:{}", env!("CARGO_PKG_VERSION"));
     for rendered in all() {
