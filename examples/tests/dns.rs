@@ -15,9 +15,29 @@ use pd_examples::process::{free_port, spawn, wait_for};
 use serde_json::{json, Value};
 
 const DECODES: &str = "_http._tcp.decode.pd.test";
+const PREFILLS: &str = "_http._tcp.prefill.pd.test";
+const BOOTSTRAPS: &str = "_bootstrap._tcp.prefill.pd.test";
 
 fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// SRV records naming the prefills at `prefills` (with their bootstrap servers) and the
+/// decodes at `decodes`, and the A records of their hosts.
+fn srv_records(prefills: &[(&str, &str)], decodes: &[&str]) -> Records {
+    let mut records = records(decodes);
+    let local: IpAddr = "127.0.0.1".parse().unwrap();
+    for (k, (url, bootstrap)) in prefills.iter().enumerate() {
+        let host = format!("p{k}.pd.test");
+        records
+            .srv
+            .push((PREFILLS.into(), host.clone(), port_of(url)));
+        records
+            .srv
+            .push((BOOTSTRAPS.into(), host.clone(), port_of(bootstrap)));
+        records.hosts.push((host, local));
+    }
+    records
 }
 
 /// SRV records naming the decodes at `urls`, and the prefill's A record.
@@ -295,14 +315,29 @@ async fn idle(proxy: &str, url: &str) -> bool {
         .any(|d| d["url"] == url && d["idle"] == true && d["drained"] == true)
 }
 
+/// The (prefill, dp rank) pairs ready at the proxy.
+async fn ready_pairs(proxy: &str) -> u64 {
+    ready(proxy).await["ready_pairs"].as_u64().unwrap_or(0)
+}
+
+/// The prefills `/ready` lists.
+async fn prefill_urls(proxy: &str) -> Vec<String> {
+    let answer = ready(proxy).await;
+    (answer["prefills"].as_array().unwrap().iter())
+        .map(|p| p["url"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 async fn healthy(proxy: &str, url: &str) -> bool {
     let answer = ready(proxy).await;
     (answer["decodes"].as_array().unwrap().iter()).any(|d| d["url"] == url && d["healthy"] == true)
 }
 
-/// A rolling update of the decodes behind a DNS name, under load through the proxy: each new
-/// decode appears in DNS and joins; the old one it replaces is drained at the proxy, waited for
-/// until idle, taken out of DNS, then stopped. No request fails.
+/// A rolling update of the prefill and the decodes behind DNS names (SRV records, the prefills'
+/// bootstrap servers by their own SRV name), under load through the proxy: each new engine
+/// appears in DNS and joins; the old one it replaces is drained (a prefill in its registry,
+/// with `worker-client drain --wait-idle`, a decode at the proxy), waited for until idle, taken
+/// out of DNS, then stopped. No request fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_behind_dns_loses_no_request() {
     let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
@@ -314,15 +349,23 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
         .tempdir()
         .unwrap();
     let mut spec = ClusterSpec::demo(bin_dir.clone(), run_dir.path().to_path_buf());
-    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
+    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; 2];
     spec.decodes = 4;
     spec.kv_events = false;
     spec.prefill_us_per_token = 10;
     spec.decode_ms_per_token = 2;
     let mut cluster = Cluster::start(&spec).await.expect("the cluster starts");
     let d: Vec<String> = cluster.decodes.iter().map(|p| p.url.clone()).collect();
-    let (prefill, bootstrap) = (&cluster.prefills[0].url, &cluster.bootstraps[0].url);
-    let mut dns = Dnsmasq::start(run_dir.path(), "pd.test", &records(&[&d[0], &d[1]]))
+    let p: Vec<(String, String)> = (cluster.prefills.iter().zip(&cluster.bootstraps))
+        .map(|(prefill, bootstrap)| (prefill.url.clone(), bootstrap.url.clone()))
+        .collect();
+    let pairs = |k: &[usize]| -> Vec<(&str, &str)> {
+        k.iter()
+            .map(|&k| (p[k].0.as_str(), p[k].1.as_str()))
+            .collect()
+    };
+    let start = srv_records(&pairs(&[0]), &[&d[0], &d[1]]);
+    let mut dns = Dnsmasq::start(run_dir.path(), "pd.test", &start)
         .await
         .expect("dnsmasq starts (Debian: dnsmasq-base)");
     let port = free_port();
@@ -330,8 +373,8 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
         "--port",
         &port.to_string(),
         "--prefill",
-        &format!("dns://p.pd.test:{}", port_of(prefill)),
-        &port_of(bootstrap).to_string(),
+        &format!("dns://{PREFILLS}"),
+        &format!("dns://{BOOTSTRAPS}"),
         "--decode",
         &format!("dns://{DECODES}"),
         "--dns-server",
@@ -361,11 +404,40 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
 
     let load = Load::start(&url, 3);
     let mut live = vec![d[0].clone(), d[1].clone()];
+    let set = |prefills: &[usize], live: &[String]| {
+        let names: Vec<&str> = live.iter().map(String::as_str).collect();
+        srv_records(&pairs(prefills), &names)
+    };
+    // The prefill first: its replacement appears and is discovered; the old engine is drained
+    // in its registry, and waited for until no proxy has a request on it (the preStop of a
+    // Kubernetes pod); then it leaves DNS and stops.
+    dns.set(&set(&[0, 1], &live)).await.unwrap();
+    until("the new prefill ready", || async {
+        ready_pairs(&url).await == 2
+    })
+    .await;
+    let drain = tokio::process::Command::new(bin_dir.join("worker-client"))
+        .args(["--url", &p[0].1, "drain", "--engine-host", "127.0.0.1"])
+        .args(["--wait-idle", &url, "--idle-timeout", "10"])
+        .output()
+        .await
+        .expect("worker-client runs (built by cargo test --workspace)");
+    assert!(
+        drain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drain.stderr)
+    );
+    dns.set(&set(&[1], &live)).await.unwrap();
+    until("the old prefill gone", || async {
+        prefill_urls(&url).await == [p[1].0.clone()]
+    })
+    .await;
+    cluster.prefills[0].stop(Duration::from_secs(1)).await;
+    // Then each decode.
     for (old, new) in [(0, 2), (1, 3)] {
         // The replacement appears and joins.
         live.push(d[new].clone());
-        let names: Vec<&str> = live.iter().map(String::as_str).collect();
-        dns.set(&records(&names)).await.unwrap();
+        dns.set(&set(&[1], &live)).await.unwrap();
         until("the new decode healthy", || async {
             healthy(&url, &d[new]).await
         })
@@ -385,8 +457,7 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
         .await;
         // It leaves DNS, then stops.
         live.retain(|u| *u != d[old]);
-        let names: Vec<&str> = live.iter().map(String::as_str).collect();
-        dns.set(&records(&names)).await.unwrap();
+        dns.set(&set(&[1], &live)).await.unwrap();
         until("the old decode gone", || async {
             !decodes(&url).await.contains(&d[old])
         })

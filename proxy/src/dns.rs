@@ -6,6 +6,8 @@
 //! checks pass), an address that disappears leaves (its calls in flight finish). SRV records of
 //! the name, when there are, give each backend's host and port (Kubernetes publishes them for a
 //! Service's named ports: `_http._tcp.NAME`); else the A and AAAA records, with the URL's port.
+//! A prefill's bootstrap server is on its address: at a fixed port, or at the port another SRV
+//! name (`_bootstrap._tcp.NAME`) gives the same SRV target.
 //! A failed resolution (no answer in time, the name unknown, no records) keeps the last set
 //! found, says so in the log and counts it: a DNS outage never empties the pool.
 
@@ -19,7 +21,7 @@ use hickory_resolver::name_server::TokioConnectionProvider;
 use hickory_resolver::{ResolveError, TokioResolver};
 
 use crate::backend::{Backend, Prefill, Role};
-use crate::config::{DnsConfig, DnsTarget, PrefillTarget};
+use crate::config::{DnsBootstrap, DnsConfig, DnsTarget, PrefillTarget};
 use crate::health::{self, Check};
 use crate::members::Members;
 use crate::metrics::DnsMetrics;
@@ -90,17 +92,26 @@ impl Failure {
     }
 }
 
-/// The addresses `target` resolves to now, and how long they stay valid.
+/// One address a name resolves to, and the SRV target it came from (if it came from one).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Found {
+    /// The address.
+    pub addr: SocketAddr,
+    /// The SRV record's target host (a Kubernetes pod's name in its Service's domain).
+    pub host: Option<String>,
+}
+
+/// What `target` resolves to now, and how long it stays valid.
 pub async fn resolve(
     resolver: &TokioResolver,
     target: &DnsTarget,
-) -> Result<(Vec<SocketAddr>, Duration), (Failure, String)> {
+) -> Result<(Vec<Found>, Duration), (Failure, String)> {
     let failed = |err: ResolveError| (Failure::of(&err), err.to_string());
     let now = std::time::Instant::now();
     let ttl = |until: std::time::Instant| until.saturating_duration_since(now);
     match resolver.srv_lookup(target.name.as_str()).await {
         Ok(srv) => {
-            let mut addrs = Vec::new();
+            let mut found = Vec::new();
             let mut valid = ttl(srv.as_lookup().valid_until());
             for record in srv.iter() {
                 let ips = resolver
@@ -108,9 +119,13 @@ pub async fn resolve(
                     .await
                     .map_err(failed)?;
                 valid = valid.min(ttl(ips.valid_until()));
-                addrs.extend(ips.iter().map(|ip| SocketAddr::new(ip, record.port())));
+                let host = record.target().to_lowercase().to_string();
+                found.extend(ips.iter().map(|ip| Found {
+                    addr: SocketAddr::new(ip, record.port()),
+                    host: Some(host.clone()),
+                }));
             }
-            return Ok((addrs, valid));
+            return Ok((found, valid));
         }
         // No SRV records: the A and AAAA records with the URL's port, if it gives one.
         Err(err) if target.port.is_some() && (err.is_no_records_found() || err.is_nx_domain()) => {}
@@ -122,10 +137,45 @@ pub async fn resolve(
         .await
         .map_err(failed)?;
     let valid = ttl(ips.valid_until());
-    Ok((
-        ips.iter().map(|ip| SocketAddr::new(ip, port)).collect(),
-        valid,
-    ))
+    let found = ips.iter().map(|ip| Found {
+        addr: SocketAddr::new(ip, port),
+        host: None,
+    });
+    Ok((found.collect(), valid))
+}
+
+/// The backends `target` names now (each address with its bootstrap server, for a prefill),
+/// and how long that stays valid.
+async fn backends(
+    resolver: &TokioResolver,
+    target: &DnsTarget,
+) -> Result<(Vec<(SocketAddr, Option<String>)>, Duration), (Failure, String)> {
+    let (found, valid) = resolve(resolver, target).await?;
+    let on = |addr: SocketAddr, port: u16| format!("http://{}:{port}", host_of(addr.ip()));
+    match &target.bootstrap {
+        DnsBootstrap::None => Ok((found.into_iter().map(|f| (f.addr, None)).collect(), valid)),
+        DnsBootstrap::Port(port) => {
+            let with = found.into_iter().map(|f| (f.addr, Some(on(f.addr, *port))));
+            Ok((with.collect(), valid))
+        }
+        DnsBootstrap::Srv(name) => {
+            let srv = DnsTarget {
+                name: name.clone(),
+                port: None,
+                bootstrap: DnsBootstrap::None,
+            };
+            let (ports, bootstrap_valid) = resolve(resolver, &srv).await?;
+            let port_of = |host: &Option<String>| {
+                let same = ports.iter().find(|p| p.host.is_some() && p.host == *host);
+                same.map(|p| p.addr.port())
+            };
+            // A prefill whose bootstrap server is not published yet is not a backend yet.
+            let with = found
+                .into_iter()
+                .filter_map(|f| Some((f.addr, Some(on(f.addr, port_of(&f.host)?)))));
+            Ok((with.collect(), valid.min(bootstrap_valid)))
+        }
+    }
 }
 
 /// The base URL of a backend at `addr` (an IPv6 address in brackets).
@@ -150,27 +200,28 @@ pub async fn follow(
     metrics: DnsMetrics,
 ) {
     let label = target.label();
-    let mut current: BTreeMap<SocketAddr, Arc<Backend>> = BTreeMap::new();
+    let mut current: BTreeMap<(SocketAddr, Option<String>), Arc<Backend>> = BTreeMap::new();
     loop {
         let started = Instant::now();
-        let pause = match resolve(&resolver, &target).await {
-            Ok((mut addrs, valid)) => {
-                addrs.sort_unstable();
-                addrs.dedup();
+        let pause = match backends(&resolver, &target).await {
+            Ok((mut wanted, valid)) => {
+                wanted.sort_unstable();
+                wanted.dedup();
                 metrics.resolved(&label, "ok");
-                let gone: Vec<SocketAddr> = (current.keys())
-                    .filter(|addr| !addrs.contains(addr))
-                    .copied()
+                let gone: Vec<_> = (current.keys())
+                    .filter(|key| !wanted.contains(key))
+                    .cloned()
                     .collect();
-                for addr in gone {
-                    if let Some(backend) = current.remove(&addr) {
+                for key in gone {
+                    if let Some(backend) = current.remove(&key) {
                         tracing::info!(name = %label, backend = backend.url(), "address gone from DNS: the backend leaves (its requests in flight finish)");
                         members.leave(&backend);
                     }
                 }
-                for addr in addrs {
-                    if let std::collections::btree_map::Entry::Vacant(slot) = current.entry(addr) {
-                        let backend = join(&members, &target, role, addr).await;
+                for key in wanted {
+                    if let std::collections::btree_map::Entry::Vacant(slot) = current.entry(key) {
+                        let (addr, bootstrap) = slot.key().clone();
+                        let backend = join(&members, role, addr, bootstrap).await;
                         tracing::info!(name = %label, backend = backend.url(), healthy = backend.is_healthy(), "address found in DNS: the backend joins");
                         slot.insert(backend);
                     }
@@ -188,15 +239,18 @@ pub async fn follow(
     }
 }
 
-/// A new backend at `addr`, checked once, then added to the pool: in rotation at once if its
-/// first check passes, else once its health checks pass.
-async fn join(members: &Members, target: &DnsTarget, role: Role, addr: SocketAddr) -> Arc<Backend> {
+/// A new backend at `addr` (a prefill with its bootstrap server at `bootstrap`), checked
+/// once, then added to the pool: in rotation at once if its first check passes, else once its
+/// health checks pass.
+async fn join(
+    members: &Members,
+    role: Role,
+    addr: SocketAddr,
+    bootstrap: Option<String>,
+) -> Arc<Backend> {
     let url = url_of(addr);
     let (backend, prefill) = match role {
         Role::Prefill => {
-            let bootstrap = target
-                .bootstrap_port
-                .map(|port| format!("http://{}:{port}", host_of(addr.ip())));
             let target = PrefillTarget {
                 url: url.clone(),
                 bootstrap_addr: bootstrap,

@@ -20,8 +20,8 @@ use self::targets::base_url;
 
 pub use self::file::{ConfigFile, FileError, FileModels};
 pub use self::targets::{
-    parse_backend_url, parse_dns, parse_prefill, parse_prefill_entry, parse_prefill_env, DnsTarget,
-    PrefillEntry, PrefillTarget, DEFAULT_BOOTSTRAP_PORT, PREFILL_ENV,
+    parse_backend_url, parse_dns, parse_prefill, parse_prefill_entry, parse_prefill_env,
+    DnsBootstrap, DnsTarget, PrefillEntry, PrefillTarget, DEFAULT_BOOTSTRAP_PORT, PREFILL_ENV,
 };
 pub use crate::kv_events::{KvEventsArgs, KvEventsConfig};
 pub use crate::models::settings::{ModelsArgs, ModelsConfig};
@@ -652,9 +652,27 @@ mod tests {
         let prefill = &parsed.dns.prefills[0];
         assert_eq!(prefill.name, "prefill.pd.svc.cluster.local");
         assert_eq!(
-            (prefill.port, prefill.bootstrap_port),
-            (Some(8000), Some(9000))
+            (prefill.port, &prefill.bootstrap),
+            (Some(8000), &DnsBootstrap::Port(9000))
         );
+        let srv = config(&[
+            "--prefill",
+            "dns://_http._tcp.prefill.pd",
+            "dns://_bootstrap._tcp.prefill.pd",
+            "--decode",
+            "http://d:1",
+        ])
+        .unwrap();
+        let bootstrap = DnsBootstrap::Srv("_bootstrap._tcp.prefill.pd".into());
+        assert_eq!(srv.dns.prefills[0].bootstrap, bootstrap);
+        let err = config(&[
+            "--prefill",
+            "dns://p.pd:1",
+            "dns://b.pd:2",
+            "--decode",
+            "http://d:1",
+        ]);
+        assert!(matches!(err, Err(ConfigError::BadBootstrapPort { .. })));
         let decode = &parsed.dns.decodes[0];
         assert_eq!(
             (decode.name.as_str(), decode.port),

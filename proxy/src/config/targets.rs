@@ -33,8 +33,20 @@ pub struct DnsTarget {
     pub name: String,
     /// The port of A/AAAA addresses (SRV records carry their own).
     pub port: Option<u16>,
-    /// A prefill's: its bootstrap server's port on the same address (none: it has none).
-    pub bootstrap_port: Option<u16>,
+    /// A prefill's: where its bootstrap server is.
+    pub bootstrap: DnsBootstrap,
+}
+
+/// Where the bootstrap server of each prefill behind a DNS name is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DnsBootstrap {
+    /// None (a decode's, or a prefill without one: sequential mode).
+    None,
+    /// On the prefill's address, at this port.
+    Port(u16),
+    /// On the prefill's address, at the port this SRV name gives the prefill's SRV target
+    /// (Kubernetes: `_bootstrap._tcp.NAME`, the Service's port named `bootstrap`).
+    Srv(String),
 }
 
 impl DnsTarget {
@@ -75,7 +87,7 @@ pub fn parse_dns(flag: &'static str, text: &str) -> Option<Result<DnsTarget, Con
     Some(Ok(DnsTarget {
         name: name.to_owned(),
         port,
-        bootstrap_port: None,
+        bootstrap: DnsBootstrap::None,
     }))
 }
 
@@ -161,10 +173,28 @@ pub fn parse_prefill_entry(
     default_port: Option<u16>,
 ) -> Result<PrefillEntry, ConfigError> {
     match parse_dns("--prefill", url_text) {
-        Some(target) => Ok(PrefillEntry::Dns(DnsTarget {
-            bootstrap_port: bootstrap_port(url_text, port, default_port)?,
-            ..target?
-        })),
+        Some(target) => {
+            let bootstrap = match port.and_then(|port| parse_dns("--prefill", port)) {
+                Some(srv) => {
+                    let srv = srv?;
+                    if srv.port.is_some() {
+                        return Err(ConfigError::BadBootstrapPort {
+                            url: url_text.to_owned(),
+                            port: port.unwrap_or_default().to_owned(),
+                        });
+                    }
+                    DnsBootstrap::Srv(srv.name)
+                }
+                None => match bootstrap_port(url_text, port, default_port)? {
+                    Some(port) => DnsBootstrap::Port(port),
+                    None => DnsBootstrap::None,
+                },
+            };
+            Ok(PrefillEntry::Dns(DnsTarget {
+                bootstrap,
+                ..target?
+            }))
+        }
         None => parse_prefill(url_text, port, default_port).map(PrefillEntry::Server),
     }
 }
