@@ -7,7 +7,8 @@
 # build and a tiny model, prepared on first use: docs/real-engines.md), or
 # --transfer ucx to move the KV over UCX (built with --features ucx; needs libucx-dev), or
 # --models N for N models behind the proxy, each on engines of its own (LoRA adapters on the
-# first; docs/examples.md).
+# first; docs/examples.md), or --dns for the proxy to find the engines through DNS (a dnsmasq
+# on 127.0.0.1; needs dnsmasq-base).
 # --python (this script's own flag) registers the prefill workers from Python through the
 # pd_bootstrap package, built with maturin into target/py-venv (needs python3-venv and PyPI).
 set -euo pipefail

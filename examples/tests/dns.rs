@@ -3,57 +3,27 @@
 //! decodes by SRV records; decodes added, removed and replaced under load without a failed
 //! request; the name going NXDOMAIN and the server going silent keep the last set.
 
-use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pd_examples::cluster::dns::{self, BOOTSTRAPS, DECODES, PREFILLS};
 use pd_examples::cluster::{Cluster, ClusterSpec, PrefillShape};
 use pd_examples::dnsmasq::{Dnsmasq, Records};
 use pd_examples::process::{free_port, spawn, wait_for};
 use serde_json::{json, Value};
 
-const DECODES: &str = "_http._tcp.decode.pd.test";
-const PREFILLS: &str = "_http._tcp.prefill.pd.test";
-const BOOTSTRAPS: &str = "_bootstrap._tcp.prefill.pd.test";
-
 fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().unwrap().parse().unwrap()
 }
 
-/// SRV records naming the prefills at `prefills` (with their bootstrap servers) and the
-/// decodes at `decodes`, and the A records of their hosts.
-fn srv_records(prefills: &[(&str, &str)], decodes: &[&str]) -> Records {
-    let mut records = records(decodes);
-    let local: IpAddr = "127.0.0.1".parse().unwrap();
-    for (k, (url, bootstrap)) in prefills.iter().enumerate() {
-        let host = format!("p{k}.pd.test");
-        records
-            .srv
-            .push((PREFILLS.into(), host.clone(), port_of(url)));
-        records
-            .srv
-            .push((BOOTSTRAPS.into(), host.clone(), port_of(bootstrap)));
-        records.hosts.push((host, local));
-    }
-    records
-}
-
-/// SRV records naming the decodes at `urls`, and the prefill's A record.
+/// The decodes at `urls` by SRV records, and the prefill's A record `p.pd.test`.
 fn records(urls: &[&str]) -> Records {
-    let local: IpAddr = "127.0.0.1".parse().unwrap();
-    let mut records = Records {
-        hosts: vec![("p.pd.test".into(), local)],
-        ..Records::default()
-    };
-    for (k, url) in urls.iter().enumerate() {
-        let host = format!("d{k}.pd.test");
-        records
-            .srv
-            .push((DECODES.into(), host.clone(), port_of(url)));
-        records.hosts.push((host, local));
-    }
+    let mut records = dns::records(&[], urls);
+    records
+        .hosts
+        .push(("p.pd.test".into(), "127.0.0.1".parse().unwrap()));
     records
 }
 
@@ -192,7 +162,7 @@ async fn the_proxy_follows_its_backends_through_dns() {
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");
     let d: Vec<&str> = cluster.decodes.iter().map(|p| p.url.as_str()).collect();
     let (prefill, bootstrap) = (&cluster.prefills[0].url, &cluster.bootstraps[0].url);
-    let mut dns = Dnsmasq::start(run_dir.path(), "pd.test", &records(&[d[0], d[1]]))
+    let mut server = Dnsmasq::start(run_dir.path(), "pd.test", &records(&[d[0], d[1]]))
         .await
         .expect("dnsmasq starts (Debian: dnsmasq-base)");
 
@@ -206,7 +176,7 @@ async fn the_proxy_follows_its_backends_through_dns() {
         "--decode",
         &format!("dns://{DECODES}"),
         "--dns-server",
-        &dns.addr.to_string(),
+        &server.addr.to_string(),
         "--dns-interval",
         "1",
         "--health-check-interval",
@@ -242,7 +212,7 @@ async fn the_proxy_follows_its_backends_through_dns() {
     // d0 replaced by d2 under load: d2 joins, d0 leaves, nothing fails.
     let load = Load::start(&url, 1);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    dns.set(&records(&[d[1], d[2]])).await.unwrap();
+    server.set(&records(&[d[1], d[2]])).await.unwrap();
     let mut second: Vec<String> = vec![d[1].into(), d[2].into()];
     second.sort();
     until("d0 replaced by d2", || async {
@@ -261,12 +231,13 @@ async fn the_proxy_follows_its_backends_through_dns() {
     assert!(count(&text, r#"outcome="ok""#) >= 2.0);
 
     // The decodes' name gone (NXDOMAIN): the last set is kept, and said so.
-    dns.set(&Records {
-        srv: Vec::new(),
-        ..records(&[])
-    })
-    .await
-    .unwrap();
+    server
+        .set(&Records {
+            srv: Vec::new(),
+            ..records(&[])
+        })
+        .await
+        .unwrap();
     until("an nxdomain", || async {
         count(&metrics(&url).await, r#"outcome="nxdomain""#) >= 1.0
     })
@@ -284,14 +255,14 @@ async fn the_proxy_follows_its_backends_through_dns() {
     );
 
     // The server silent: the last set is kept.
-    dns.set(&records(&[d[1], d[2]])).await.unwrap();
-    dns.pause(true);
+    server.set(&records(&[d[1], d[2]])).await.unwrap();
+    server.pause(true);
     until("a timeout", || async {
         count(&metrics(&url).await, r#"outcome="timeout""#) >= 1.0
     })
     .await;
     assert_eq!(decodes(&url).await, second);
-    dns.pause(false);
+    server.pause(false);
     let log = std::fs::read_to_string(&proxy.log).unwrap();
     assert!(
         log.contains("keeping the last set of backends"),
@@ -359,13 +330,13 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
     let p: Vec<(String, String)> = (cluster.prefills.iter().zip(&cluster.bootstraps))
         .map(|(prefill, bootstrap)| (prefill.url.clone(), bootstrap.url.clone()))
         .collect();
-    let pairs = |k: &[usize]| -> Vec<(&str, &str)> {
+    let pairs = |k: &[usize]| -> Vec<(&str, Option<&str>)> {
         k.iter()
-            .map(|&k| (p[k].0.as_str(), p[k].1.as_str()))
+            .map(|&k| (p[k].0.as_str(), Some(p[k].1.as_str())))
             .collect()
     };
-    let start = srv_records(&pairs(&[0]), &[&d[0], &d[1]]);
-    let mut dns = Dnsmasq::start(run_dir.path(), "pd.test", &start)
+    let start = dns::records(&pairs(&[0]), &[&d[0], &d[1]]);
+    let mut server = Dnsmasq::start(run_dir.path(), "pd.test", &start)
         .await
         .expect("dnsmasq starts (Debian: dnsmasq-base)");
     let port = free_port();
@@ -378,7 +349,7 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
         "--decode",
         &format!("dns://{DECODES}"),
         "--dns-server",
-        &dns.addr.to_string(),
+        &server.addr.to_string(),
         "--dns-interval",
         "1",
         "--health-check-interval",
@@ -406,12 +377,12 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
     let mut live = vec![d[0].clone(), d[1].clone()];
     let set = |prefills: &[usize], live: &[String]| {
         let names: Vec<&str> = live.iter().map(String::as_str).collect();
-        srv_records(&pairs(prefills), &names)
+        dns::records(&pairs(prefills), &names)
     };
     // The prefill first: its replacement appears and is discovered; the old engine is drained
     // in its registry, and waited for until no proxy has a request on it (the preStop of a
     // Kubernetes pod); then it leaves DNS and stops.
-    dns.set(&set(&[0, 1], &live)).await.unwrap();
+    server.set(&set(&[0, 1], &live)).await.unwrap();
     until("the new prefill ready", || async {
         ready_pairs(&url).await == 2
     })
@@ -427,7 +398,7 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
         "{}",
         String::from_utf8_lossy(&drain.stderr)
     );
-    dns.set(&set(&[1], &live)).await.unwrap();
+    server.set(&set(&[1], &live)).await.unwrap();
     until("the old prefill gone", || async {
         prefill_urls(&url).await == [p[1].0.clone()]
     })
@@ -437,7 +408,7 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
     for (old, new) in [(0, 2), (1, 3)] {
         // The replacement appears and joins.
         live.push(d[new].clone());
-        dns.set(&set(&[1], &live)).await.unwrap();
+        server.set(&set(&[1], &live)).await.unwrap();
         until("the new decode healthy", || async {
             healthy(&url, &d[new]).await
         })
@@ -457,7 +428,7 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
         .await;
         // It leaves DNS, then stops.
         live.retain(|u| *u != d[old]);
-        dns.set(&set(&[1], &live)).await.unwrap();
+        server.set(&set(&[1], &live)).await.unwrap();
         until("the old decode gone", || async {
             !decodes(&url).await.contains(&d[old])
         })
@@ -475,5 +446,44 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
     now.sort();
     assert_eq!(decodes(&url).await, now);
     proxy.stop(Duration::from_secs(2)).await;
+    cluster.shutdown().await;
+}
+
+/// `pd-cluster --dns`: the local cluster's proxy finds the sims through DNS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_cluster_can_find_its_engines_through_dns() {
+    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let run_dir = tempfile::Builder::new()
+        .prefix("dns-cluster-")
+        .tempdir()
+        .unwrap();
+    let mut spec = ClusterSpec::demo(bin_dir, run_dir.path().to_path_buf());
+    spec.dns = true;
+    spec.kv_events = false;
+    let cluster = Cluster::start(&spec).await.expect("the cluster starts");
+    let url = &cluster.proxy.url;
+    let answer = ready(url).await;
+    assert_eq!(
+        answer["ready_pairs"], 3,
+        "two prefills of dp 2 and 1: {answer}"
+    );
+    let mut found = decodes(url).await;
+    let mut started: Vec<String> = cluster.decodes.iter().map(|d| d.url.clone()).collect();
+    found.sort();
+    started.sort();
+    assert_eq!(found, started);
+    let body = json!({"model": "sim-model", "prompt": "hello", "max_tokens": 3});
+    let response = client()
+        .post(format!("{url}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let log = std::fs::read_to_string(&cluster.proxy.log).unwrap();
+    assert!(log.contains("address found in DNS"), "{log}");
     cluster.shutdown().await;
 }

@@ -99,6 +99,11 @@ struct Args {
     /// --engine vllm.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
     models: u16,
+    /// The proxy finds the engines through DNS, as on Kubernetes: a dnsmasq on 127.0.0.1
+    /// (Debian: dnsmasq-base) publishes SRV records of the prefills, their bootstrap servers and
+    /// the decodes, and the proxy gets `dns://` names instead of URLs. Simulated engines only.
+    #[arg(long)]
+    dns: bool,
     /// Register the prefill workers from Python through the pd_bootstrap package: this
     /// interpreter (which must have the package) runs examples/python/register_engine.py beside
     /// each prefill engine, under leases of --lease-ttl (10 if 0). vLLM only.
@@ -278,6 +283,7 @@ async fn main() -> std::process::ExitCode {
     spec.python_registrar = args.register_with_python.clone();
     spec.kv_events = !args.no_kv_events;
     spec.models = usize::from(args.models);
+    spec.dns = args.dns;
     spec.proxy_args = vec!["--policy".to_owned(), args.policy.clone()];
     spec.proxy_args.extend(args.proxy_arg.iter().cloned());
     if args.engine == EngineKind::Vllm {
@@ -330,6 +336,15 @@ async fn main() -> std::process::ExitCode {
         print_model(model);
     }
     println!("  proxy: {} (--policy {})", cluster.proxy.url, args.policy);
+    if let Some(dns) = &cluster.dns {
+        println!(
+            "  DNS: dnsmasq at {} names the engines ({}, {}, {}); the proxy follows them",
+            dns.addr,
+            pd_examples::cluster::dns::PREFILLS,
+            pd_examples::cluster::dns::BOOTSTRAPS,
+            pd_examples::cluster::dns::DECODES
+        );
+    }
     if spec.kv_events {
         println!("  KV cache events: every engine publishes, the proxy follows (GET /admin/kv-index with --proxy-arg=--admin-key=KEY)");
     }

@@ -1,12 +1,17 @@
 //! A whole P/D deployment on one machine, from the real binaries: one bootstrap server per
 //! prefill engine (as on real rank-0 hosts), the prefill and decode engines (simulated:
 //! `sim.rs`, one set per model with `models`; real vLLM: `real.rs`), and the proxy in front of
-//! them all. Used by the `pd-cluster` launcher and by the end-to-end tests.
+//! them all, finding them by URL or, with `dns`, through DNS (`dns.rs`). Used by the
+//! `pd-cluster` launcher and by the end-to-end tests.
 
+pub mod dns;
+mod proxy;
 mod real;
 mod sim;
 
 use std::path::{Path, PathBuf};
+
+use proxy::{start_proxy, Found};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -151,6 +156,10 @@ pub struct ClusterSpec {
     /// [`model_name`]`(k, models)`; in vLLM's dialect model 0's load [`LORA_ADAPTERS`] at start
     /// and may load more at run time. Real vLLM engines serve one model.
     pub models: usize,
+    /// The proxies find the engines through DNS (`dns://` names served by a dnsmasq the
+    /// cluster starts: [`dns`]), as on Kubernetes, instead of by their URLs. Simulated engines
+    /// only.
+    pub dns: bool,
 }
 
 /// The LoRA adapters model 0's engines load at start when a cluster serves several models
@@ -203,6 +212,7 @@ impl ClusterSpec {
             kv_events: true,
             proxies: 1,
             models: 1,
+            dns: false,
         }
     }
 
@@ -229,6 +239,8 @@ pub struct Cluster {
     pub replicas: Vec<Process>,
     /// The models served, each with its engines.
     models: Vec<ServedModel>,
+    /// The DNS server naming the engines (`spec.dns`): its records can be changed.
+    pub dns: Option<crate::dnsmasq::Dnsmasq>,
 }
 
 impl Cluster {
@@ -239,6 +251,11 @@ impl Cluster {
         if spec.vllm.is_some() && spec.models > 1 {
             return Err(ClusterError::Unsupported(
                 "real vLLM engines serve one model here: several models need the simulated engines",
+            ));
+        }
+        if spec.vllm.is_some() && spec.dns {
+            return Err(ClusterError::Unsupported(
+                "the engines are found through DNS with the simulated engines only",
             ));
         }
         std::fs::create_dir_all(&spec.run_dir).map_err(|source| ClusterError::RunDir {
@@ -259,14 +276,21 @@ impl Cluster {
             None => sim::start(spec, &mut ports, &mut bootstraps).await?,
             Some(vllm) => real::start(spec, vllm, &mut ports, &mut bootstraps).await?,
         };
+        let dns = match spec.dns {
+            true => Some(dns::start(&spec.run_dir, &engines, &bootstraps, false).await?),
+            false => None,
+        };
         let mut proxies = Vec::new();
         for i in 0..spec.proxies.max(1) {
             let name = match i {
                 0 => "proxy".to_owned(),
                 i => format!("proxy-{i}"),
             };
-            let ports = &mut ports;
-            let started = start_proxy(spec, &proxy_bin, ports, &engines, &bootstraps, &name);
+            let found = match &dns {
+                Some(dns) => Found::Dns(dns),
+                None => Found::Urls(&engines, &bootstraps),
+            };
+            let started = start_proxy(spec, &proxy_bin, &mut ports, found, &name);
             proxies.push(started.await?);
         }
         let proxy = proxies.remove(0);
@@ -278,6 +302,7 @@ impl Cluster {
             proxy,
             replicas: proxies,
             models: engines.models,
+            dns,
         })
     }
 
@@ -367,65 +392,6 @@ async fn start_bootstraps(
         wait_for(process, "/health", READY_TIMEOUT).await?;
     }
     Ok(bootstraps)
-}
-
-/// A proxy (`name`) in front of the engines, in the mode their connector needs, once `/ready`;
-/// the first one takes `spec.proxy_port`.
-async fn start_proxy(
-    spec: &ClusterSpec,
-    program: &Path,
-    ports: &mut Ports,
-    engines: &Engines,
-    bootstraps: &[Process],
-    name: &str,
-) -> Result<Process, ClusterError> {
-    let port = if spec.proxy_port == 0 || name != "proxy" {
-        ports.take()?
-    } else {
-        spec.proxy_port
-    };
-    let mut args = vec![s(&"--host"), s(&"127.0.0.1"), s(&"--port"), s(&port)];
-    let nixl = spec
-        .vllm
-        .as_ref()
-        .is_some_and(|vllm| vllm.connector == Connector::Nixl);
-    for (prefill, bootstrap) in engines.prefills.iter().zip(bootstraps) {
-        let bootstrap_port = match nixl {
-            true => s(&"none"),
-            false => bootstrap
-                .url
-                .rsplit(':')
-                .next()
-                .unwrap_or_default()
-                .to_owned(),
-        };
-        args.extend([s(&"--prefill"), prefill.url.clone(), bootstrap_port]);
-    }
-    for decode in &engines.decodes {
-        args.extend([s(&"--decode"), decode.url.clone()]);
-    }
-    if spec.dialect == Dialect::Sglang {
-        args.extend([s(&"--mode"), s(&"sglang")]);
-    } else if nixl {
-        args.extend([s(&"--mode"), s(&"sequential")]);
-    }
-    if spec.kv_events {
-        args.push(s(&"--kv-events"));
-        // Tokenized in-process as the engines tokenize: the sims' tokenizer, or a real
-        // model's folder.
-        let tokenizer = match &spec.vllm {
-            None => Some(sim::tokenizer_dir(spec)),
-            Some(vllm) => Some(PathBuf::from(&vllm.model)).filter(|dir| dir.is_dir()),
-        };
-        if let Some(dir) = tokenizer {
-            args.extend([s(&"--tokenizer"), dir.display().to_string()]);
-        }
-    }
-    args.extend(spec.proxy_args.iter().cloned());
-    let url = format!("http://127.0.0.1:{port}");
-    let mut proxy = spawn(&spec.run_dir, name, program, &args, url)?;
-    wait_for(&mut proxy, "/ready", READY_TIMEOUT).await?;
-    Ok(proxy)
 }
 
 /// The binary `name` of the binary folder.

@@ -1,0 +1,79 @@
+//! Starting a proxy in front of the cluster's engines, found by URL or through DNS.
+
+use std::path::{Path, PathBuf};
+
+use super::{
+    dns, s, sim, ClusterError, ClusterSpec, Connector, Dialect, Engines, Ports, READY_TIMEOUT,
+};
+use crate::process::{spawn, wait_for, Process};
+
+/// How a proxy finds the engines.
+pub(super) enum Found<'a> {
+    /// By their URLs (and their bootstrap servers').
+    Urls(&'a Engines, &'a [Process]),
+    /// Through DNS.
+    Dns(&'a crate::dnsmasq::Dnsmasq),
+}
+
+/// A proxy (`name`) in front of the engines, in the mode their connector needs, once `/ready`;
+/// the first one takes `spec.proxy_port`.
+pub(super) async fn start_proxy(
+    spec: &ClusterSpec,
+    program: &Path,
+    ports: &mut Ports,
+    found: Found<'_>,
+    name: &str,
+) -> Result<Process, ClusterError> {
+    let port = if spec.proxy_port == 0 || name != "proxy" {
+        ports.take()?
+    } else {
+        spec.proxy_port
+    };
+    let mut args = vec![s(&"--host"), s(&"127.0.0.1"), s(&"--port"), s(&port)];
+    let nixl = spec
+        .vllm
+        .as_ref()
+        .is_some_and(|vllm| vllm.connector == Connector::Nixl);
+    match found {
+        Found::Dns(dns) => args.extend(dns::proxy_args(dns, nixl)),
+        Found::Urls(engines, bootstraps) => {
+            for (prefill, bootstrap) in engines.prefills.iter().zip(bootstraps) {
+                let bootstrap_port = match nixl {
+                    true => s(&"none"),
+                    false => bootstrap
+                        .url
+                        .rsplit(':')
+                        .next()
+                        .unwrap_or_default()
+                        .to_owned(),
+                };
+                args.extend([s(&"--prefill"), prefill.url.clone(), bootstrap_port]);
+            }
+            for decode in &engines.decodes {
+                args.extend([s(&"--decode"), decode.url.clone()]);
+            }
+        }
+    }
+    if spec.dialect == Dialect::Sglang {
+        args.extend([s(&"--mode"), s(&"sglang")]);
+    } else if nixl {
+        args.extend([s(&"--mode"), s(&"sequential")]);
+    }
+    if spec.kv_events {
+        args.push(s(&"--kv-events"));
+        // Tokenized in-process as the engines tokenize: the sims' tokenizer, or a real
+        // model's folder.
+        let tokenizer = match &spec.vllm {
+            None => Some(sim::tokenizer_dir(spec)),
+            Some(vllm) => Some(PathBuf::from(&vllm.model)).filter(|dir| dir.is_dir()),
+        };
+        if let Some(dir) = tokenizer {
+            args.extend([s(&"--tokenizer"), dir.display().to_string()]);
+        }
+    }
+    args.extend(spec.proxy_args.iter().cloned());
+    let url = format!("http://127.0.0.1:{port}");
+    let mut proxy = spawn(&spec.run_dir, name, program, &args, url)?;
+    wait_for(&mut proxy, "/ready", READY_TIMEOUT).await?;
+    Ok(proxy)
+}

@@ -1,0 +1,253 @@
+//! The flags' parsing and validation.
+use super::*;
+
+fn config(argv: &[&str]) -> Result<Config, ConfigError> {
+    let argv = std::iter::once("pd-proxy").chain(argv.iter().copied());
+    Args::try_parse_args(argv).unwrap().into_config(None)
+}
+
+#[test]
+fn prefill_takes_an_optional_bootstrap_port() {
+    let config = config(&[
+        "--prefill",
+        "http://10.0.0.5:8100",
+        "--prefill",
+        "http://10.0.0.6:8100/",
+        "9000",
+        "--prefill",
+        "http://[fd00::1]:8100",
+        "none",
+        "--decode",
+        "http://10.0.0.7:8200/",
+    ])
+    .unwrap();
+    assert_eq!(
+        config.prefills,
+        vec![
+            PrefillTarget {
+                url: "http://10.0.0.5:8100".into(),
+                bootstrap_addr: Some("http://10.0.0.5:8998".into())
+            },
+            PrefillTarget {
+                url: "http://10.0.0.6:8100".into(),
+                bootstrap_addr: Some("http://10.0.0.6:9000".into())
+            },
+            PrefillTarget {
+                url: "http://[fd00::1]:8100".into(),
+                bootstrap_addr: Some("http://[fd00::1]:8998".into())
+            },
+        ]
+    );
+    assert_eq!(config.decodes, vec!["http://10.0.0.7:8200".to_owned()]);
+    assert_eq!(config.prefill_timeout, Duration::from_secs(30));
+}
+
+#[test]
+fn in_sequential_mode_a_prefill_without_a_port_has_no_bootstrap_server() {
+    let config = config(&[
+        "--mode",
+        "sequential",
+        "--prefill",
+        "http://10.0.0.5:8100",
+        "--prefill",
+        "http://10.0.0.6:8100",
+        "none",
+        "--prefill",
+        "http://10.0.0.7:8100",
+        "9000",
+        "--decode",
+        "http://10.0.0.8:8200",
+    ])
+    .unwrap();
+    let bootstraps: Vec<_> = config
+        .prefills
+        .iter()
+        .map(|p| p.bootstrap_addr.as_deref())
+        .collect();
+    assert_eq!(bootstraps, [None, None, Some("http://10.0.0.7:9000")]);
+    let targets = parse_prefill_env("http://a:1, http://b:2 9000", None).unwrap();
+    assert_eq!(bootstrap_of(&targets[0]), None);
+    assert_eq!(bootstrap_of(&targets[1]), Some("http://b:9000"));
+}
+
+fn bootstrap_of(entry: &PrefillEntry) -> Option<&str> {
+    match entry {
+        PrefillEntry::Server(target) => target.bootstrap_addr.as_deref(),
+        PrefillEntry::Dns(target) => panic!("{target:?}"),
+    }
+}
+
+#[test]
+fn dns_names_are_backends_too() {
+    let parsed = config(&[
+        "--prefill",
+        "dns://prefill.pd.svc.cluster.local:8000",
+        "9000",
+        "--prefill",
+        "http://p:1",
+        "--decode",
+        "dns://_http._tcp.decode.pd.svc.cluster.local",
+        "--dns-server",
+        "127.0.0.1:5353",
+        "--dns-interval",
+        "2",
+    ])
+    .unwrap();
+    assert_eq!(parsed.prefills.len(), 1);
+    assert!(parsed.decodes.is_empty());
+    let prefill = &parsed.dns.prefills[0];
+    assert_eq!(prefill.name, "prefill.pd.svc.cluster.local");
+    assert_eq!(
+        (prefill.port, &prefill.bootstrap),
+        (Some(8000), &DnsBootstrap::Port(9000))
+    );
+    let srv = config(&[
+        "--prefill",
+        "dns://_http._tcp.prefill.pd",
+        "dns://_bootstrap._tcp.prefill.pd",
+        "--decode",
+        "http://d:1",
+    ])
+    .unwrap();
+    let bootstrap = DnsBootstrap::Srv("_bootstrap._tcp.prefill.pd".into());
+    assert_eq!(srv.dns.prefills[0].bootstrap, bootstrap);
+    let err = config(&[
+        "--prefill",
+        "dns://p.pd:1",
+        "dns://b.pd:2",
+        "--decode",
+        "http://d:1",
+    ]);
+    assert!(matches!(err, Err(ConfigError::BadBootstrapPort { .. })));
+    let decode = &parsed.dns.decodes[0];
+    assert_eq!(
+        (decode.name.as_str(), decode.port),
+        ("_http._tcp.decode.pd.svc.cluster.local", None)
+    );
+    assert_eq!(parsed.dns.server.unwrap().port(), 5353);
+    assert_eq!(parsed.dns.interval, Duration::from_secs(2));
+    for bad in ["dns://", "dns://a b:1", "dns://name:0", "dns://name:port"] {
+        let err = config(&["--prefill", "http://p:1", "--decode", bad]).unwrap_err();
+        assert!(matches!(err, ConfigError::BadUrl { .. }), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn missing_backends_are_refused() {
+    assert_eq!(
+        config(&["--decode", "http://d:1"]).unwrap_err(),
+        ConfigError::NoPrefill
+    );
+    assert_eq!(
+        config(&["--prefill", "http://p:1"]).unwrap_err(),
+        ConfigError::NoDecode
+    );
+}
+
+#[test]
+fn bad_urls_and_ports_are_refused() {
+    for (argv, needle) in [
+        (
+            &["--prefill", "p:8100", "--decode", "http://d:1"][..],
+            "--prefill",
+        ),
+        (
+            &["--prefill", "http://p:1", "--decode", "ftp://d:1"],
+            "--decode",
+        ),
+        (
+            &["--prefill", "http://p:1", "--decode", "nonsense"],
+            "--decode",
+        ),
+        (
+            &["--prefill", "http://p:1", "abc", "--decode", "http://d:1"],
+            "Invalid bootstrap port",
+        ),
+        (
+            &["--prefill", "http://p:1", "70000", "--decode", "http://d:1"],
+            "Invalid bootstrap port",
+        ),
+        (
+            &["--prefill", "http://p:1", "0", "--decode", "http://d:1"],
+            "Invalid bootstrap port",
+        ),
+    ] {
+        let err = config(argv).unwrap_err().to_string();
+        assert!(err.contains(needle), "{argv:?}: {err}");
+    }
+}
+
+#[test]
+fn prefill_env_lists_entries() {
+    let targets = parse_prefill_env("http://a:1 9000, http://b:2 ,", Some(8998)).unwrap();
+    assert_eq!(targets.len(), 2);
+    assert_eq!(bootstrap_of(&targets[0]), Some("http://a:9000"));
+    assert_eq!(bootstrap_of(&targets[1]), Some("http://b:8998"));
+    assert!(parse_prefill_env("http://a:1 2 3", Some(8998)).is_err());
+    let args = Args::try_parse_args(["pd-proxy", "--decode", "http://d:1"]).unwrap();
+    assert_eq!(
+        args.into_config(Some("http://a:1")).unwrap().prefills.len(),
+        1
+    );
+}
+
+#[test]
+fn flags_parse() {
+    let config = config(&[
+        "--prefill",
+        "http://p:1",
+        "--decode",
+        "http://d:1,http://d:2",
+        "--policy",
+        "least_loaded",
+        "--mode",
+        "sequential",
+        "--request-timeout",
+        "1.5",
+        "--api-key",
+        "",
+    ])
+    .unwrap();
+    assert_eq!(config.decodes.len(), 2);
+    assert_eq!(config.routing.prefill_policy, Policy::LeastLoaded);
+    assert_eq!(config.routing.decode_policy, Policy::LeastLoaded);
+    assert_eq!(config.mode, Mode::Sequential);
+    assert_eq!(config.request_timeout, Duration::from_millis(1500));
+    assert_eq!(config.health.recovery(), Duration::from_millis(500));
+    // D's first byte is due within the whole request's limit.
+    assert_eq!(
+        config.decode_first_byte_timeout,
+        Duration::from_millis(1500)
+    );
+    assert_eq!(config.api_key, None);
+    for bad in [
+        &["--policy", "random"][..],
+        &["--request-timeout", "0"],
+        &["--health-failure-threshold", "0"],
+        &["--prefill", "http://p:1", "2", "3"],
+        &["--cache-threshold", "1.5"],
+        &["--hash-load-factor", "0.5"],
+        &["--session-header", "bad header"],
+        &["--decode-policy", "sticky"],
+    ] {
+        let argv = std::iter::once("pd-proxy").chain(bad.iter().copied());
+        assert!(Args::try_parse_args(argv).is_err(), "{bad:?} was accepted");
+    }
+}
+
+#[test]
+fn each_choice_takes_its_own_policy() {
+    let both = ["--prefill", "http://p:1", "--decode", "http://d:1"];
+    let mixed = ["--policy", "least_loaded", "--decode-policy", "cache_aware"];
+    let parsed = config(&[&both[..], &mixed].concat()).unwrap();
+    assert_eq!(parsed.routing.prefill_policy, Policy::LeastLoaded);
+    assert_eq!(parsed.routing.decode_policy, Policy::CacheAware);
+    let share = ["--decode-only-prefix-share", "0.8"];
+    assert!(matches!(
+        config(&[&both[..], &share].concat()),
+        Err(ConfigError::PrefixShareNeedsCacheAware)
+    ));
+    let aware = ["--decode-policy", "cache_aware"];
+    let parsed = config(&[&both[..], &share, &aware].concat()).unwrap();
+    assert_eq!(parsed.routing.decode_only.prefix_share, Some(0.8));
+}
