@@ -218,13 +218,17 @@ pub async fn follow(
                         members.leave(&backend);
                     }
                 }
-                for key in wanted {
-                    if let std::collections::btree_map::Entry::Vacant(slot) = current.entry(key) {
-                        let (addr, bootstrap) = slot.key().clone();
-                        let backend = join(&members, role, addr, bootstrap).await;
-                        tracing::info!(name = %label, backend = backend.url(), healthy = backend.is_healthy(), "address found in DNS: the backend joins");
-                        slot.insert(backend);
-                    }
+                // New addresses are checked at once, all together: a slow one holds no other.
+                let new: Vec<_> = (wanted.into_iter())
+                    .filter(|key| !current.contains_key(key))
+                    .collect();
+                let joins = new
+                    .iter()
+                    .map(|(addr, bootstrap)| join(&members, role, *addr, bootstrap.clone()));
+                let joined = futures_util::future::join_all(joins).await;
+                for (key, backend) in new.into_iter().zip(joined) {
+                    tracing::info!(name = %label, backend = backend.url(), healthy = backend.is_healthy(), "address found in DNS: the backend joins");
+                    current.insert(key, backend);
                 }
                 metrics.backends(&label, current.len());
                 valid.clamp(MIN_PAUSE, interval.max(MIN_PAUSE))
