@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use pd_examples::cluster::dns::{self, BOOTSTRAPS, DECODES, PREFILLS};
 use pd_examples::cluster::{Cluster, ClusterSpec, PrefillShape};
 use pd_examples::dnsmasq::{Dnsmasq, Records};
-use pd_examples::process::{free_port, spawn, wait_for};
+use pd_examples::process::{free_port, spawn, wait_for, Process};
 use serde_json::{json, Value};
 
 fn port_of(url: &str) -> u16 {
@@ -33,6 +33,47 @@ fn client() -> reqwest::Client {
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap()
+}
+
+/// A pd-proxy process finding its prefills by `prefill` (the `--prefill` values) and the
+/// decodes by [`DECODES`] through `server`, resolving every second, checking health every
+/// 0.2 s, with `extra` flags; once `/ready`. Returns it and its URL.
+async fn start_proxy(
+    bin_dir: &std::path::Path,
+    run_dir: &std::path::Path,
+    server: &Dnsmasq,
+    prefill: &[String; 2],
+    extra: &[&str],
+) -> (Process, String) {
+    let port = free_port();
+    let mut args: Vec<String> = ["--port".into(), port.to_string(), "--prefill".into()].into();
+    args.extend(prefill.iter().cloned());
+    let fixed = [
+        "--decode",
+        &format!("dns://{DECODES}"),
+        "--dns-server",
+        &server.addr.to_string(),
+        "--dns-interval",
+        "1",
+        "--health-check-interval",
+        "0.2",
+    ]
+    .map(String::from);
+    args.extend(fixed);
+    args.extend(extra.iter().map(|flag| flag.to_string()));
+    let url = format!("http://127.0.0.1:{port}");
+    let mut proxy = spawn(
+        run_dir,
+        "dns-proxy",
+        &bin_dir.join("pd-proxy"),
+        &args,
+        url.clone(),
+    )
+    .unwrap();
+    wait_for(&mut proxy, "/ready", Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|err| panic!("{err}: {}", proxy.log_tail(30)));
+    (proxy, url)
 }
 
 async fn ready(proxy: &str) -> Value {
@@ -166,38 +207,13 @@ async fn the_proxy_follows_its_backends_through_dns() {
         .await
         .expect("dnsmasq starts (Debian: dnsmasq-base)");
 
-    let port = free_port();
-    let args: Vec<String> = [
-        "--port",
-        &port.to_string(),
-        "--prefill",
-        &format!("dns://p.pd.test:{}", port_of(prefill)),
-        &port_of(bootstrap).to_string(),
-        "--decode",
-        &format!("dns://{DECODES}"),
-        "--dns-server",
-        &server.addr.to_string(),
-        "--dns-interval",
-        "1",
-        "--health-check-interval",
-        "0.2",
-        "--health-check-timeout",
-        "0.5",
-    ]
-    .map(String::from)
-    .to_vec();
-    let url = format!("http://127.0.0.1:{port}");
-    let mut proxy = spawn(
-        run_dir.path(),
-        "dns-proxy",
-        &bin_dir.join("pd-proxy"),
-        &args,
-        url.clone(),
-    )
-    .unwrap();
-    wait_for(&mut proxy, "/ready", Duration::from_secs(20))
-        .await
-        .unwrap_or_else(|err| panic!("{err}: {}", proxy.log_tail(30)));
+    let prefill_args = [
+        format!("dns://p.pd.test:{}", port_of(prefill)),
+        port_of(bootstrap).to_string(),
+    ];
+    let extra = ["--health-check-timeout", "0.5"];
+    let (mut proxy, url) =
+        start_proxy(&bin_dir, run_dir.path(), &server, &prefill_args, &extra).await;
     let answer = ready(&url).await;
     assert_eq!(answer["prefills"][0]["url"], prefill.as_str(), "{answer}");
     assert_eq!(
@@ -339,38 +355,10 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
     let mut server = Dnsmasq::start(run_dir.path(), "pd.test", &start)
         .await
         .expect("dnsmasq starts (Debian: dnsmasq-base)");
-    let port = free_port();
-    let args: Vec<String> = [
-        "--port",
-        &port.to_string(),
-        "--prefill",
-        &format!("dns://{PREFILLS}"),
-        &format!("dns://{BOOTSTRAPS}"),
-        "--decode",
-        &format!("dns://{DECODES}"),
-        "--dns-server",
-        &server.addr.to_string(),
-        "--dns-interval",
-        "1",
-        "--health-check-interval",
-        "0.2",
-        "--admin-key",
-        "rollout",
-    ]
-    .map(String::from)
-    .to_vec();
-    let url = format!("http://127.0.0.1:{port}");
-    let mut proxy = spawn(
-        run_dir.path(),
-        "rollout-proxy",
-        &bin_dir.join("pd-proxy"),
-        &args,
-        url.clone(),
-    )
-    .unwrap();
-    wait_for(&mut proxy, "/ready", Duration::from_secs(20))
-        .await
-        .unwrap_or_else(|err| panic!("{err}: {}", proxy.log_tail(30)));
+    let prefill_args = [format!("dns://{PREFILLS}"), format!("dns://{BOOTSTRAPS}")];
+    let extra = ["--admin-key", "rollout"];
+    let (mut proxy, url) =
+        start_proxy(&bin_dir, run_dir.path(), &server, &prefill_args, &extra).await;
     until("both decodes", || async { decodes(&url).await.len() == 2 }).await;
 
     let load = Load::start(&url, 3);

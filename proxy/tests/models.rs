@@ -177,19 +177,19 @@ async fn unknown_models_are_404_and_down_models_503() {
     assert_eq!(gateway.wait_models(3).await["data"][2]["id"], "beta");
 }
 
+/// `--lora-load-on-demand`, with adapter `alpha-new` of `alpha` in the configuration.
+fn allow_loading_alpha_new(config: &mut pd_proxy::Config) {
+    config.models.load_on_demand = true;
+    let source = AdapterSource {
+        base: "alpha".into(),
+        path: "/adapters/new".into(),
+    };
+    config.models.adapters.insert("alpha-new".into(), source);
+}
+
 #[tokio::test]
 async fn adapters_are_loaded_on_demand_on_both_sides_once() {
-    let gateway = Gateway::start(|config| {
-        config.models.load_on_demand = true;
-        config.models.adapters.insert(
-            "alpha-new".into(),
-            AdapterSource {
-                base: "alpha".into(),
-                path: "/adapters/new".into(),
-            },
-        );
-    })
-    .await;
+    let gateway = Gateway::start(allow_loading_alpha_new).await;
     for mock in [&gateway.alpha.0, &gateway.alpha.1] {
         mock.state
             .lora_updating
@@ -213,24 +213,15 @@ async fn adapters_are_loaded_on_demand_on_both_sides_once() {
         sample(&metrics, "pd_proxy_lora_loads_total", &labels)
     };
     assert_eq!((loads("prefill"), loads("decode")), (1.0, 1.0));
-    // An adapter an engine lists (its path from the card's root) loads too.
-    let listed = gateway.complete("alpha-sql").await;
-    assert_eq!(listed.0, 200);
+    // An adapter both sides list already needs no load.
+    assert_eq!(gateway.complete("alpha-sql").await.0, 200);
+    let after = common::metrics(&gateway.proxy).await;
+    assert_eq!(sample(&after, "pd_proxy_lora_loads_total", ""), 2.0);
 }
 
 #[tokio::test]
 async fn an_adapter_one_side_cannot_load_is_never_half_served() {
-    let gateway = Gateway::start(|config| {
-        config.models.load_on_demand = true;
-        config.models.adapters.insert(
-            "alpha-new".into(),
-            AdapterSource {
-                base: "alpha".into(),
-                path: "/adapters/new".into(),
-            },
-        );
-    })
-    .await;
+    let gateway = Gateway::start(allow_loading_alpha_new).await;
     // Only the prefill allows runtime loading: the decode's route does not exist (vLLM's
     // guard), so no pair has the adapter on both sides.
     (gateway.alpha.0.state.lora_updating).store(true, std::sync::atomic::Ordering::SeqCst);
