@@ -265,13 +265,14 @@ mod tests {
     use std::time::Instant;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    async fn start(
-        limits: ServeLimits,
-    ) -> (
+    /// A running server (its address, its stop switch, its task).
+    type Running = (
         std::net::SocketAddr,
         tokio::sync::oneshot::Sender<()>,
         tokio::task::JoinHandle<std::io::Result<()>>,
-    ) {
+    );
+
+    async fn start(limits: ServeLimits) -> Running {
         let app = Router::new()
             .route("/", axum::routing::get(|| async { "hi" }))
             .route(
@@ -281,6 +282,10 @@ mod tests {
                     "late"
                 }),
             );
+        start_app(app, limits).await
+    }
+
+    async fn start_app(app: Router, limits: ServeLimits) -> Running {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -339,21 +344,11 @@ mod tests {
                 }
             }),
         );
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let limits = ServeLimits {
             draining: Some(draining.clone()),
             ..ServeLimits::default()
         };
-        let task = tokio::spawn(serve(
-            listener,
-            app,
-            async move {
-                let _ = stopped.await;
-            },
-            limits,
-        ));
+        let (addr, stop, task) = start_app(app, limits).await;
         let mut poll = tokio::net::TcpStream::connect(addr).await.unwrap();
         poll.write_all(b"GET /poll HTTP/1.1\r\nhost: x\r\n\r\n")
             .await
