@@ -72,6 +72,8 @@ struct Call<'a> {
     prefill_work: std::sync::Mutex<Option<Pending>>,
     /// The model asked for (after aliases), if any.
     model: Option<&'a str>,
+    /// That model, when it is a LoRA adapter whose blocks a policy matches (tokens known).
+    adapter: Option<&'a str>,
     /// The route's metrics for that model.
     metrics: Arc<RouteMetrics>,
     start: Instant,
@@ -124,7 +126,7 @@ impl Call<'_> {
     ) -> Result<Started, Refusal> {
         let request = RequestInfo::new(body, self.headers)
             .with_tokens(self.tokens)
-            .with_adapter(self.model.filter(|model| self.state.is_adapter(model)));
+            .with_adapter(self.adapter);
         let decoding = retry::decode_with_retry(DecodeCall {
             state: self.state,
             route: self.route,
@@ -324,6 +326,7 @@ pub async fn start(
         tokens: tokens.as_deref(),
         prefill_work: std::sync::Mutex::new(request.take_prefill_work()),
         model,
+        adapter,
         metrics: handles.route(route).clone(),
         start,
         deadline,
