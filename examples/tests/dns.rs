@@ -289,6 +289,58 @@ async fn the_proxy_follows_its_backends_through_dns() {
     cluster.shutdown().await;
 }
 
+/// A prefill whose bootstrap server is a registry of its own address (a P deployment's shared
+/// registry, a StatefulSet on Kubernetes): named by URL, not derived from the prefill's
+/// address, and what D is sent to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_can_name_a_registry_elsewhere() {
+    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let run_dir = tempfile::Builder::new()
+        .prefix("registry-")
+        .tempdir()
+        .unwrap();
+    let mut spec = ClusterSpec::demo(bin_dir.clone(), run_dir.path().to_path_buf());
+    spec.prefills = vec![PrefillShape { dp: 2, tp: 1 }];
+    spec.decodes = 1;
+    spec.kv_events = false;
+    let cluster = Cluster::start(&spec).await.expect("the cluster starts");
+    let (prefill, bootstrap) = (&cluster.prefills[0].url, &cluster.bootstraps[0].url);
+    let d = [cluster.decodes[0].url.as_str()];
+    let server = Dnsmasq::start(run_dir.path(), "pd.test", &records(&d))
+        .await
+        .expect("dnsmasq starts (Debian: dnsmasq-base)");
+    // Another host name than the prefill's: the proxy cannot have derived it.
+    let registry = format!("http://localhost:{}", port_of(bootstrap));
+    let prefill_args = [
+        format!("dns://p.pd.test:{}", port_of(prefill)),
+        registry.clone(),
+    ];
+    let (mut proxy, url) = start_proxy(&bin_dir, run_dir.path(), &server, &prefill_args, &[]).await;
+    let answer = ready(&url).await;
+    assert_eq!(
+        answer["prefills"][0]["bootstrap_addr"], registry,
+        "{answer}"
+    );
+    until("both dp ranks", || async { ready_pairs(&url).await == 2 }).await;
+    for _ in 0..4 {
+        let body =
+            json!({"model": "sim-model", "prompt": "pulled through the registry", "max_tokens": 2});
+        let answer = client()
+            .post(format!("{url}/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status();
+        assert_eq!(status, 200, "{}", answer.text().await.unwrap_or_default());
+    }
+    proxy.stop(Duration::from_secs(2)).await;
+    cluster.shutdown().await;
+}
+
 /// Whether the proxy shows the decode at `url` with nothing in flight.
 async fn idle(proxy: &str, url: &str) -> bool {
     let answer = client()

@@ -158,6 +158,10 @@ async fn backends(
             let with = found.into_iter().map(|f| (f.addr, Some(on(f.addr, *port))));
             Ok((with.collect(), valid))
         }
+        DnsBootstrap::Url(registry) => {
+            let with = found.into_iter().map(|f| (f.addr, Some(registry.clone())));
+            Ok((with.collect(), valid))
+        }
         DnsBootstrap::Srv(name) => {
             let srv = DnsTarget {
                 name: name.clone(),

@@ -3,8 +3,8 @@
 //!
 //! The prefill and decode flags are vLLM's Mooncake proxy's: `--prefill URL [BOOTSTRAP_PORT|none]`
 //! (repeatable; `none` or no port means 8998, or no bootstrap server in sequential mode; the
-//! bootstrap host is the prefill URL's host) and `--decode URL` (repeatable); `targets.rs`
-//! checks them. `--config FILE` reads any flag, and the models' tables, from a TOML file
+//! bootstrap host is the prefill URL's host; a bootstrap URL instead of the port names a
+//! registry elsewhere) and `--decode URL` (repeatable); `targets.rs` checks them. `--config FILE` reads any flag, and the models' tables, from a TOML file
 //! (`file.rs`).
 
 mod file;
@@ -68,7 +68,8 @@ pub struct Args {
     #[arg(long, env = "PD_PROXY_PORT", default_value_t = 8000)]
     pub port: u16,
     /// A prefill server: its URL and, optionally, its bootstrap port (`none` or omitted: 8998;
-    /// in sequential mode, no bootstrap server). Repeatable. Without the flag, PD_PROXY_PREFILL
+    /// in sequential mode, no bootstrap server) on the URL's host, or its bootstrap server's
+    /// own URL (`http://HOST:PORT`: a registry shared by a P deployment's pods). Repeatable. Without the flag, PD_PROXY_PREFILL
     /// is read: comma-separated `URL[ PORT]` entries.
     #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append)]
     pub prefill: Vec<String>,
@@ -210,7 +211,7 @@ pub enum ConfigError {
         reason: String,
     },
     /// A bootstrap port is neither `none` nor an integer in 1..=65535.
-    #[error("Invalid bootstrap port {port:?} for prefill {url}: expected an integer in 1..=65535 or `none`")]
+    #[error("Invalid bootstrap port {port:?} for prefill {url}: expected an integer in 1..=65535, `none` or the bootstrap server's http(s) URL")]
     BadBootstrapPort {
         /// The prefill URL it follows.
         url: String,

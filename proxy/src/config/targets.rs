@@ -1,7 +1,9 @@
-//! Where the backends are: `--prefill URL [BOOTSTRAP_PORT|none]`, `PD_PROXY_PREFILL` and
-//! `--decode URL`, each URL checked and its bootstrap server found as vLLM's proxy finds it (or
-//! none, for a prefill given without a port in a mode that needs no bootstrap server). A URL
-//! `dns://NAME[:PORT]` names a set of backends behind a DNS name ([`DnsTarget`]).
+//! Where the backends are: `--prefill URL [BOOTSTRAP_PORT|none|BOOTSTRAP_URL]`,
+//! `PD_PROXY_PREFILL` and `--decode URL`, each URL checked and its bootstrap server found as
+//! vLLM's proxy finds it (or none, for a prefill given without a port in a mode that needs no
+//! bootstrap server), or given whole: a registry of its own address, shared by the pods of a
+//! P deployment and possibly replicated. A URL `dns://NAME[:PORT]` names a set of backends
+//! behind a DNS name ([`DnsTarget`]).
 
 use reqwest::Url;
 
@@ -47,6 +49,9 @@ pub enum DnsBootstrap {
     /// On the prefill's address, at the port this SRV name gives the prefill's SRV target
     /// (Kubernetes: `_bootstrap._tcp.NAME`, the Service's port named `bootstrap`).
     Srv(String),
+    /// At this URL, whatever the prefill's address: a registry of its own (Kubernetes: a
+    /// StatefulSet's Service), e.g. `http://registry.pd.svc.cluster.local:8998`.
+    Url(String),
 }
 
 impl DnsTarget {
@@ -119,15 +124,22 @@ pub(super) fn base_url(url: &Url) -> String {
     url.as_str().trim_end_matches('/').to_owned()
 }
 
-/// Turns one `--prefill URL [BOOTSTRAP_PORT|none]` into a target, as vLLM's proxy does: the
-/// bootstrap host is the URL's host (IPv6 stays bracketed); without a port (or with `none`)
-/// the port is `default_port`, and no bootstrap server at all when that is `None`.
+/// Turns one `--prefill URL [BOOTSTRAP_PORT|none|BOOTSTRAP_URL]` into a target, as vLLM's
+/// proxy does: the bootstrap host is the URL's host (IPv6 stays bracketed); without a port (or
+/// with `none`) the port is `default_port`, and no bootstrap server at all when that is
+/// `None`. An `http(s)://` second word is the bootstrap server's own URL.
 pub fn parse_prefill(
     url_text: &str,
     port: Option<&str>,
     default_port: Option<u16>,
 ) -> Result<PrefillTarget, ConfigError> {
     let url = parse_backend_url("--prefill", url_text)?;
+    if let Some(registry) = port.and_then(registry_url) {
+        return Ok(PrefillTarget {
+            url: base_url(&url),
+            bootstrap_addr: Some(registry?),
+        });
+    }
     let port = bootstrap_port(url_text, port, default_port)?;
     // `host_str` keeps the brackets of an IPv6 literal, which is what a URL needs.
     let host = url.host_str().expect("checked by parse_backend_url");
@@ -135,6 +147,16 @@ pub fn parse_prefill(
         url: base_url(&url),
         bootstrap_addr: port.map(|port| format!("http://{host}:{port}")),
     })
+}
+
+/// A bootstrap server given by its URL (`None` when `word` is not an `http(s)://` URL), checked
+/// as a backend URL is and without a trailing slash.
+fn registry_url(word: &str) -> Option<Result<String, ConfigError>> {
+    let (scheme, _) = word.trim().split_once("://")?;
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return None;
+    }
+    Some(parse_backend_url("--prefill", word).map(|url| base_url(&url)))
 }
 
 /// The bootstrap port of a prefill given with `port` (none, `none`, or a number): as
@@ -166,7 +188,7 @@ pub enum PrefillEntry {
     Dns(DnsTarget),
 }
 
-/// Parses one `--prefill URL [BOOTSTRAP_PORT|none]` (or `dns://NAME[:PORT] ...`).
+/// Parses one `--prefill URL [BOOTSTRAP_PORT|none|BOOTSTRAP_URL]` (or `dns://NAME[:PORT] ...`).
 pub fn parse_prefill_entry(
     url_text: &str,
     port: Option<&str>,
@@ -174,21 +196,22 @@ pub fn parse_prefill_entry(
 ) -> Result<PrefillEntry, ConfigError> {
     match parse_dns("--prefill", url_text) {
         Some(target) => {
-            let bootstrap = match port.and_then(|port| parse_dns("--prefill", port)) {
-                Some(srv) => {
-                    let srv = srv?;
-                    if srv.port.is_some() {
-                        return Err(ConfigError::BadBootstrapPort {
-                            url: url_text.to_owned(),
-                            port: port.unwrap_or_default().to_owned(),
-                        });
-                    }
-                    DnsBootstrap::Srv(srv.name)
+            let bootstrap = if let Some(registry) = port.and_then(registry_url) {
+                DnsBootstrap::Url(registry?)
+            } else if let Some(srv) = port.and_then(|port| parse_dns("--prefill", port)) {
+                let srv = srv?;
+                if srv.port.is_some() {
+                    return Err(ConfigError::BadBootstrapPort {
+                        url: url_text.to_owned(),
+                        port: port.unwrap_or_default().to_owned(),
+                    });
                 }
-                None => match bootstrap_port(url_text, port, default_port)? {
+                DnsBootstrap::Srv(srv.name)
+            } else {
+                match bootstrap_port(url_text, port, default_port)? {
                     Some(port) => DnsBootstrap::Port(port),
                     None => DnsBootstrap::None,
-                },
+                }
             };
             Ok(PrefillEntry::Dns(DnsTarget {
                 bootstrap,

@@ -78,6 +78,39 @@ fn bootstrap_of(entry: &PrefillEntry) -> Option<&str> {
 }
 
 #[test]
+fn a_bootstrap_url_names_a_registry_elsewhere() {
+    let config = config(&[
+        "--prefill",
+        "http://prefill-leader:8000",
+        "http://registry.pd:8998/",
+        "--prefill",
+        "dns://prefill-leader.pd:8000",
+        "HTTPS://registry.pd:8998",
+        "--decode",
+        "http://d:1",
+    ])
+    .unwrap();
+    assert_eq!(
+        config.prefills[0].bootstrap_addr.as_deref(),
+        Some("http://registry.pd:8998")
+    );
+    let registry = DnsBootstrap::Url("https://registry.pd:8998".into());
+    assert_eq!(config.dns.prefills[0].bootstrap, registry);
+    for bad in [
+        "http://",
+        "http://user:pw@registry:8998",
+        "ftp://registry:8998",
+    ] {
+        let argv = ["--prefill", "http://p:1", bad, "--decode", "http://d:1"];
+        let err = self::config(&argv).unwrap_err().to_string();
+        assert!(
+            err.contains("--prefill") || err.contains("bootstrap"),
+            "{bad}: {err}"
+        );
+    }
+}
+
+#[test]
 fn dns_names_are_backends_too() {
     let parsed = config(&[
         "--prefill",
