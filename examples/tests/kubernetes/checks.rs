@@ -252,10 +252,19 @@ fn flag_value<'a>(argv: &'a [String], flag: &str) -> Option<&'a str> {
     })
 }
 
-/// The prefills a pd-proxy command line names with a bootstrap server: (URL, bootstrap port).
-/// As pd-proxy reads `--prefill URL [BOOTSTRAP_PORT]`: `none` or no port is 8998, except in
-/// sequential mode, where it is no bootstrap server at all.
-fn proxy_prefills(args: &[String]) -> Vec<(String, u16)> {
+/// Where a prefill's bootstrap server is, as a pd-proxy command line says.
+#[derive(Debug)]
+enum Bootstrap {
+    /// On the prefill's own address, at this port.
+    Port(u16),
+    /// At this URL: a registry of its own.
+    Url(String),
+}
+
+/// The prefills a pd-proxy command line names with a bootstrap server: (URL, where). As
+/// pd-proxy reads `--prefill URL [BOOTSTRAP_PORT|BOOTSTRAP_URL]`: `none` or no port is 8998,
+/// except in sequential mode, where it is no bootstrap server at all.
+fn proxy_prefills(args: &[String]) -> Vec<(String, Bootstrap)> {
     let sequential = flag_value(args, "--mode") == Some("sequential");
     let mut found = Vec::new();
     for (at, _) in args.iter().enumerate().filter(|(_, a)| *a == "--prefill") {
@@ -263,13 +272,15 @@ fn proxy_prefills(args: &[String]) -> Vec<(String, u16)> {
             continue;
         };
         let port = args.get(at + 2).filter(|p| !p.starts_with("--"));
-        let port = match port.map(String::as_str) {
+        let bootstrap = match port.map(String::as_str) {
             Some("none") | None if sequential => continue,
-            Some("none") | None => Some(8998),
-            Some(number) => number.parse().ok(),
+            Some("none") | None => Bootstrap::Port(8998),
+            Some(url) if url.starts_with("http") => Bootstrap::Url(url.to_owned()),
+            // An unparsable port is pd-proxy's to refuse; 0 is never listened on, so it is
+            // reported.
+            Some(number) => Bootstrap::Port(number.parse().unwrap_or(0)),
         };
-        // An unparsable port is pd-proxy's to refuse; 0 is never listened on, so it is reported.
-        found.push((url.clone(), port.unwrap_or(0)));
+        found.push((url.clone(), bootstrap));
     }
     found
 }
@@ -339,12 +350,64 @@ fn engine_registrations<'a>(pod: &Pod<'a>) -> Vec<(&'a str, String, String)> {
     found
 }
 
-/// The bootstrap port each pd-proxy gives its prefills is served in every pod behind them: the
-/// proxy tells D that a prefill's bootstrap server is at `http://<the prefill's address>:PORT`
-/// and learns its dp ranks and engine ids there, so each of those pods must run bootstrap-server
-/// on PORT for other pods to reach, and its engine must register there (vLLM's
-/// `bootstrap_server_address` on the pod's own loopback, SGLang's bootstrap port). Returns how
-/// many prefill pods were checked, and what is wrong.
+impl std::fmt::Display for Bootstrap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Bootstrap::Port(port) => write!(f, "{port}"),
+            Bootstrap::Url(url) => f.write_str(url),
+        }
+    }
+}
+
+/// The pods behind the Service a URL names (in its namespace), or why there are none.
+fn pods_behind<'p, 'a>(
+    docs: &[Value],
+    pods: &'p [Pod<'a>],
+    url: &str,
+) -> Result<Vec<&'p Pod<'a>>, String> {
+    let Some(service) = service_of_url(docs, url) else {
+        return Err(format!("no Service of the manifests behind {url}"));
+    };
+    let namespace = str_at(service, "/metadata/namespace");
+    let behind: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.selected_by(&service["spec"]["selector"]))
+        .filter(|p| str_at(p.workload, "/metadata/namespace") == namespace)
+        .collect();
+    if behind.is_empty() {
+        return Err(format!("{} selects no pod", id(service)));
+    }
+    Ok(behind)
+}
+
+/// The port a URL's Service sends its port to in `pod` (its `targetPort`, by number or by the
+/// name of a port the pod declares).
+fn target_port(docs: &[Value], pod: &Pod, url: &str) -> Option<u16> {
+    let service = service_of_url(docs, url)?;
+    let port: u64 = url.rsplit(':').next()?.trim_end_matches('/').parse().ok()?;
+    let entry = array_at(service, "/spec/ports")
+        .iter()
+        .find(|p| p["port"] == port)?;
+    match target(entry) {
+        Value::Number(number) => number.as_u64().and_then(|n| u16::try_from(n).ok()),
+        Value::String(name) => pod.containers().find_map(|c| {
+            let declared = array_at(c, "/ports").iter().find(|p| p["name"] == *name)?;
+            declared["containerPort"]
+                .as_u64()
+                .and_then(|n| u16::try_from(n).ok())
+        }),
+        _ => None,
+    }
+}
+
+/// The bootstrap server each pd-proxy gives its prefills is there, and their engines register
+/// with it. A port: the proxy tells D that a prefill's bootstrap server is at
+/// `http://<the prefill's address>:PORT` and learns its dp ranks and engine ids there, so each
+/// pod behind the prefills must run bootstrap-server on PORT for other pods to reach, and its
+/// engine must register there (vLLM's `bootstrap_server_address` on the pod's own loopback,
+/// SGLang's bootstrap port). A URL: the pods behind that URL's Service run bootstrap-server on
+/// the port it targets, and the engines behind the prefills register at exactly that host and
+/// port. Returns how many pods were checked, and what is wrong.
 pub fn prefill_bootstraps(docs: &[Value]) -> (usize, Vec<String>) {
     let pods = pods(docs);
     let mut checked = 0;
@@ -354,39 +417,72 @@ pub fn prefill_bootstraps(docs: &[Value]) -> (usize, Vec<String>) {
         split_binary(&argv).and_then(|(binary, args)| (binary == "pd-proxy").then_some(args))
     });
     for args in proxies.collect::<Vec<_>>() {
-        for (url, port) in proxy_prefills(&args) {
-            let said = format!("pd-proxy --prefill {url} {port}");
-            let Some(service) = service_of_url(docs, &url) else {
-                problems.push(format!("{said}: no Service of the manifests behind {url}"));
-                continue;
+        for (url, bootstrap) in proxy_prefills(&args) {
+            let said = format!("pd-proxy --prefill {url} {bootstrap}");
+            let mut problem = |text: String| problems.push(format!("{said}: {text}"));
+            let behind = match pods_behind(docs, &pods, &url) {
+                Ok(behind) => behind,
+                Err(why) => {
+                    problem(why);
+                    continue;
+                }
             };
-            let namespace = str_at(service, "/metadata/namespace");
-            let behind: Vec<&Pod> = pods
-                .iter()
-                .filter(|p| p.selected_by(&service["spec"]["selector"]))
-                .filter(|p| str_at(p.workload, "/metadata/namespace") == namespace)
-                .collect();
-            if behind.is_empty() {
-                problems.push(format!("{said}: {} selects no pod", id(service)));
-            }
-            for pod in behind {
+            // Who serves the bootstrap server, and where the prefills' engines must register:
+            // `None`, on their own pod, at the port.
+            let (servers, registry) = match &bootstrap {
+                Bootstrap::Port(_) => (behind.clone(), None),
+                Bootstrap::Url(url) => match pods_behind(docs, &pods, url) {
+                    Ok(servers) => {
+                        let rest = url.split_once("://").map_or("", |(_, rest)| rest);
+                        (servers, Some(rest.trim_end_matches('/').to_owned()))
+                    }
+                    Err(why) => {
+                        problem(why);
+                        continue;
+                    }
+                },
+            };
+            for pod in servers {
                 checked += 1;
+                let port = match &bootstrap {
+                    Bootstrap::Port(port) => Some(*port),
+                    Bootstrap::Url(url) => target_port(docs, pod, url),
+                };
+                let port = port.unwrap_or(0);
                 if !pod
                     .containers()
                     .any(|c| listens_for_bootstrap(pod, c, port))
                 {
-                    problems.push(format!(
-                        "{said}: no container of {} runs bootstrap-server on 0.0.0.0:{port} \
+                    problem(format!(
+                        "no container of {} runs bootstrap-server on 0.0.0.0:{port} \
                          (declared, and running beside the engine)",
                         pod.at
                     ));
                 }
-                for (container, host, at) in engine_registrations(pod) {
-                    let local = ["", "127.0.0.1", "localhost"].contains(&host.as_str());
-                    if !local || at != port.to_string() {
-                        problems.push(format!(
-                            "{said}: {} container {container} registers at {host}:{at}, not at \
-                             its own pod's bootstrap-server",
+            }
+            let local = |host: &str, at: &str| {
+                ["", "127.0.0.1", "localhost"].contains(&host) && at == bootstrap.to_string()
+            };
+            for pod in behind {
+                checked += 1;
+                let registrations = engine_registrations(pod);
+                if registrations.is_empty() {
+                    problem(format!(
+                        "{} names no bootstrap server to register at",
+                        pod.at
+                    ));
+                }
+                for (container, host, at) in registrations {
+                    let right = match &registry {
+                        Some(registry) => format!("{host}:{at}") == *registry,
+                        None => local(&host, &at),
+                    };
+                    if !right {
+                        let wanted = registry
+                            .as_deref()
+                            .unwrap_or("its own pod's bootstrap-server");
+                        problem(format!(
+                            "{} container {container} registers at {host}:{at}, not at {wanted}",
                             pod.at
                         ));
                     }

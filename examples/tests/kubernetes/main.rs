@@ -315,6 +315,35 @@ fn the_bootstrap_check_catches_a_prefill_without_its_registry() {
     args[host + 1] = json!("127.0.0.1");
     let (_, problems) = checks::prefill_bootstraps(&docs);
     assert!(!problems.is_empty(), "a loopback-only registry passed");
+    // A P deployment's registry named by URL: its leader registering at its own loopback
+    // instead, and the registry's Service pointed at a port nothing listens on.
+    let multinode = all().iter().find(|r| r.name == "overlays/vllm-multinode");
+    let mut docs = multinode.unwrap().docs.clone();
+    for doc in docs.iter_mut() {
+        if id(doc) == "StatefulSet/prefill" {
+            let env = &mut doc["spec"]["template"]["spec"]["containers"][0]["env"];
+            for var in env.as_array_mut().unwrap() {
+                if var["name"] == "KV_TRANSFER_CONFIG" {
+                    let value = var["value"].as_str().unwrap();
+                    let local = value.replace("registry.pd.svc.cluster.local", "127.0.0.1");
+                    var["value"] = json!(local);
+                }
+            }
+        }
+        if id(doc) == "Service/registry" {
+            doc["spec"]["ports"][0]["targetPort"] = json!(9999);
+        }
+    }
+    let (_, problems) = checks::prefill_bootstraps(&docs);
+    let found = |text: &str| problems.iter().any(|p| p.contains(text));
+    assert!(
+        found("registers at 127.0.0.1:8998, not at registry.pd.svc.cluster.local:8998"),
+        "{problems:?}"
+    );
+    assert!(
+        found("runs bootstrap-server on 0.0.0.0:9999"),
+        "{problems:?}"
+    );
 }
 
 #[test]
@@ -355,6 +384,16 @@ fn each_overlay_runs_the_proxy_in_the_mode_its_engines_need() {
         ("overlays/vllm-mooncake", "concurrent", "8998"),
         ("overlays/vllm-nixl", "sequential", "none"),
         ("overlays/sglang", "sglang", "8998"),
+        (
+            "overlays/vllm-multinode",
+            "concurrent",
+            "http://registry.pd.svc.cluster.local:8998",
+        ),
+        (
+            "overlays/vllm-multinode-etcd",
+            "concurrent",
+            "http://registry.pd.svc.cluster.local:8998",
+        ),
     ] {
         let args = proxy_args(name);
         let after = |flag: &str, n: usize| {

@@ -15,6 +15,8 @@ const KUSTOMIZATIONS: &[&str] = &[
     "overlays/vllm-mooncake",
     "overlays/vllm-nixl",
     "overlays/sglang",
+    "overlays/vllm-multinode",
+    "overlays/vllm-multinode-etcd",
     "dashboards",
 ];
 
