@@ -374,9 +374,9 @@ async fn healthy(proxy: &str, url: &str) -> bool {
 
 /// A rolling update of the prefill and the decodes behind DNS names (SRV records, the prefills'
 /// bootstrap servers by their own SRV name), under load through the proxy: each new engine
-/// appears in DNS and joins; the old one it replaces is drained (a prefill in its registry,
-/// with `worker-client drain --wait-idle`, a decode at the proxy), waited for until idle, taken
-/// out of DNS, then stopped. No request fails.
+/// appears in DNS and joins; the old one it replaces is drained with `worker-client drain
+/// --wait-idle` (a prefill in its registry, a decode at the proxy with `--backend`), waited
+/// for until idle, taken out of DNS, then stopped. No request fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_behind_dns_loses_no_request() {
     let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
@@ -453,19 +453,19 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
             healthy(&url, &d[new]).await
         })
         .await;
-        // The old one is drained, then waited for.
-        let drained = client()
-            .post(format!("{url}/admin/drain"))
-            .bearer_auth("rollout")
-            .json(&json!({"url": d[old]}))
-            .send()
+        // The old one is drained at the proxy and waited for (a decode pod's preStop).
+        let drain = tokio::process::Command::new(bin_dir.join("worker-client"))
+            .args(["drain", "--backend", &d[old], "--wait-idle", &url])
+            .args(["--admin-key", "rollout", "--idle-timeout", "10"])
+            .output()
             .await
-            .unwrap();
-        assert!(drained.status().is_success());
-        until("the old decode idle", || async {
-            idle(&url, &d[old]).await
-        })
-        .await;
+            .expect("worker-client runs");
+        assert!(
+            drain.status.success(),
+            "{}",
+            String::from_utf8_lossy(&drain.stderr)
+        );
+        assert!(idle(&url, &d[old]).await);
         // It leaves DNS, then stops.
         live.retain(|u| *u != d[old]);
         server.set(&set(&[1], &live)).await.unwrap();

@@ -359,3 +359,94 @@ async fn a_real_proxy_is_idle_once_its_request_to_the_drained_engine_is_answered
     assert_eq!(request.await.unwrap().unwrap().status(), 200);
     proxy.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_outside_any_registry_is_drained_at_the_proxy_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    fast_client(&server.url())
+        .register_worker(&worker("engine-0", 0, 0, 42000))
+        .await
+        .unwrap();
+    let decoded = Arc::new(Mutex::new(false));
+    let prefill = engine(Duration::ZERO, Arc::default()).await;
+    let decode = engine(Duration::from_secs(2), decoded.clone()).await;
+    let target = pd_proxy::config::PrefillTarget {
+        url: prefill,
+        bootstrap_addr: Some(server.url()),
+    };
+    let mut config = pd_proxy::config::Config::new(vec![target], vec![decode.clone()]);
+    config.admin_key = Some("sesame".into());
+    let proxy = pd_proxy::Proxy::bind(config).await.unwrap().spawn();
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http
+        .get(format!("{}/ready", proxy.url()))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        != 200
+    {
+        assert!(Instant::now() < deadline, "the proxy never became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let request = http
+        .post(format!("{}/v1/completions", proxy.url()))
+        .json(&json!({"prompt": "hello", "max_tokens": 4}))
+        .send();
+    let request = tokio::spawn(request);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // --backend needs the proxies to mark it at.
+    let run = cli(&server.url(), &["drain", "--backend", &decode]).await;
+    assert_exit(&run, 2);
+    let args = ["drain", "--backend", &decode, "--wait-idle", &proxy.url()];
+    let run = cli(
+        &server.url(),
+        &[
+            &args[..],
+            &["--admin-key", "sesame", "--idle-timeout", "10"],
+        ]
+        .concat(),
+    )
+    .await;
+    assert_exit(&run, 0);
+    assert!(*decoded.lock().unwrap(), "idle before D answered");
+    assert!(
+        run.stdout
+            .contains(&format!("idle: no request in flight to {decode}")),
+        "{}",
+        run.stdout
+    );
+    let backends: Value = (http.get(format!("{}/admin/backends", proxy.url())))
+        .bearer_auth("sesame")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(backends["decodes"][0]["drained"], true, "{backends}");
+    // The registry was not touched.
+    assert_eq!(
+        draining(&server.url()).await,
+        [("engine-0".to_owned(), false)]
+    );
+    assert_eq!(request.await.unwrap().unwrap().status(), 200);
+    // Taken back into rotation, then drained with a wrong admin key: refused, at once.
+    let undo = (http.post(format!("{}/admin/drain", proxy.url())))
+        .bearer_auth("sesame")
+        .json(&json!({"url": decode, "draining": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(undo.status(), 200);
+    let run = cli(
+        &server.url(),
+        &[&args[..], &["--admin-key", "wrong", "--idle-timeout", "10"]].concat(),
+    )
+    .await;
+    assert_exit(&run, 1);
+    proxy.shutdown().await.unwrap();
+}

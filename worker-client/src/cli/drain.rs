@@ -1,6 +1,7 @@
 //! `drain`: mark engines draining in the registry (or lift the mark) and, with `--wait-idle`,
 //! wait until no pd-proxy has a request in flight to them: what an engine pod's `preStop` hook
-//! runs before the engine gets its SIGTERM.
+//! runs before the engine gets its SIGTERM. An engine outside any registry (a decode, a NIXL
+//! prefill) is drained at the proxies themselves: `--backend URL --wait-idle PROXY_URL`.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -10,12 +11,12 @@ use clap::{ArgGroup, Args};
 use pd_service::parse_seconds;
 use worker_client::BootstrapClient;
 
-use crate::idle::{IdleWait, Proxy};
+use crate::idle::{Drained, IdleWait, Proxy};
 use crate::Failure;
 
 /// The `drain` subcommand's arguments.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("engine").required(true).args(["engine_id", "engine_host"])))]
+#[command(group(ArgGroup::new("engine").required(true).args(["engine_id", "engine_host", "backend"])))]
 pub struct DrainArgs {
     /// The engine id (or --engine-host).
     engine_id: Option<String>,
@@ -24,6 +25,16 @@ pub struct DrainArgs {
     /// to the shell.
     #[arg(long, value_name = "HOST")]
     engine_host: Option<String>,
+    /// Instead of an engine in the registry: the backend the proxies list under this URL (e.g.
+    /// `http://10.0.0.7:8000`, a decode's), drained at every --wait-idle proxy itself (`POST
+    /// /admin/drain`, needing --admin-key); the registry is not asked.
+    #[arg(
+        long,
+        value_name = "URL",
+        requires = "wait_idle",
+        conflicts_with = "undo"
+    )]
+    backend: Option<String>,
     /// Lift the mark.
     #[arg(long, conflicts_with = "wait_idle")]
     undo: bool,
@@ -50,34 +61,38 @@ pub async fn drain(
     let proxies = (args.wait_idle.iter())
         .map(|url| Proxy::parse(url))
         .collect::<Result<Vec<_>, _>>()?;
-    let engines = match (args.engine_id, &args.engine_host) {
-        (Some(engine), _) => vec![engine],
-        (None, Some(host)) => engines_at(client, host).await?,
-        (None, None) => unreachable!("clap requires an engine id or --engine-host"),
+    let drained = match (args.engine_id, &args.engine_host, args.backend) {
+        (_, _, Some(backend)) => Drained::Backend(backend),
+        (Some(engine), _, None) => Drained::Engines(vec![engine]),
+        (None, Some(host), None) => Drained::Engines(engines_at(client, host).await?),
+        (None, None, None) => {
+            unreachable!("clap requires an engine id, --engine-host or --backend")
+        }
     };
-    let state = if args.undo {
-        "takes requests again"
-    } else {
-        "is draining"
-    };
-    for engine in &engines {
-        let workers = client.drain(engine, !args.undo).await?;
-        println!("engine {engine} ({workers} worker(s)) {state}");
+    if let Drained::Engines(engines) = &drained {
+        let state = if args.undo {
+            "takes requests again"
+        } else {
+            "is draining"
+        };
+        for engine in engines {
+            let workers = client.drain(engine, !args.undo).await?;
+            println!("engine {engine} ({workers} worker(s)) {state}");
+        }
     }
     if proxies.is_empty() {
         return Ok(());
     }
     let wait = IdleWait {
         proxies: &proxies,
-        engines: &engines,
+        drained: &drained,
         admin_key: args.admin_key.as_deref().filter(|key| !key.is_empty()),
         call_timeout,
         timeout: args.idle_timeout,
     };
     let answered = wait.run().await?;
     println!(
-        "idle: no request in flight to {} at {} ({answered} proxy address(es))",
-        engines.join(", "),
+        "idle: no request in flight to {drained} at {} ({answered} proxy address(es))",
         args.wait_idle.join(", ")
     );
     Ok(())

@@ -1,6 +1,9 @@
 //! `drain --wait-idle`: polling pd-proxies' `GET /admin/backends` until none has a request in
 //! flight to the drained engines, nor can send them one (each lists their dp ranks marked
-//! draining, or not at all).
+//! draining, or not at all). A backend drained at the proxies themselves (`drain --backend`, an
+//! engine outside any registry) is marked (`POST /admin/drain`) at every address that does not
+//! show it drained yet, round after round, so a proxy replica that starts meanwhile gets the
+//! mark too.
 //!
 //! A proxy URL whose host name has several addresses (a Kubernetes headless Service lists
 //! every pod) is every one of them: each address is asked, and the proxy is idle only when
@@ -11,7 +14,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use pd_protocol::proxy_admin::Backends;
+use pd_protocol::proxy_admin::{BackendState, Backends};
 use tokio::time::Instant;
 use url::Url;
 
@@ -26,6 +29,8 @@ pub struct Proxy {
     given: String,
     /// `GET /admin/backends` at it.
     backends: Url,
+    /// `POST /admin/drain` at it.
+    drain: Url,
     /// Its host (a name, or an address without brackets), looked up each round.
     host: String,
     /// Its port.
@@ -50,11 +55,13 @@ impl Proxy {
             .to_owned();
         let port = url.port_or_known_default().ok_or_else(|| bad("no port"))?;
         let base = given.trim_end_matches('/');
-        let backends =
-            Url::parse(&format!("{base}/admin/backends")).map_err(|err| bad(&err.to_string()))?;
+        let route = |path: &str| {
+            Url::parse(&format!("{base}/admin/{path}")).map_err(|err| bad(&err.to_string()))
+        };
         Ok(Proxy {
             given: given.to_owned(),
-            backends,
+            backends: route("backends")?,
+            drain: route("drain")?,
             host,
             port,
         })
@@ -71,13 +78,31 @@ enum Verdict {
     Refused(String),
 }
 
-/// Polls the proxies until all are idle for `engines` (returns how many addresses answered idle),
-/// or `timeout` passes (exit 1 naming the proxies still busy). Each call has `call_timeout`.
+/// What is drained.
+pub enum Drained {
+    /// Engines, by id, marked in their registry.
+    Engines(Vec<String>),
+    /// One backend, by the URL the proxies list it under, marked at each proxy.
+    Backend(String),
+}
+
+impl std::fmt::Display for Drained {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Drained::Engines(engines) => f.write_str(&engines.join(", ")),
+            Drained::Backend(url) => f.write_str(url),
+        }
+    }
+}
+
+/// Polls the proxies until all are idle for `drained` (returns how many addresses answered
+/// idle), or `timeout` passes (exit 1 naming the proxies still busy). Each call has
+/// `call_timeout`.
 pub struct IdleWait<'a> {
     /// The proxies.
     pub proxies: &'a [Proxy],
-    /// The drained engine ids.
-    pub engines: &'a [String],
+    /// What is drained.
+    pub drained: &'a Drained,
     /// Sent as `Authorization: Bearer`, when given.
     pub admin_key: Option<&'a str>,
     /// The longest one call (a lookup, a poll) may take.
@@ -115,7 +140,7 @@ impl IdleWait<'_> {
                     code: 1,
                     message: format!(
                         "{} not idle after {:?}: still busy at {}",
-                        self.engines.join(", "),
+                        self.drained,
                         self.timeout,
                         busy.join("; ")
                     ),
@@ -170,40 +195,79 @@ impl IdleWait<'_> {
             Ok(client) => client,
             Err(err) => return Some(Verdict::Busy(format!("cannot build an HTTP client: {err}"))),
         };
-        let mut request = client
-            .get(proxy.backends.clone())
-            .timeout(self.budget(deadline));
+        let request = client.get(proxy.backends.clone());
+        let backends = match self.ask::<Backends>(request, addr, deadline).await {
+            Asked::Answer(backends) => backends,
+            Asked::NotListening => return None,
+            Asked::Verdict(verdict) => return Some(verdict),
+        };
+        let (mark, reasons) = busy_with(&backends, self.drained);
+        if let Some(url) = mark {
+            let body = serde_json::json!({"url": url, "draining": true});
+            let request = client.post(proxy.drain.clone()).json(&body);
+            return Some(
+                match self.ask::<BackendState>(request, addr, deadline).await {
+                    Asked::Answer(_) => {
+                        Verdict::Busy(format!("{addr}: {url} marked drained just now"))
+                    }
+                    Asked::NotListening => return None,
+                    Asked::Verdict(verdict) => verdict,
+                },
+            );
+        }
+        Some(match reasons {
+            reasons if reasons.is_empty() => Verdict::Idle,
+            reasons => Verdict::Busy(format!("{addr}: {}", reasons.join(", "))),
+        })
+    }
+
+    /// Sends `request` (with the admin key, within the wait's budget) and reads its JSON answer.
+    async fn ask<T: serde::de::DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+        addr: SocketAddr,
+        deadline: Instant,
+    ) -> Asked<T> {
+        let mut request = request.timeout(self.budget(deadline));
         if let Some(key) = self.admin_key {
             request = request.bearer_auth(key);
         }
         let answer = match request.send().await {
             Ok(answer) => answer,
-            Err(err) if refused(&err) => return None,
+            Err(err) if refused(&err) => return Asked::NotListening,
             Err(err) => {
-                return Some(Verdict::Busy(format!(
-                    "{addr}: {}",
-                    pd_service::error_chain(&err)
-                )))
+                let reason = format!("{addr}: {}", pd_service::error_chain(&err));
+                return Asked::Verdict(Verdict::Busy(reason));
             }
         };
         let status = answer.status();
+        let what = answer.url().path().to_owned();
         if status.is_client_error() {
             let text = answer.text().await.unwrap_or_default();
-            return Some(Verdict::Refused(format!(
-                "GET /admin/backends at {addr} answered {status}: {text}"
+            return Asked::Verdict(Verdict::Refused(format!(
+                "{what} at {addr} answered {status}: {text}"
             )));
         }
         if !status.is_success() {
-            return Some(Verdict::Busy(format!("{addr} answered {status}")));
+            return Asked::Verdict(Verdict::Busy(format!("{addr} answered {status}")));
         }
-        Some(match answer.json::<Backends>().await {
-            Ok(backends) => match busy_with(&backends, self.engines) {
-                reasons if reasons.is_empty() => Verdict::Idle,
-                reasons => Verdict::Busy(format!("{addr}: {}", reasons.join(", "))),
-            },
-            Err(err) => Verdict::Busy(format!("{addr}: not an /admin/backends answer: {err}")),
-        })
+        match answer.json::<T>().await {
+            Ok(answer) => Asked::Answer(answer),
+            Err(err) => {
+                Asked::Verdict(Verdict::Busy(format!("{addr}: not a {what} answer: {err}")))
+            }
+        }
     }
+}
+
+/// What one call to a proxy address gave.
+enum Asked<T> {
+    /// Its answer.
+    Answer(T),
+    /// Nothing listens there.
+    NotListening,
+    /// What to conclude from its failure.
+    Verdict(Verdict),
 }
 
 /// A client whose connections to `proxy`'s host go to `addr`, while the URL keeps its host
@@ -233,10 +297,30 @@ fn combine(verdicts: Vec<Option<Verdict>>) -> Verdict {
     }
 }
 
-/// Why `backends` is not idle for `engines` (nothing: it is). A proxy that does not list an
-/// engine cannot send it anything.
-fn busy_with(backends: &Backends, engines: &[String]) -> Vec<String> {
+/// Why `backends` is not idle for `drained` (nothing: it is), and the backend still to mark
+/// drained at this proxy, if any. A proxy that does not list an engine or backend cannot send
+/// it anything.
+fn busy_with<'a>(backends: &'a Backends, drained: &Drained) -> (Option<&'a str>, Vec<String>) {
     let mut reasons = Vec::new();
+    let engines = match drained {
+        Drained::Engines(engines) => engines,
+        Drained::Backend(url) => {
+            let every = backends.prefills.iter().chain(&backends.decodes);
+            let Some(backend) = every.into_iter().find(|b| same_url(&b.url, url)) else {
+                return (None, reasons);
+            };
+            if !backend.drained {
+                return (Some(&backend.url), reasons);
+            }
+            if backend.in_flight > 0 {
+                reasons.push(format!(
+                    "{} request(s) in flight to {url}",
+                    backend.in_flight
+                ));
+            }
+            return (None, reasons);
+        }
+    };
     for prefill in &backends.prefills {
         for rank in &prefill.dp_ranks {
             let Some(engine) = rank.engine_id.as_ref().filter(|e| engines.contains(e)) else {
@@ -257,7 +341,12 @@ fn busy_with(backends: &Backends, engines: &[String]) -> Vec<String> {
             }
         }
     }
-    reasons
+    (None, reasons)
+}
+
+/// Whether two backend URLs are one (as pd-proxy lists them: no trailing slash).
+fn same_url(listed: &str, given: &str) -> bool {
+    listed.trim_end_matches('/') == given.trim_end_matches('/')
 }
 
 /// Whether the connection was refused (no one listens at that address).
