@@ -489,6 +489,75 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
     cluster.shutdown().await;
 }
 
+/// Kubernetes' order: a terminating pod leaves DNS while its preStop drain runs. The decode's
+/// address is gone from the proxy's pool with a request still in flight on it; `worker-client
+/// drain --backend` waits for that request all the same (the proxy lists the decode as leaving
+/// until it ends), so the engine's SIGTERM cannot cut it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_waits_for_a_decode_that_already_left_dns() {
+    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let run_dir = tempfile::Builder::new()
+        .prefix("leaving-")
+        .tempdir()
+        .unwrap();
+    let mut spec = ClusterSpec::demo(bin_dir.clone(), run_dir.path().to_path_buf());
+    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
+    spec.decodes = 2;
+    spec.kv_events = false;
+    spec.decode_ms_per_token = 100;
+    let cluster = Cluster::start(&spec).await.expect("the cluster starts");
+    let d: Vec<&str> = cluster.decodes.iter().map(|p| p.url.as_str()).collect();
+    let (prefill, bootstrap) = (&cluster.prefills[0].url, &cluster.bootstraps[0].url);
+    let mut server = Dnsmasq::start(run_dir.path(), "pd.test", &records(&[d[0]]))
+        .await
+        .expect("dnsmasq starts (Debian: dnsmasq-base)");
+    let prefill_args = [
+        format!("dns://p.pd.test:{}", port_of(prefill)),
+        port_of(bootstrap).to_string(),
+    ];
+    let extra = ["--admin-key", "rollout"];
+    let (mut proxy, url) =
+        start_proxy(&bin_dir, run_dir.path(), &server, &prefill_args, &extra).await;
+    // A request of about 2 s on d0, the only decode.
+    let long = {
+        let url = format!("{url}/v1/completions");
+        let body = json!({"model": "sim-model", "prompt": "a long answer", "max_tokens": 20});
+        tokio::spawn(async move { client().post(url).json(&body).send().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // d0's pod terminates: it leaves DNS, d1 takes its place.
+    server.set(&records(&[d[1]])).await.unwrap();
+    until("d0 out of the pool", || async {
+        decodes(&url).await == [d[1].to_owned()]
+    })
+    .await;
+    assert!(
+        !long.is_finished(),
+        "the request ended too soon to show anything"
+    );
+    let drain = tokio::process::Command::new(bin_dir.join("worker-client"))
+        .args(["drain", "--backend", d[0], "--wait-idle", &url])
+        .args(["--admin-key", "rollout", "--idle-timeout", "10"])
+        .output()
+        .await
+        .expect("worker-client runs");
+    assert!(
+        drain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drain.stderr)
+    );
+    assert!(
+        long.is_finished(),
+        "the drain returned with the request in flight"
+    );
+    assert_eq!(long.await.unwrap().unwrap().status(), 200);
+    proxy.stop(Duration::from_secs(2)).await;
+    cluster.shutdown().await;
+}
+
 /// `pd-cluster --dns`: the local cluster's proxy finds the sims through DNS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_cluster_can_find_its_engines_through_dns() {

@@ -14,13 +14,13 @@ use pd_protocol::proxy_admin::{BackendState, Backends, RankState};
 use pd_protocol::Rank;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Prefill};
 use crate::error::ApiError;
 use crate::prompt_tokens::PromptKind;
 use crate::routing::RequestInfo;
 use crate::state::AppState;
 
-fn state_of(backend: &Backend, dp_ranks: Vec<RankState>) -> BackendState {
+fn state_of(backend: &Backend, dp_ranks: Vec<RankState>, leaving: bool) -> BackendState {
     let in_flight = backend.outstanding();
     BackendState {
         role: backend.role().as_str().to_owned(),
@@ -29,36 +29,39 @@ fn state_of(backend: &Backend, dp_ranks: Vec<RankState>) -> BackendState {
         drained: backend.is_drained(),
         in_flight,
         idle: in_flight == 0,
+        leaving,
         dp_ranks,
     }
 }
 
-/// `GET /admin/backends`.
-pub async fn backends(State(state): State<AppState>) -> Json<Backends> {
-    let pairs = state.pool.pairs();
-    let prefills = state
-        .pool
-        .prefills()
-        .iter()
-        .map(|prefill| {
-            let ranks = pairs
-                .iter()
-                .filter(|pair| std::sync::Arc::ptr_eq(&pair.backend, &prefill.backend))
-                .map(|pair| RankState {
-                    dp_rank: pair.dp_rank,
-                    engine_id: pair.engine_id.as_deref().map(str::to_owned),
-                    draining: pair.is_draining(),
-                    in_flight: pair.outstanding(),
-                })
-                .collect();
-            state_of(&prefill.backend, ranks)
+/// A prefill's state; the dp ranks of one `leaving` the pool take no new requests either.
+fn prefill_state(prefill: &Prefill, leaving: bool) -> BackendState {
+    let ranks = (prefill.pairs().iter())
+        .map(|pair| RankState {
+            dp_rank: pair.dp_rank,
+            engine_id: pair.engine_id.as_deref().map(str::to_owned),
+            draining: leaving || pair.is_draining(),
+            in_flight: pair.outstanding(),
         })
         .collect();
-    let decodes = state
-        .pool
-        .decodes()
-        .iter()
-        .map(|decode| state_of(decode, Vec::new()))
+    state_of(&prefill.backend, ranks, leaving)
+}
+
+/// `GET /admin/backends`: the pool's backends, then those that left it with calls in flight.
+pub async fn backends(State(state): State<AppState>) -> Json<Backends> {
+    let departed = state.pool.departed();
+    let prefills = (state.pool.prefills().iter())
+        .map(|prefill| prefill_state(prefill, false))
+        .chain(departed.prefills.iter().map(|p| prefill_state(p, true)))
+        .collect();
+    let decodes = (state.pool.decodes().iter())
+        .map(|decode| state_of(decode, Vec::new(), false))
+        .chain(
+            departed
+                .decodes
+                .iter()
+                .map(|d| state_of(d, Vec::new(), true)),
+        )
         .collect();
     Json(Backends { prefills, decodes })
 }
@@ -107,7 +110,7 @@ pub async fn drain(
             )
         })?;
     backend.set_drained(request.draining);
-    Ok(Json(state_of(backend, Vec::new())))
+    Ok(Json(state_of(backend, Vec::new(), false)))
 }
 
 /// Whether `headers` carry the admin key (`what` names the action in the refusal).

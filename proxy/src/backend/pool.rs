@@ -4,7 +4,7 @@
 //! calls that hold it until they end.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use reqwest::header::HeaderValue;
 
@@ -18,6 +18,25 @@ pub struct Pool {
     prefills: RwLock<Arc<[Arc<Prefill>]>>,
     decodes: RwLock<Arc<[Arc<Backend>]>>,
     pairs: RwLock<Arc<[Arc<Pair>]>>,
+    departed: Mutex<Departed>,
+}
+
+/// Backends taken out of the pool while calls to them were in flight: still worth showing
+/// (a drain waits for those calls) until the last one ends.
+#[derive(Default, Clone)]
+pub struct Departed {
+    /// Prefills that left.
+    pub prefills: Vec<Arc<Prefill>>,
+    /// Decodes that left.
+    pub decodes: Vec<Arc<Backend>>,
+}
+
+impl Departed {
+    /// Forgets those with no call in flight any more.
+    fn prune(&mut self) {
+        self.prefills.retain(|p| p.backend.outstanding() > 0);
+        self.decodes.retain(|d| d.outstanding() > 0);
+    }
 }
 
 fn read<T: ?Sized>(list: &RwLock<Arc<T>>) -> Arc<T> {
@@ -37,6 +56,7 @@ impl Pool {
             prefills: RwLock::new(Arc::from(prefills)),
             decodes: RwLock::new(Arc::from(decodes)),
             pairs: RwLock::new(Arc::from(Vec::new())),
+            departed: Mutex::default(),
         }
     }
 
@@ -85,26 +105,36 @@ impl Pool {
     }
 
     /// Takes `backend` out: no request picks it (or, for a prefill, its dp ranks) from now on;
-    /// calls already holding it finish.
+    /// calls already holding it finish, and until they have it is among the [`Departed`].
     pub fn remove(&self, backend: &Arc<Backend>) {
+        let mut departed = lock(&self.departed);
         {
             let mut list = self
                 .prefills
                 .write()
                 .unwrap_or_else(PoisonError::into_inner);
-            *list = (list.iter())
-                .filter(|p| !Arc::ptr_eq(&p.backend, backend))
-                .cloned()
-                .collect();
+            let (gone, kept): (Vec<_>, Vec<_>) =
+                (list.iter().cloned()).partition(|p| Arc::ptr_eq(&p.backend, backend));
+            departed.prefills.extend(gone);
+            *list = kept.into();
         }
         {
             let mut list = self.decodes.write().unwrap_or_else(PoisonError::into_inner);
-            *list = (list.iter())
-                .filter(|d| !Arc::ptr_eq(d, backend))
-                .cloned()
-                .collect();
+            let (gone, kept): (Vec<_>, Vec<_>) =
+                (list.iter().cloned()).partition(|d| Arc::ptr_eq(d, backend));
+            departed.decodes.extend(gone);
+            *list = kept.into();
         }
+        departed.prune();
+        drop(departed);
         self.refresh_pairs();
+    }
+
+    /// The backends that left with calls in flight that have not ended yet.
+    pub fn departed(&self) -> Departed {
+        let mut departed = lock(&self.departed);
+        departed.prune();
+        departed.clone()
     }
 
     /// Rebuilds the pairs' snapshot from the prefills'.

@@ -75,6 +75,11 @@ impl Prefill {
         }
     }
 
+    /// Its (prefill, dp rank) pairs, by rank.
+    pub fn pairs(&self) -> Vec<Arc<Pair>> {
+        lock(&self.pairs).clone()
+    }
+
     /// The dp ranks and engine ids currently known, by rank.
     pub fn ranks(&self) -> Vec<(Rank, Option<Arc<str>>)> {
         lock(&self.pairs)

@@ -30,6 +30,10 @@ pub struct BackendState {
     pub in_flight: usize,
     /// No call in flight: safe to restart once it takes no new requests.
     pub idle: bool,
+    /// It left this proxy's pool (its address left DNS) while calls to it were in flight: it
+    /// takes no new request, and is listed until those calls end.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leaving: bool,
     /// A prefill's dp ranks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dp_ranks: Vec<RankState>,

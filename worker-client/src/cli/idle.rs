@@ -309,7 +309,8 @@ fn busy_with<'a>(backends: &'a Backends, drained: &Drained) -> (Option<&'a str>,
             let Some(backend) = every.into_iter().find(|b| same_url(&b.url, url)) else {
                 return (None, reasons);
             };
-            if !backend.drained {
+            // One leaving the pool takes no new request already, and cannot be marked.
+            if !backend.drained && !backend.leaving {
                 return (Some(&backend.url), reasons);
             }
             if backend.in_flight > 0 {
