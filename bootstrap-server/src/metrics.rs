@@ -23,6 +23,11 @@ pub struct Metrics {
     live_requests: IntGauge,
     topology_revision: IntGauge,
     store_connected: IntGauge,
+    topology_ready: IntGauge,
+    topology_expected: IntGauge,
+    topology_missing: IntGauge,
+    lease_removals: IntCounter,
+    catching_up: std::sync::Mutex<()>,
 }
 
 impl Default for Metrics {
@@ -104,6 +109,26 @@ impl Metrics {
             "1 while the store follows every change (always with sled; with etcd while its watch is up)",
         )
         .expect("valid metric");
+        let topology_ready = IntGauge::new(
+            "bootstrap_topology_ready",
+            "1 when every worker of the configured topology (--dp-size, --tp-size, --pp-size) is registered, as GET /ready says; 1 without a configured topology",
+        )
+        .expect("valid metric");
+        let topology_expected = IntGauge::new(
+            "bootstrap_topology_expected_workers",
+            "Workers the configured topology expects (0 without one)",
+        )
+        .expect("valid metric");
+        let topology_missing = IntGauge::new(
+            "bootstrap_topology_missing_workers",
+            "Expected workers not registered yet",
+        )
+        .expect("valid metric");
+        let lease_removals = IntCounter::new(
+            "bootstrap_lease_removed_workers_total",
+            "Workers removed because their lease ended: expired (the holder stopped its keepalives) or revoked (DELETE /leases/{id}, a clean stop)",
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(http_requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(http_duration.clone()),
@@ -117,6 +142,10 @@ impl Metrics {
             Box::new(live_requests.clone()),
             Box::new(topology_revision.clone()),
             Box::new(store_connected.clone()),
+            Box::new(topology_ready.clone()),
+            Box::new(topology_expected.clone()),
+            Box::new(topology_missing.clone()),
+            Box::new(lease_removals.clone()),
         ] {
             registry
                 .register(collector)
@@ -136,6 +165,11 @@ impl Metrics {
             live_requests,
             topology_revision,
             store_connected,
+            topology_ready,
+            topology_expected,
+            topology_missing,
+            lease_removals,
+            catching_up: std::sync::Mutex::new(()),
         }
     }
 
@@ -202,6 +236,19 @@ impl Metrics {
         self.live_requests.set(stats.live_requests as i64);
         self.topology_revision.set(stats.revision as i64);
         self.store_connected.set(i64::from(stats.store_connected));
+        let readiness = &stats.readiness;
+        self.topology_ready
+            .set(i64::from(!readiness.is_incomplete()));
+        self.topology_expected
+            .set(readiness.expected.unwrap_or(0) as i64);
+        self.topology_missing.set(readiness.missing as i64);
+        {
+            // The registry counts; the counter catches up, one render at a time so that two
+            // cannot both add the same difference.
+            let _one = crate::sync::lock(&self.catching_up);
+            let behind = stats.lease_removals.saturating_sub(self.lease_removals.get());
+            self.lease_removals.inc_by(behind);
+        }
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)

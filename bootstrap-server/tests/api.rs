@@ -168,6 +168,21 @@ async fn expected_topology_gates_query_and_ranks() {
     let (status, body) = server.get("/ready").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body["missing"], 4);
+    let gauges = |metrics: &str| -> Vec<String> {
+        (metrics.lines())
+            .filter(|l| l.starts_with("bootstrap_topology_"))
+            .filter(|l| !l.starts_with("bootstrap_topology_revision"))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        gauges(&server.metrics().await),
+        [
+            "bootstrap_topology_expected_workers 4",
+            "bootstrap_topology_missing_workers 4",
+            "bootstrap_topology_ready 0"
+        ]
+    );
 
     assert_eq!(
         server.register("e", 0, 2, 0, "tcp://h:1").await,
@@ -193,6 +208,14 @@ async fn expected_topology_gates_query_and_ranks() {
     assert!(body["detail"].as_str().unwrap().contains("1 of 4"));
     server.register("e", 1, 1, 0, "tcp://h:13").await;
     assert_eq!(server.get("/query").await.0, StatusCode::OK);
+    assert_eq!(
+        gauges(&server.metrics().await),
+        [
+            "bootstrap_topology_expected_workers 4",
+            "bootstrap_topology_missing_workers 0",
+            "bootstrap_topology_ready 1"
+        ]
+    );
     assert_eq!(
         server.get("/ready").await,
         (

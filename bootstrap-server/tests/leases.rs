@@ -100,6 +100,11 @@ async fn leased_workers_live_by_keepalives_and_expire_without_them() {
         "expired after {expired_after:?}"
     );
     assert_eq!(registered_ranks(&server).await, vec![0]);
+    let metrics = server.metrics().await;
+    assert!(
+        metrics.contains("\nbootstrap_lease_removed_workers_total 1\n"),
+        "{metrics}"
+    );
     let (status, body) = server
         .post(&format!("/leases/{lease}/keepalive"), json!({}))
         .await;
@@ -115,8 +120,13 @@ async fn a_revoked_lease_removes_its_workers_at_once() {
         .call(Method::DELETE, &format!("/leases/{lease}"), None)
         .await;
     assert_eq!((status, &body["revoked"]), (StatusCode::OK, &json!(true)));
-    // Gone from this server's view by the time the answer arrives.
+    // Gone from this server's view by the time the answer arrives, and counted.
     assert_eq!(registered_ranks(&server).await, vec![1]);
+    let metrics = server.metrics().await;
+    assert!(
+        metrics.contains("\nbootstrap_lease_removed_workers_total 1\n"),
+        "{metrics}"
+    );
     let (status, body) = server
         .call(Method::DELETE, &format!("/leases/{lease}"), None)
         .await;

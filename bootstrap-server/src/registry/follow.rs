@@ -76,6 +76,11 @@ impl Registry {
                         worker: old,
                     })
                     .collect();
+                if !guard {
+                    // Not a registry commit: a lease ended (expired, or revoked) and took these.
+                    let ended = events.len() as u64;
+                    self.lease_removals.fetch_add(ended, Ordering::Relaxed);
+                }
                 events.extend(put.iter().map(|new| Change {
                     revision,
                     kind: ChangeKind::Put,

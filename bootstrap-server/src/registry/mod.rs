@@ -21,7 +21,7 @@ mod workers;
 mod write_stats;
 mod writer;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use pd_protocol::{Rank, Revision};
@@ -65,6 +65,10 @@ pub struct Stats {
     pub revision: Revision,
     /// Whether the store currently follows every change (an etcd watch can be down).
     pub store_connected: bool,
+    /// Registered, expected and missing workers of the configured topology.
+    pub readiness: Readiness,
+    /// Workers removed because their lease ended (expired or revoked), since the start.
+    pub lease_removals: u64,
 }
 
 /// The worker table as the writer plans on it, and as readers see it.
@@ -154,6 +158,8 @@ pub struct Registry {
     revision: AtomicU64,
     /// The writer's batch sizes and flush times.
     write_stats: WriteStats,
+    /// Workers removed because their lease ended, as the store reported them.
+    lease_removals: AtomicU64,
 }
 
 impl Registry {
@@ -191,6 +197,7 @@ impl Registry {
             shown: tokio::sync::watch::Sender::new(()),
             revision: AtomicU64::new(revision),
             write_stats: WriteStats::new(),
+            lease_removals: AtomicU64::new(0),
         });
         tokio::spawn(Self::follow(Arc::downgrade(&registry)));
         tokio::spawn(Self::run_writer(Arc::downgrade(&registry), queued));
@@ -418,12 +425,15 @@ impl Registry {
         let view = self.view();
         let revision = self.visible_revision(&self.read_workers());
         let live_requests = lock(&self.requests).len();
+        let readiness = view.readiness();
         Stats {
-            workers: view.readiness().registered,
+            workers: readiness.registered,
             engines: view.engines(),
             live_requests,
             revision,
             store_connected: self.store.connected(),
+            readiness,
+            lease_removals: self.lease_removals.load(Ordering::Relaxed),
         }
     }
 
