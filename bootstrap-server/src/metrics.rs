@@ -246,7 +246,9 @@ impl Metrics {
             // The registry counts; the counter catches up, one render at a time so that two
             // cannot both add the same difference.
             let _one = crate::sync::lock(&self.catching_up);
-            let behind = stats.lease_removals.saturating_sub(self.lease_removals.get());
+            let behind = stats
+                .lease_removals
+                .saturating_sub(self.lease_removals.get());
             self.lease_removals.inc_by(behind);
         }
         let mut out = Vec::new();

@@ -20,7 +20,8 @@ use crate::prompt_tokens::PromptKind;
 use crate::routing::RequestInfo;
 use crate::state::AppState;
 
-fn state_of(backend: &Backend, dp_ranks: Vec<RankState>, leaving: bool) -> BackendState {
+/// A backend's state, with its dp ranks if it is a prefill.
+pub(crate) fn state_of(backend: &Backend, dp_ranks: Vec<RankState>, leaving: bool) -> BackendState {
     let in_flight = backend.outstanding();
     BackendState {
         role: backend.role().as_str().to_owned(),
@@ -35,7 +36,7 @@ fn state_of(backend: &Backend, dp_ranks: Vec<RankState>, leaving: bool) -> Backe
 }
 
 /// A prefill's state; the dp ranks of one `leaving` the pool take no new requests either.
-fn prefill_state(prefill: &Prefill, leaving: bool) -> BackendState {
+pub(crate) fn prefill_state(prefill: &Prefill, leaving: bool) -> BackendState {
     let ranks = (prefill.pairs().iter())
         .map(|pair| RankState {
             dp_rank: pair.dp_rank,

@@ -17,7 +17,7 @@ use crate::layers::auth::RequireApiKey;
 use crate::layers::request_id::AssignRequestIdLayer;
 use crate::layers::track::TrackLayer;
 use crate::state::AppState;
-use crate::{admin, handler, models};
+use crate::{admin, handler, models, ui};
 
 /// Builds the router: the proxied routes behind their layers (see [`crate::layers`]), the
 /// operational ones open.
@@ -45,6 +45,7 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/drain", post(admin::drain))
         .route("/admin/kv-index", get(admin::kv_index))
         .route("/admin/kv-index/match", post(admin::kv_match))
+        .merge(ui::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -124,6 +125,17 @@ pub struct Readiness {
 
 /// `GET /ready`: whether a request would find a (prefill, dp rank) pair and a decode.
 async fn ready(State(state): State<AppState>) -> Response {
+    let body = readiness(&state);
+    let status = if body.detail.is_none() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+/// What `GET /ready` answers.
+pub fn readiness(state: &AppState) -> Readiness {
     let pool = &state.pool;
     let pairs = pool.pairs();
     let prefills: Vec<PrefillReadiness> = pool
@@ -194,13 +206,8 @@ async fn ready(State(state): State<AppState>) -> Response {
     } else {
         None
     };
-    let detail = shutting_down(&state).or(detail);
-    let status = if detail.is_none() {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    let body = Readiness {
+    let detail = shutting_down(state).or(detail);
+    Readiness {
         status: if detail.is_none() {
             "ready"
         } else {
@@ -211,8 +218,7 @@ async fn ready(State(state): State<AppState>) -> Response {
         prefills,
         decodes,
         detail,
-    };
-    (status, Json(body)).into_response()
+    }
 }
 
 /// Why `GET /ready` fails before anything else: the proxy is shutting down (`--shutdown-delay`).

@@ -9,6 +9,7 @@ mod json_errors;
 pub mod native;
 pub mod sglang;
 mod track;
+mod ui;
 pub mod vllm;
 
 use std::sync::Arc;
@@ -59,6 +60,7 @@ pub fn router(state: AppState, guard: WriteGuard) -> Router {
         .merge(vllm::reads())
         .merge(sglang::reads())
         .merge(native::reads())
+        .merge(ui::routes())
         .fallback(not_found)
         // One layer, so one boxed service per route: each `Router::layer` call boxes every route
         // once more, and a request cloned every box of its route, each middleware cloning its

@@ -31,7 +31,7 @@ use crate::registry::{Group, RegistryError, WorkerTable};
 pub const ENGINE_ID: &str = "sglang-prefill";
 
 /// The key of the topology row in a worker's dialect attributes.
-const TOPOLOGY: &str = "sglang_topology";
+pub(super) const TOPOLOGY: &str = "sglang_topology";
 
 /// The write routes (behind the write guard).
 pub fn writes() -> Router<AppState> {

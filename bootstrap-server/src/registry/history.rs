@@ -68,6 +68,13 @@ impl History {
         let end = self.events.partition_point(|e| e.revision <= until);
         Ok(self.events.range(start..end.max(start)).cloned().collect())
     }
+
+    /// The last `n` events up to `until` (the newest last).
+    pub fn latest(&self, n: usize, until: Revision) -> Vec<Change> {
+        let end = self.events.partition_point(|e| e.revision <= until);
+        let start = end.saturating_sub(n);
+        self.events.range(start..end).cloned().collect()
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use pd_protocol::Revision;
+use pd_protocol::{LeaseId, Revision};
 
 use super::model::{Change, WorkerRecord};
 use super::{Compacted, Registry, RegistryError};
@@ -24,6 +24,19 @@ impl Registry {
         // Read under the lock: no worker change can land between the table and the number.
         let revision = self.visible_revision(&state);
         (revision, state.published.records().collect())
+    }
+
+    /// The last `n` worker changes shown (the newest last), as far as the history keeps them.
+    pub fn recent_changes(&self, n: usize) -> Vec<Change> {
+        let state = self.read_workers();
+        let revision = self.visible_revision(&state);
+        state.history.latest(n, revision)
+    }
+
+    /// How long `lease` lives without another keepalive, as the store says; `None` when it is
+    /// not live (or the store cannot tell now).
+    pub async fn lease_remaining(&self, lease: LeaseId) -> Option<Duration> {
+        self.store.lease_remaining(lease).await.ok().flatten()
     }
 
     /// The worker changes after `since`, waiting up to `wait` for the

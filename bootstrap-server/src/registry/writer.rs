@@ -331,6 +331,9 @@ mod tests {
         fn revoke_lease(&self, lease: LeaseId) -> StoreFuture<'_, bool> {
             self.inner.revoke_lease(lease)
         }
+        fn lease_remaining(&self, lease: LeaseId) -> StoreFuture<'_, Option<std::time::Duration>> {
+            self.inner.lease_remaining(lease)
+        }
         fn put_request<'a>(
             &'a self,
             req_id: &'a str,

@@ -10,6 +10,7 @@ mod sled;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use etcd::{EtcdConfig, EtcdStore, REQUEST_LEASE_BUCKET_MS};
 use pd_protocol::{LeaseId, Revision};
@@ -133,6 +134,8 @@ pub trait Store: Send + Sync + 'static {
     fn keep_alive(&self, lease: LeaseId) -> StoreFuture<'_, Option<u32>>;
     /// Ends a lease now, deleting every worker registered under it; false when it was not live.
     fn revoke_lease(&self, lease: LeaseId) -> StoreFuture<'_, bool>;
+    /// How long a lease lives without another keepalive; `None` when it is not live.
+    fn lease_remaining(&self, lease: LeaseId) -> StoreFuture<'_, Option<Duration>>;
     /// Records a request id mapping.
     fn put_request<'a>(&'a self, req_id: &'a str, record: RequestRecord) -> StoreFuture<'a, ()>;
     /// Forgets request id mappings (absent ones are ignored).

@@ -336,6 +336,10 @@ async fn main() -> std::process::ExitCode {
         print_model(model);
     }
     println!("  proxy: {} (--policy {})", cluster.proxy.url, args.policy);
+    println!(
+        "  live pages: {}/ui, and each bootstrap server's /ui",
+        cluster.proxy.url
+    );
     if let Some(dns) = &cluster.dns {
         println!(
             "  DNS: dnsmasq at {} names the engines ({}, {}, {}); the proxy follows them",

@@ -269,6 +269,32 @@ impl Metrics {
         }
     }
 
+    /// The counter `family`'s values summed by the `labels` given (over every other label),
+    /// the largest first: e.g. the routing decisions by decision and reason, for the live page.
+    pub fn totals_by(&self, family: &str, labels: &[&str]) -> Vec<(Vec<String>, u64)> {
+        let mut totals: std::collections::BTreeMap<Vec<String>, f64> = Default::default();
+        let gathered = self.registry.gather();
+        for metric in gathered
+            .iter()
+            .filter(|f| f.name() == family)
+            .flat_map(|f| f.get_metric())
+        {
+            let key = (labels.iter())
+                .map(|name| {
+                    let pair = metric.get_label().iter().find(|pair| pair.name() == *name);
+                    pair.map(|pair| pair.value().to_owned()).unwrap_or_default()
+                })
+                .collect();
+            *totals.entry(key).or_default() += metric.get_counter().get_value();
+        }
+        let mut totals: Vec<(Vec<String>, u64)> = (totals.into_iter())
+            .filter(|(_, value)| *value > 0.0)
+            .map(|(key, value)| (key, value as u64))
+            .collect();
+        totals.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        totals
+    }
+
     /// Renders every metric in the Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = Vec::new();

@@ -6,11 +6,13 @@
 //! ([`serve`], [`bind`], [`Background`]), the bearer-token check ([`BearerToken`]), a layer
 //! answering the requests a server's own rule refuses ([`GateLayer`]), what a server
 //! allocating with mimalloc needs of its process ([`disable_transparent_huge_pages`]), and the
-//! check that a shipped dashboard queries only exported metrics ([`check_dashboard`]).
+//! check that a shipped dashboard queries only exported metrics ([`check_dashboard`]), and the
+//! servers' live pages ([`live_page`]).
 
 mod bearer;
 mod draining;
 mod gate;
+pub mod live_page;
 mod logging;
 mod memory;
 mod metric_names;

@@ -245,6 +245,19 @@ impl Store for EtcdStore {
         })
     }
 
+    fn lease_remaining(&self, id: LeaseId) -> StoreFuture<'_, Option<Duration>> {
+        Box::pin(async move {
+            let mut lease = self.etcd.client.lease_client();
+            let info = self
+                .etcd
+                .call("lease ttl", lease.time_to_live(id, None))
+                .await?
+                .map_err(etcd_error)?;
+            // etcd answers -1 for a lease it does not know.
+            Ok(u64::try_from(info.ttl()).ok().map(Duration::from_secs))
+        })
+    }
+
     fn put_request<'a>(&'a self, req_id: &'a str, record: RequestRecord) -> StoreFuture<'a, ()> {
         Box::pin(self.requests.put(req_id, record))
     }

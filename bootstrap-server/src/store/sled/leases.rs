@@ -68,6 +68,12 @@ impl SledLeases {
         self.leases.contains_key(&id)
     }
 
+    /// How long a lease lives without another keepalive; `None` when it is not live.
+    pub(super) fn remaining(&self, id: LeaseId, now: Instant) -> Option<Duration> {
+        let entry = self.leases.get(&id)?;
+        Some(entry.deadline.saturating_duration_since(now))
+    }
+
     /// Renews a lease; its time to live, or `None` when it is not live.
     pub(super) fn keep_alive(&mut self, id: LeaseId, now: Instant) -> Option<u32> {
         let entry = self.leases.get_mut(&id)?;

@@ -382,6 +382,11 @@ impl Store for SledStore {
         })
     }
 
+    fn lease_remaining(&self, lease: LeaseId) -> StoreFuture<'_, Option<Duration>> {
+        let remaining = self.inner.leases().remaining(lease, Instant::now());
+        Box::pin(async move { Ok(remaining) })
+    }
+
     fn put_request<'a>(&'a self, req_id: &'a str, record: RequestRecord) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             self.inner

@@ -1,0 +1,275 @@
+//! The live pages (`GET /ui` of bootstrap-server and of pd-proxy) in a real browser: headless
+//! Chromium over WebDriver (`browser.rs`). Each page loads with nothing on the console, follows
+//! what happens within a second (a registration, a lease running out, a drain, requests and
+//! their routing), shows an engine id made of HTML as text, and is photographed into the
+//! target folder (`target/tmp/live-pages/*.png`).
+
+mod browser;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use browser::Browser;
+use pd_examples::cluster::{Cluster, ClusterSpec, PrefillShape};
+use pd_examples::process::{free_port, spawn, wait_for, Process};
+use serde_json::{json, Value};
+
+const HTML_ID: &str = r#"<img src=x onerror="window.pwned=1">e1"#;
+
+fn bin_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+async fn post(url: String, body: Value) -> Value {
+    let answer = reqwest::Client::new()
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(answer.status().is_success(), "{url}: {}", answer.status());
+    answer.json().await.unwrap()
+}
+
+/// bootstrap-server on 127.0.0.1, expecting two dp ranks.
+async fn registry(run_dir: &std::path::Path) -> (Process, String) {
+    let port = free_port();
+    let args: Vec<String> = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--dp-size",
+        "2",
+    ]
+    .into_iter()
+    .map(String::from)
+    .chain([
+        "--data-dir".into(),
+        run_dir.join("db").display().to_string(),
+    ])
+    .collect();
+    let url = format!("http://127.0.0.1:{port}");
+    let program = bin_dir().join("bootstrap-server");
+    let mut server = spawn(run_dir, "bootstrap", &program, &args, url.clone()).unwrap();
+    wait_for(&mut server, "/health", Duration::from_secs(20))
+        .await
+        .unwrap();
+    (server, url)
+}
+
+/// Whether the page's card `label` says `value`.
+fn card(label: &str, value: &str) -> String {
+    format!("document.querySelector('[data-card=\"{label}\"]')?.textContent === '{value}'")
+}
+
+/// The number of the engine sections the page shows for `id`.
+fn engine_shown(id: &str) -> String {
+    format!(
+        "[...document.querySelectorAll('[data-engine]')].filter(e => e.dataset.engine === {}).length",
+        serde_json::to_string(id).unwrap()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registry_page_follows_registrations_leases_and_drains() {
+    let run_dir = tempfile::tempdir().unwrap();
+    let (mut server, url) = registry(run_dir.path()).await;
+    let browser = Browser::start().await;
+    browser.client.goto(&format!("{url}/ui")).await.unwrap();
+    assert_eq!(
+        browser.text_of("#live", Duration::from_secs(5)).await,
+        "live"
+    );
+    browser
+        .until(
+            "the empty registry",
+            "document.body.innerText.includes('No worker is registered.')",
+            Duration::from_secs(2),
+        )
+        .await;
+
+    // A registration made now is on the page within a second.
+    let register = |engine: &str, dp: u32, lease: Option<u32>| {
+        let mut body = json!({"engine_id": engine, "dp_rank": dp, "tp_rank": 0, "pp_rank": 0,
+                              "addr": format!("tcp://127.0.0.1:{}", 5000 + dp)});
+        if let Some(ttl) = lease {
+            body["lease_ttl"] = json!(ttl);
+        }
+        post(format!("{url}/register"), body)
+    };
+    register("e0", 0, None).await;
+    let shown = browser
+        .until(
+            "e0 on the page",
+            &format!("{} === 1", engine_shown("e0")),
+            Duration::from_secs(1),
+        )
+        .await;
+    println!("a registration was on the page {shown:?} after it was answered");
+
+    // An engine id made of HTML is shown as text, not run; with it the topology is complete.
+    let lease = register(HTML_ID, 1, Some(3)).await;
+    browser
+        .until(
+            "the HTML engine id as text",
+            &format!("{} === 1", engine_shown(HTML_ID)),
+            Duration::from_secs(1),
+        )
+        .await;
+    let injected = "document.querySelectorAll('main img').length > 0 || window.pwned === 1";
+    let run: Value = browser
+        .client
+        .execute(&format!("return {injected};"), Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(run, json!(false), "the engine id was read as HTML");
+    let text = browser.text_of("main", Duration::from_secs(1)).await;
+    assert!(text.contains(HTML_ID), "{text}");
+    assert!(
+        !text.contains("null") && !text.contains("undefined"),
+        "{text}"
+    );
+    browser
+        .until(
+            "the topology complete",
+            &card("topology", "ready"),
+            Duration::from_secs(1),
+        )
+        .await;
+
+    // Its lease counts down on the page, then runs out: the worker goes, and says why.
+    let left = "document.querySelector('[data-lease=\"live\"]')?.textContent ?? ''";
+    browser
+        .until(
+            "the lease's countdown",
+            &format!("{left}.includes('left of 3 s')"),
+            Duration::from_secs(1),
+        )
+        .await;
+    let before: Value = browser
+        .client
+        .execute(&format!("return {left};"), Vec::new())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let after: Value = browser
+        .client
+        .execute(&format!("return {left};"), Vec::new())
+        .await
+        .unwrap();
+    assert_ne!(before, after, "the countdown does not move");
+    let lease_id = lease["lease_id"].as_i64().unwrap();
+    browser
+        .until(
+            "the leased worker gone",
+            &format!(
+                "{} === 0 && document.body.innerText.includes('removed')",
+                engine_shown(HTML_ID)
+            ),
+            Duration::from_secs(6),
+        )
+        .await;
+    browser
+        .until(
+            "the topology not ready any more",
+            &card("topology", "not ready"),
+            Duration::from_secs(1),
+        )
+        .await;
+    let workers = browser.text_of("[data-card=\"workers\"]", Duration::from_secs(1));
+    assert_eq!(workers.await, "1 of 2");
+    println!("lease {lease_id} ran out and the page said so");
+
+    // A drain mark is on the page within a second.
+    post(format!("{url}/engines/e0/drain"), json!({})).await;
+    browser
+        .until(
+            "e0 draining",
+            "document.querySelector('[data-draining]') !== null",
+            Duration::from_secs(1),
+        )
+        .await;
+    browser.screenshot("registry").await;
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    server.stop(Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_page_shows_backends_routing_and_drains() {
+    let run_dir = tempfile::tempdir().unwrap();
+    let mut spec = ClusterSpec::demo(bin_dir(), run_dir.path().to_path_buf());
+    spec.prefills = vec![PrefillShape { dp: 2, tp: 1 }];
+    spec.decodes = 2;
+    spec.proxy_args = vec!["--admin-key".into(), "ui".into()];
+    let cluster = Cluster::start(&spec).await.expect("the cluster starts");
+    let url = cluster.proxy.url.clone();
+    let browser = Browser::start().await;
+    browser.client.goto(&format!("{url}/ui")).await.unwrap();
+    assert_eq!(
+        browser.text_of("#live", Duration::from_secs(5)).await,
+        "live"
+    );
+    browser
+        .until(
+            "every backend",
+            "document.querySelectorAll('[data-backend]').length === 3",
+            Duration::from_secs(2),
+        )
+        .await;
+    browser
+        .until(
+            "ready",
+            "document.querySelectorAll('[data-state=\"healthy\"]').length === 3",
+            Duration::from_secs(2),
+        )
+        .await;
+
+    // Requests: their routing decisions and outcomes appear.
+    for _ in 0..4 {
+        let body = json!({"model": "sim-model", "prompt": "shown on the page", "max_tokens": 2});
+        post(format!("{url}/v1/completions"), body).await;
+    }
+    browser
+        .until(
+            "the decisions",
+            "document.body.innerText.includes('disaggregated')",
+            Duration::from_secs(3),
+        )
+        .await;
+    let text = browser.text_of("main", Duration::from_secs(1)).await;
+    assert!(text.contains("ok\t4") || text.contains("ok 4"), "{text}");
+    assert!(text.contains("KV index"), "{text}");
+    assert!(
+        !text.contains("null") && !text.contains("undefined"),
+        "{text}"
+    );
+    let ready = card("status", "ready");
+    browser.until("ready", &ready, Duration::from_secs(1)).await;
+
+    // A drain at the proxy is on the page within a second or two (one snapshot a second).
+    let decode = &cluster.decodes[0].url;
+    let drained = reqwest::Client::new()
+        .post(format!("{url}/admin/drain"))
+        .bearer_auth("ui")
+        .json(&json!({"url": decode}))
+        .send()
+        .await
+        .unwrap();
+    assert!(drained.status().is_success());
+    browser
+        .until(
+            "the decode drained",
+            "document.querySelector('[data-state=\"drained\"]') !== null",
+            Duration::from_secs(2),
+        )
+        .await;
+    browser.screenshot("proxy").await;
+    browser.assert_no_console_errors().await;
+    browser.close().await;
+    cluster.shutdown().await;
+}

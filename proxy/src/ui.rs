@@ -1,0 +1,152 @@
+//! The proxy's live page (`GET /ui`): every backend with its health, load (in flight here, and
+//! what its engine reports), drain state and dp ranks; the routing decisions by reason; the
+//! requests by outcome; the KV index's size when there is one. A snapshot each second over
+//! server-sent events (`GET /ui/events`), also readable as one JSON document (`GET /ui/state`).
+//! Read-only: it shows what `/ready`, `/admin/backends` and `/metrics` show.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use pd_protocol::proxy_admin::BackendState;
+use serde::Serialize;
+
+use crate::admin::{prefill_state, state_of};
+use crate::backend::Backend;
+use crate::routes::readiness;
+use crate::state::AppState;
+
+/// The page's script.
+const APP_JS: &str = include_str!("ui.js");
+
+/// How often the page gets a new snapshot.
+const EVERY: Duration = Duration::from_secs(1);
+
+/// The page's routes.
+pub fn routes() -> Router<AppState> {
+    pd_service::live_page::assets("pd-proxy", APP_JS)
+        .route("/ui/state", get(state))
+        .route("/ui/events", get(events))
+}
+
+/// What the page shows.
+#[derive(Serialize)]
+struct Snapshot {
+    at_ms: u64,
+    mode: String,
+    ready: bool,
+    detail: Option<String>,
+    ready_pairs: usize,
+    prefills: Vec<BackendView>,
+    decodes: Vec<BackendView>,
+    decisions: Vec<Decision>,
+    outcomes: Vec<Count>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kv_index: Option<KvIndexSize>,
+}
+
+#[derive(Serialize)]
+struct BackendView {
+    #[serde(flatten)]
+    state: BackendState,
+    /// Requests running and waiting, as the engine's `/metrics` says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    engine_load: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct Decision {
+    decision: String,
+    reason: String,
+    count: u64,
+}
+
+#[derive(Serialize)]
+struct Count {
+    outcome: String,
+    count: u64,
+}
+
+#[derive(Serialize)]
+struct KvIndexSize {
+    blocks: usize,
+    max_blocks: usize,
+    engines: usize,
+}
+
+async fn state(State(state): State<AppState>) -> impl IntoResponse {
+    Json(snapshot(&state))
+}
+
+async fn events(State(state): State<AppState>) -> impl IntoResponse {
+    let draining = state.draining.clone();
+    pd_service::live_page::snapshots(
+        draining,
+        move || {
+            let state = state.clone();
+            async move { serde_json::to_value(snapshot(&state)).unwrap_or_default() }
+        },
+        || tokio::time::sleep(EVERY),
+    )
+}
+
+fn view(backend: &Backend, state: BackendState) -> BackendView {
+    BackendView {
+        state,
+        engine_load: backend.engine_load(),
+    }
+}
+
+fn snapshot(state: &AppState) -> Snapshot {
+    let ready = readiness(state);
+    let pool = &state.pool;
+    let departed = pool.departed();
+    let prefills = (pool.prefills().iter().map(|p| (p, false)))
+        .chain(departed.prefills.iter().map(|p| (p, true)))
+        .map(|(p, leaving)| view(&p.backend, prefill_state(p, leaving)))
+        .collect();
+    let decodes = (pool.decodes().iter().map(|d| (d, false)))
+        .chain(departed.decodes.iter().map(|d| (d, true)))
+        .map(|(d, leaving)| view(d, state_of(d, Vec::new(), leaving)))
+        .collect();
+    let metrics = &state.metrics;
+    let decisions = (metrics.totals_by("pd_proxy_route_decisions_total", &["decision", "reason"]))
+        .into_iter()
+        .map(|(mut key, count)| Decision {
+            reason: key.pop().unwrap_or_default(),
+            decision: key.pop().unwrap_or_default(),
+            count,
+        })
+        .collect();
+    let outcomes = (metrics.totals_by("pd_proxy_requests_total", &["outcome"]))
+        .into_iter()
+        .map(|(mut key, count)| Count {
+            outcome: key.pop().unwrap_or_default(),
+            count,
+        })
+        .collect();
+    let kv_index = state.kv.as_ref().map(|kv| {
+        let report = kv.report();
+        KvIndexSize {
+            blocks: report.blocks,
+            max_blocks: report.max_blocks,
+            engines: report.engines.len(),
+        }
+    });
+    Snapshot {
+        at_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        mode: format!("{:?}", state.mode).to_lowercase(),
+        ready: ready.detail.is_none(),
+        detail: ready.detail,
+        ready_pairs: ready.ready_pairs,
+        prefills,
+        decodes,
+        decisions,
+        outcomes,
+        kv_index,
+    }
+}
