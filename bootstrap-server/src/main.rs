@@ -1,4 +1,5 @@
 use clap::Parser;
+use pd_service::traces::Traces;
 use pd_service::{disable_transparent_huge_pages, drain_on_signal, init_logging};
 
 use bootstrap_server::config::Args;
@@ -15,6 +16,8 @@ async fn main() -> std::process::ExitCode {
     disable_transparent_huge_pages();
     let args = Args::parse();
     let _logging = init_logging(args.log_format);
+    // Off unless OTEL_EXPORTER_OTLP_*ENDPOINT is set.
+    let traces = Traces::start("bootstrap-server").await;
     let server = match Server::bind(args.server_config()).await {
         Ok(server) => server,
         Err(err) => {
@@ -23,11 +26,13 @@ async fn main() -> std::process::ExitCode {
         }
     };
     let stop = drain_on_signal(&server.draining(), args.shutdown_delay);
-    match server.run(stop).await {
+    let code = match server.run(stop).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err}");
             std::process::ExitCode::FAILURE
         }
-    }
+    };
+    traces.finish().await;
+    code
 }

@@ -65,6 +65,9 @@ fn respond(started: Started, mut tracker: Tracker, start: Instant) -> Response {
     } = started;
     let first_at = decode.first_at;
     tracker.metrics().first_byte(first_at.duration_since(start));
+    if let Some(trace) = tracker.trace_mut() {
+        trace.relaying();
+    }
     let status = decode.status;
     let content_type = decode.content_type.clone();
     let sse = content_type

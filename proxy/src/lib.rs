@@ -44,6 +44,7 @@ pub mod routing;
 pub mod server;
 pub mod state;
 mod sync;
+pub mod trace;
 pub mod ui;
 pub mod upstream;
 

@@ -2,6 +2,7 @@ use std::process::ExitCode;
 
 use pd_proxy::config::{Args, PREFILL_ENV};
 use pd_proxy::Proxy;
+use pd_service::traces::Traces;
 use pd_service::{disable_transparent_huge_pages, drain_on_signal, init_logging};
 
 /// mimalloc: glibc's malloc and free were a tenth of the proxy's CPU (every request's headers,
@@ -15,6 +16,8 @@ async fn main() -> ExitCode {
     disable_transparent_huge_pages();
     let args = Args::parse_args();
     let _logging = init_logging(args.log_format);
+    // Off unless OTEL_EXPORTER_OTLP_*ENDPOINT is set.
+    let traces = Traces::start("pd-proxy").await;
     let prefill_env = std::env::var(PREFILL_ENV).ok();
     let shutdown_delay = args.shutdown_delay;
     let config = match args.into_config(prefill_env.as_deref()) {
@@ -32,11 +35,13 @@ async fn main() -> ExitCode {
         }
     };
     let stop = drain_on_signal(&proxy.draining(), shutdown_delay);
-    match proxy.run(stop).await {
+    let code = match proxy.run(stop).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("pd-proxy: {err}");
             ExitCode::FAILURE
         }
-    }
+    };
+    traces.finish().await;
+    code
 }

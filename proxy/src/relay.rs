@@ -15,6 +15,7 @@ use futures_util::StreamExt;
 use crate::backend::Call;
 use crate::error::ApiError;
 use crate::metrics::{CallOutcome, Outcome, RouteMetrics};
+use crate::trace::RequestTrace;
 use crate::upstream::{Answer, DecodeStart, UpstreamError};
 
 /// How a request failed: what the client is told, and how it is counted.
@@ -38,6 +39,8 @@ pub struct Tracker {
     metrics: Arc<RouteMetrics>,
     start: Instant,
     done: bool,
+    /// The request's trace, with traces on.
+    trace: Option<Box<RequestTrace>>,
 }
 
 impl Tracker {
@@ -48,7 +51,23 @@ impl Tracker {
             metrics,
             start,
             done: false,
+            trace: None,
         }
+    }
+
+    /// Traces the request (traces are on).
+    pub fn traced(&mut self, trace: RequestTrace) {
+        self.trace = Some(Box::new(trace));
+    }
+
+    /// The request's trace, with traces on.
+    pub fn trace(&self) -> Option<&RequestTrace> {
+        self.trace.as_deref()
+    }
+
+    /// The request's trace, with traces on.
+    pub fn trace_mut(&mut self) -> Option<&mut RequestTrace> {
+        self.trace.as_deref_mut()
     }
 
     /// When the request arrived.
@@ -75,6 +94,9 @@ impl Tracker {
         if !self.done {
             self.done = true;
             self.metrics.finish(outcome, self.start.elapsed());
+            if let Some(trace) = &mut self.trace {
+                trace.finish(outcome);
+            }
         }
     }
 }

@@ -44,6 +44,24 @@ impl Route {
         }
     }
 
+    /// Its path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Route::Completions => "/v1/completions",
+            Route::ChatCompletions => "/v1/chat/completions",
+            Route::Generate => "/generate",
+        }
+    }
+
+    /// The name of its requests' spans.
+    pub fn span_name(self) -> &'static str {
+        match self {
+            Route::Completions => "POST /v1/completions",
+            Route::ChatCompletions => "POST /v1/chat/completions",
+            Route::Generate => "POST /generate",
+        }
+    }
+
     /// The prompt its bodies carry.
     pub fn prompt_kind(self) -> PromptKind {
         match self {

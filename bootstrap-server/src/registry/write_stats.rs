@@ -3,7 +3,8 @@
 //! batch waits for, so a slow or failing disk shows here first (what etcd's own
 //! `wal_fsync_duration` tells about etcd); with etcd a commit is durable when it returns and the
 //! flush costs nothing. A batch with nothing to make durable (every write refused) is not
-//! counted; one whose writes changed nothing (replays) is, with a flush of about 0.
+//! counted; one whose writes changed nothing (replays) is, with a flush of about 0. With traces
+//! on, each batch is a span too ([`BatchTrace`]).
 
 use std::time::Duration;
 
@@ -56,5 +57,48 @@ impl WriteStats {
             Box::new(self.batch_size.clone()),
             Box::new(self.flush_seconds.clone()),
         ]
+    }
+}
+
+/// One batch of the writer, as a span of its own (with traces on): the writes it carried, how
+/// many failed, the revision it made durable, and the time its commits and its flush took.
+pub(super) struct BatchTrace {
+    /// When the batch began.
+    pub started: std::time::SystemTime,
+    /// The store's commits.
+    pub commit: Duration,
+    /// The flush that made them durable.
+    pub flush: Duration,
+    /// Writes in the batch.
+    pub writes: usize,
+    /// Of which refused or failed.
+    pub failed: usize,
+    /// The revision made durable (0: none).
+    pub revision: u64,
+    /// Why the flush failed, if it did.
+    pub flush_error: Option<String>,
+}
+
+impl BatchTrace {
+    /// Records the span.
+    pub fn record(self) {
+        use opentelemetry::trace::{Span, Status, Tracer};
+        use opentelemetry::KeyValue;
+        let tracer = pd_service::traces::tracer();
+        let mut span = tracer
+            .span_builder("registry write")
+            .with_start_time(self.started)
+            .with_attributes([
+                KeyValue::new("pd.writes", self.writes as i64),
+                KeyValue::new("pd.writes.failed", self.failed as i64),
+                KeyValue::new("pd.revision", self.revision as i64),
+                KeyValue::new("pd.store.commit_ms", self.commit.as_secs_f64() * 1e3),
+                KeyValue::new("pd.store.flush_ms", self.flush.as_secs_f64() * 1e3),
+            ])
+            .start(&tracer);
+        if let Some(error) = self.flush_error {
+            span.set_status(Status::error(error));
+        }
+        span.end();
     }
 }

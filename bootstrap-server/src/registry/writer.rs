@@ -8,12 +8,13 @@
 //! of 64. Changes that arrive during the flush wait in the queue and form the next batch.
 
 use std::sync::Weak;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use pd_protocol::Revision;
 use tokio::sync::{mpsc, oneshot};
 
 use super::model::WorkerChange;
+use super::write_stats::BatchTrace;
 use super::{Registry, RegistryError, WorkerTable};
 use crate::store::StoreError;
 
@@ -136,17 +137,31 @@ impl Registry {
             let _gate = registry.write_gate.lock().await;
             // Readers see the batch's changes only once they are durable.
             let held = registry.hold();
+            let (began, commit_started) = (SystemTime::now(), Instant::now());
             registry.commit_batch(&mut batch, &mut committed).await;
+            let commit = commit_started.elapsed();
             let durable_at = committed
                 .iter()
                 .filter_map(|(_, result)| result.as_ref().ok())
                 .fold(0, |last, revision| last.max(*revision));
             let flush_started = Instant::now();
             let synced = registry.store.sync(durable_at).await;
+            let flush = flush_started.elapsed();
             if durable_at > 0 {
-                registry
-                    .write_stats
-                    .observe_batch(committed.len(), flush_started.elapsed());
+                registry.write_stats.observe_batch(committed.len(), flush);
+            }
+            if pd_service::traces::enabled() {
+                let failed = committed.iter().filter(|(_, r)| r.is_err()).count();
+                let trace = BatchTrace {
+                    started: began,
+                    commit,
+                    flush,
+                    writes: committed.len(),
+                    failed,
+                    revision: durable_at,
+                    flush_error: synced.as_ref().err().map(ToString::to_string),
+                };
+                trace.record();
             }
             // Published also when the flush failed (each caller is told it failed): the table
             // holds the changes either way, later changes are planned on them, and the next

@@ -22,7 +22,16 @@ pub async fn start_binary(args: &[&OsStr]) -> (Child, String) {
 
 /// [`start_binary`], leaving the rest of its stderr unread: the caller drains it or not.
 pub async fn start_binary_unread(args: &[&OsStr]) -> (Child, String, LogLines) {
+    start_binary_with_env(args, &[]).await
+}
+
+/// [`start_binary_unread`] with these environment variables.
+pub async fn start_binary_with_env(
+    args: &[&OsStr],
+    env: &[(&str, &str)],
+) -> (Child, String, LogLines) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_bootstrap-server"));
+    command.envs(env.iter().copied());
     command.args(["--host", "127.0.0.1", "--port", "0", "--log-format", "json"]);
     match args {
         [data_dir] => command.arg("--data-dir").arg(data_dir),

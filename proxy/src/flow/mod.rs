@@ -16,7 +16,7 @@ mod sglang;
 mod unknown_engine;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -37,6 +37,7 @@ use crate::routing::decision::{self, Path, Reason, X_PD_ROUTE};
 use crate::routing::queued_work::Pending;
 use crate::routing::RequestInfo;
 use crate::state::{AppState, Route};
+use crate::trace::Phase;
 use crate::upstream::DecodeStart;
 
 /// `X-data-parallel-rank`: which dp rank of P serves the request.
@@ -70,6 +71,8 @@ struct Call<'a> {
     tokens: Option<&'a [u32]>,
     /// The request's share of its prefill's queued work (precise_prefix), until P's call ends.
     prefill_work: std::sync::Mutex<Option<Pending>>,
+    /// P's phase of the request's trace (with traces on), until P's call ends.
+    prefill_phase: std::sync::Mutex<Option<Phase>>,
     /// The model asked for (after aliases), if any.
     model: Option<&'a str>,
     /// That model, when it is a LoRA adapter whose blocks a policy matches (tokens known).
@@ -95,8 +98,12 @@ impl Call<'_> {
         let pair = self.pair.clone();
         let state = self.state.clone();
         let metrics = self.metrics.clone();
-        let (route, headers, deadline) = (self.route, self.prefill_headers(), self.deadline);
+        let (route, mut headers, deadline) = (self.route, self.prefill_headers(), self.deadline);
         let work = crate::sync::lock(&self.prefill_work).take();
+        let phase = crate::sync::lock(&self.prefill_phase).take();
+        if let Some(phase) = &phase {
+            phase.inject(&mut headers);
+        }
         Box::pin(async move {
             let _work = work;
             let started = Instant::now();
@@ -106,6 +113,9 @@ impl Call<'_> {
                 .prefill(call, endpoint, headers, body, deadline)
                 .await;
             metrics.prefill_answered(started.elapsed());
+            if let Some(phase) = phase {
+                phase.end(answered.as_ref().err().map(|err| err.to_string().into()));
+            }
             answered.map_err(|err| prefill_failure(&pair, &err))
         })
     }
@@ -243,6 +253,7 @@ pub async fn start(
         .with_tokens(tokens.as_deref())
         .with_adapter(adapter);
     let deadline = start + state.upstream.request_timeout;
+    let pick_started = tracker.trace().map(|_| SystemTime::now());
     let early = decision::before_pick(&state.decode_only, &request, || {
         state.decode_share(model, &request)
     });
@@ -292,6 +303,10 @@ pub async fn start(
             }))
         }
     };
+    if let (Some(trace), Some(started)) = (tracker.trace(), pick_started) {
+        let prefill = pair.as_ref().map(|p| (p.backend.url(), p.dp_rank));
+        trace.picked(started, decision, prefill, Some(decode.url()), model);
+    }
     let route_header = explain.then(|| {
         let prefill = pair.as_ref().map(|p| (p.backend.url(), p.dp_rank));
         let notes = match model {
@@ -306,6 +321,14 @@ pub async fn start(
     if let Some(authorization) = headers.get(AUTHORIZATION) {
         common.insert(AUTHORIZATION, authorization.clone());
     }
+    // D's phase: what `common` carries to D (P's headers get P's phase instead).
+    let decode_phase = tracker
+        .trace()
+        .map(|trace| trace.phase("decode", decode.url()));
+    match &decode_phase {
+        Some(phase) => phase.inject(&mut common),
+        None => crate::trace::pass_through(headers, &mut common),
+    }
     let Some(pair) = pair else {
         let alone = decode_only::Alone {
             model,
@@ -313,8 +336,12 @@ pub async fn start(
             start,
         };
         let started = decode_only::run(state, route, decode, &common, body, headers, alone).await;
+        end_phase(decode_phase, &started);
         return with_route(started, route_header);
     };
+    let prefill_phase = tracker
+        .trace()
+        .map(|trace| trace.phase("prefill", pair.backend.url()));
     let call = Call {
         state,
         route,
@@ -322,6 +349,7 @@ pub async fn start(
         decode,
         common,
         transfer_id: format!("xfer-{}", state.ids.next()),
+        prefill_phase: std::sync::Mutex::new(prefill_phase),
         headers,
         tokens: tokens.as_deref(),
         prefill_work: std::sync::Mutex::new(request.take_prefill_work()),
@@ -331,12 +359,23 @@ pub async fn start(
         start,
         deadline,
     };
+    if let Some(trace) = tracker.trace() {
+        trace.transfer(&call.transfer_id);
+    }
     let started = match state.mode {
         Mode::Concurrent => concurrent::run(call, body).await,
         Mode::Sequential => sequential::run(call, body).await,
         Mode::Sglang => sglang::run(call, body).await,
     };
+    end_phase(decode_phase, &started);
     with_route(started, route_header)
+}
+
+/// Ends D's phase of the trace at its first byte (or its failure).
+fn end_phase(phase: Option<Phase>, started: &Result<Started, Refusal>) {
+    if let Some(phase) = phase {
+        phase.end(started.as_ref().err().map(|r| r.outcome.as_str().into()));
+    }
 }
 
 /// Whether the client asked for a streamed answer (`"stream": true`).

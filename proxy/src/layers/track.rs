@@ -1,6 +1,7 @@
 //! Counting each proxied request from its arrival to the end of its answer: a [`Tracker`] made
 //! here travels with the request and is finished by whoever ends it (the auth layer, the
-//! handler, or the relay at the end of a streamed answer).
+//! handler, or the relay at the end of a streamed answer). With traces on, it carries the
+//! request's trace too ([`RequestTrace`]).
 
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -12,6 +13,7 @@ use tower::{Layer, Service};
 use crate::relay::Tracker;
 use crate::state::{AppState, Route};
 use crate::sync::lock;
+use crate::trace::RequestTrace;
 
 /// The request's tracker, until someone takes it to finish it.
 #[derive(Clone)]
@@ -57,7 +59,10 @@ impl<S: Service<Request>> Service<Request> for Track<S> {
 
     fn call(&mut self, mut request: Request) -> Self::Future {
         if let Some(route) = Route::at(request.uri().path()) {
-            let tracker = Tracker::new(self.state.route_metrics(route).clone(), Instant::now());
+            let mut tracker = Tracker::new(self.state.route_metrics(route).clone(), Instant::now());
+            if pd_service::traces::enabled() {
+                tracker.traced(RequestTrace::start(request.headers(), route));
+            }
             request
                 .extensions_mut()
                 .insert(TrackerSlot(Arc::new(Mutex::new(Some(tracker)))));

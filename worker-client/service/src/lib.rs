@@ -7,7 +7,7 @@
 //! answering the requests a server's own rule refuses ([`GateLayer`]), what a server
 //! allocating with mimalloc needs of its process ([`disable_transparent_huge_pages`]), and the
 //! check that a shipped dashboard queries only exported metrics ([`check_dashboard`]), and the
-//! servers' live pages ([`live_page`]).
+//! servers' live pages ([`live_page`]), and their traces over OTLP ([`traces`]).
 
 mod bearer;
 mod draining;
@@ -16,9 +16,12 @@ pub mod live_page;
 mod logging;
 mod memory;
 mod metric_names;
+#[cfg(feature = "otlp-receiver")]
+pub mod otlp_receiver;
 mod serve;
 mod shutdown;
 mod text;
+pub mod traces;
 mod wire_errors;
 
 pub use bearer::BearerToken;
