@@ -38,6 +38,7 @@ pub mod members;
 pub mod metrics;
 pub mod models;
 pub mod prompt_tokens;
+pub mod readiness;
 pub mod relay;
 pub mod routes;
 pub mod routing;

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::admin::{prefill_state, state_of};
 use crate::backend::Backend;
-use crate::routes::readiness;
+use crate::readiness::readiness;
 use crate::state::AppState;
 
 /// The page's script.

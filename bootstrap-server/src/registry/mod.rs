@@ -14,6 +14,7 @@ pub mod model;
 mod plan;
 mod request_table;
 mod requests;
+mod stats;
 pub mod validate;
 mod view;
 mod watch;
@@ -21,7 +22,7 @@ mod workers;
 mod write_stats;
 mod writer;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 
 use pd_protocol::{Rank, Revision};
@@ -31,6 +32,7 @@ pub use error::RegistryError;
 pub use history::{Compacted, History, HISTORY_CAPACITY};
 pub use plan::{EngineConflictPolicy, Plan, RegisterOutcome, WorkerConflict};
 pub use request_table::{IdTables, Inserted, RequestConflict, RequestTable};
+pub use stats::Stats;
 pub use view::View;
 pub use watch::Changes;
 pub use workers::{Group, WorkerTable};
@@ -39,7 +41,6 @@ pub use write_stats::WriteStats;
 use self::model::{Deregistration, Lease, Readiness, Registration, Slot, WorkerRecord};
 use self::validate::{validate_addr, validate_id, validate_lease_ttl, validate_rank};
 use crate::store::{Store, StoreError, StoreEvents};
-use crate::sync::lock;
 
 /// What a registration did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,25 +51,6 @@ pub struct Registered {
     pub incarnation: u64,
     /// How it was applied.
     pub outcome: RegisterOutcome,
-}
-
-/// Counts for `/metrics`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stats {
-    /// Registered workers.
-    pub workers: usize,
-    /// Engines owning at least one dp rank.
-    pub engines: usize,
-    /// Live request ids.
-    pub live_requests: usize,
-    /// The revision of the registry's worker table.
-    pub revision: Revision,
-    /// Whether the store currently follows every change (an etcd watch can be down).
-    pub store_connected: bool,
-    /// Registered, expected and missing workers of the configured topology.
-    pub readiness: Readiness,
-    /// Workers removed because their lease ended (expired or revoked), since the start.
-    pub lease_removals: u64,
 }
 
 /// The worker table as the writer plans on it, and as readers see it.
@@ -417,24 +399,6 @@ impl Registry {
     /// How complete the topology is.
     pub fn readiness(&self) -> Readiness {
         self.view().readiness()
-    }
-
-    /// Counts for `/metrics`.
-    pub fn stats(&self) -> Stats {
-        // Lock order everywhere: workers before requests (and never both through temporaries).
-        let view = self.view();
-        let revision = self.visible_revision(&self.read_workers());
-        let live_requests = lock(&self.requests).len();
-        let readiness = view.readiness();
-        Stats {
-            workers: readiness.registered,
-            engines: view.engines(),
-            live_requests,
-            revision,
-            store_connected: self.store.connected(),
-            readiness,
-            lease_removals: self.lease_removals.load(Ordering::Relaxed),
-        }
     }
 
     /// Makes every buffered write durable and stops the store's background work (graceful

@@ -111,3 +111,19 @@ pub fn refused(
 ) -> Refusal {
     Refusal::from((ApiError::new(status, kind, message), outcome))
 }
+
+/// No decode can take the request.
+pub fn no_decode() -> Refusal {
+    unavailable("no decode is ready: every decode is failing its health checks (see GET /ready)")
+}
+
+/// No prefill can take the request (`none_discovered`: none has been discovered at all).
+pub fn no_prefill(none_discovered: bool) -> Refusal {
+    unavailable(if none_discovered {
+        "no prefill is ready: no (prefill, dp rank) pair has been discovered yet \
+         (waiting for each prefill's /health and its bootstrap server's /query; see GET /ready)"
+    } else {
+        "no prefill is ready: every prefill with discovered dp ranks is failing its \
+         health checks (see GET /ready)"
+    })
+}

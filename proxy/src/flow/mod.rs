@@ -23,7 +23,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use bytes::Bytes;
 
 pub use failure::Refusal;
-use failure::{prefill_failure, refused, unavailable};
+use failure::{no_decode, no_prefill, prefill_failure, refused};
 use retry::{DecodeCall, Decoding};
 
 use crate::backend::Pair;
@@ -414,20 +414,6 @@ fn pick_decode_for(
             ),
             _ => no_decode(),
         }
-    })
-}
-
-fn no_decode() -> Refusal {
-    unavailable("no decode is ready: every decode is failing its health checks (see GET /ready)")
-}
-
-fn no_prefill(none_discovered: bool) -> Refusal {
-    unavailable(if none_discovered {
-        "no prefill is ready: no (prefill, dp rank) pair has been discovered yet \
-         (waiting for each prefill's /health and its bootstrap server's /query; see GET /ready)"
-    } else {
-        "no prefill is ready: every prefill with discovered dp ranks is failing its \
-         health checks (see GET /ready)"
     })
 }
 
