@@ -86,6 +86,9 @@ pub struct VllmEngines {
     pub kv_events: bool,
     /// More arguments for every engine.
     pub extra_args: Vec<String>,
+    /// Export the engines' traces to this OTLP/HTTP traces endpoint (`--otlp-traces-endpoint`,
+    /// protocol `http/protobuf`): vLLM continues the `traceparent` a request brings.
+    pub otlp_traces: Option<String>,
 }
 
 /// The Python of the pinned CPU environment, made by `venv.sh` in its cache folder if missing
@@ -127,6 +130,7 @@ impl VllmEngines {
             mooncake_adapter: true,
             kv_events: false,
             extra_args: Vec::new(),
+            otlp_traces: None,
         }
     }
 
@@ -231,6 +235,9 @@ impl VllmEngines {
             args.extend(["--kv-events-config".to_owned(), events.to_string()]);
         }
         args.extend(self.extra_args.iter().cloned());
+        if let Some(endpoint) = &self.otlp_traces {
+            args.extend(["--otlp-traces-endpoint".to_owned(), endpoint.clone()]);
+        }
         let side_channel = side_channel.to_string();
         let mut env = vec![
             // sitecustomize.py there: vLLM's engine core and worker die with their parent.
@@ -245,6 +252,14 @@ impl VllmEngines {
             // vLLM's own log lines carry the request ids the tests look for.
             ("VLLM_LOGGING_LEVEL", "INFO"),
         ];
+        if self.otlp_traces.is_some() {
+            // vLLM's default is gRPC; spans leave in batches every 200 ms.
+            env.extend([
+                ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+                ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+                ("OTEL_SERVICE_NAME", name),
+            ]);
+        }
         if self.small_host {
             env.extend([
                 ("VLLM_CPU_KVCACHE_SPACE", "1"),

@@ -130,6 +130,8 @@ pub struct ClusterSpec {
     pub decode_ms_per_token: u64,
     /// Extra flags for the proxy.
     pub proxy_args: Vec<String>,
+    /// Environment variables for the proxy (e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`).
+    pub proxy_env: Vec<(String, String)>,
     /// Extra flags for every sim-engine (prefills and decodes).
     pub engine_args: Vec<String>,
     /// The KV transport of the prefill engines.
@@ -203,6 +205,7 @@ impl ClusterSpec {
             prefill_us_per_token: 500,
             decode_ms_per_token: 10,
             proxy_args: Vec::new(),
+            proxy_env: Vec::new(),
             engine_args: Vec::new(),
             transfer: Transport::Tcp,
             lease_ttl: Some(10),

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use super::{
     dns, s, sim, ClusterError, ClusterSpec, Connector, Dialect, Engines, Ports, READY_TIMEOUT,
 };
-use crate::process::{spawn, wait_for, Process};
+use crate::process::{spawn_with_env, wait_for, Process};
 
 /// How a proxy finds the engines.
 pub(super) enum Found<'a> {
@@ -73,7 +73,10 @@ pub(super) async fn start_proxy(
     }
     args.extend(spec.proxy_args.iter().cloned());
     let url = format!("http://127.0.0.1:{port}");
-    let mut proxy = spawn(&spec.run_dir, name, program, &args, url)?;
+    let env: Vec<(&str, &str)> = (spec.proxy_env.iter())
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect();
+    let mut proxy = spawn_with_env(&spec.run_dir, name, program, &args, &env, url)?;
     wait_for(&mut proxy, "/ready", READY_TIMEOUT).await?;
     Ok(proxy)
 }

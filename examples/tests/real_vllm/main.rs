@@ -23,6 +23,7 @@ use futures_util::future::join_all;
 use pd_examples::cluster::{free_port, Cluster, ClusterSpec, PrefillShape, Process};
 use pd_examples::openai_client::send;
 use pd_examples::vllm::{self, wait_ready, Connector, EngineRole, VllmEngines};
+use pd_service::otlp_receiver::{OtlpReceiver, ReceivedSpan};
 use serde_json::{json, Value};
 use tokio::sync::{Mutex, OnceCell};
 

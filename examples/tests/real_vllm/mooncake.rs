@@ -1,19 +1,27 @@
-//! Mooncake P/D through the proxy: equal answers, the KV pulled, the KV events indexed, an
-//! unknown engine refused at once, a killed and restarted P followed.
+//! Mooncake P/D through the proxy: equal answers, the KV pulled, the KV events indexed, one
+//! trace from the client through the proxy into both engines, an unknown engine refused at
+//! once, a killed and restarted P followed.
 
 use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mooncake_pd_through_the_proxy_equals_one_engine() {
     let _one = ONE_CLUSTER.lock().await;
+    let receiver = OtlpReceiver::start().await.unwrap();
     let mut engines = engines(Connector::Mooncake).await;
     engines.kv_events = true;
+    engines.otlp_traces = Some(format!("{}/v1/traces", receiver.url));
     let (mut spec, _dir) = spec("real-mooncake-", engines);
     spec.proxy_args = ["--admin-key", "admin"].map(String::from).to_vec();
+    spec.proxy_env = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), receiver.url.clone()),
+        ("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()),
+    ];
     let mut cluster = start(&spec).await;
     let first_engine = registered_engine(&cluster.bootstraps[0]).await;
 
     assert_pd_equals_one_engine(&cluster).await;
+    assert_one_trace_through_both_engines(&cluster, &receiver).await;
 
     // Both engines' KV cache events reached the proxy's index: P's blocks of the prompts it
     // computed, D's of the KV it pulled.
@@ -171,4 +179,58 @@ async fn mooncake_pd_through_the_proxy_equals_one_engine() {
     );
     assert_pd_equals_one_engine(&cluster).await;
     cluster.shutdown().await;
+}
+
+/// A client's trace through the proxy into P and D: vLLM's own request spans are children of
+/// the proxy's `prefill` and `decode` spans, in the client's trace.
+async fn assert_one_trace_through_both_engines(cluster: &Cluster, receiver: &OtlpReceiver) {
+    let trace = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let mut body = greedy("/v1/completions", SHORT_PROMPT, false);
+    body["max_tokens"] = json!(4);
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1/completions", cluster.proxy.url))
+        .header("traceparent", format!("00-{trace}-00f067aa0ba902b7-01"))
+        .json(&body)
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let in_trace = |spans: &[ReceivedSpan]| -> Vec<ReceivedSpan> {
+        spans
+            .iter()
+            .filter(|s| s.trace_id == trace)
+            .cloned()
+            .collect()
+    };
+    // The proxy's five spans, and one span from each engine.
+    let spans = receiver
+        .wait_for(Duration::from_secs(20), |spans| {
+            let spans = in_trace(spans);
+            spans.iter().filter(|s| s.service == "pd-proxy").count() >= 5
+                && spans.iter().filter(|s| s.service != "pd-proxy").count() >= 2
+        })
+        .await;
+    let spans = in_trace(&spans);
+    let proxy_span = |name: &str| {
+        let found = spans
+            .iter()
+            .find(|s| s.service == "pd-proxy" && s.name == name);
+        found
+            .unwrap_or_else(|| panic!("no proxy span {name}: {spans:#?}"))
+            .span_id
+            .clone()
+    };
+    let (prefill, decode) = (proxy_span("prefill"), proxy_span("decode"));
+    let engines: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.service != "pd-proxy").collect();
+    for span in &engines {
+        let (service, name, parent) = (&span.service, &span.name, &span.parent_span_id);
+        println!("{service}'s span {name:?} under {parent}");
+    }
+    let parents: Vec<&str> = engines.iter().map(|s| s.parent_span_id.as_str()).collect();
+    assert!(
+        parents.contains(&prefill.as_str()) && parents.contains(&decode.as_str()),
+        "vLLM's spans are under the proxy's prefill ({prefill}) and decode ({decode}) spans: \
+         {engines:#?}"
+    );
 }
