@@ -18,6 +18,20 @@ fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().unwrap().parse().unwrap()
 }
 
+/// The demo cluster's spec, run from this test's binaries in a new folder named `prefix...`
+/// (kept while the returned folder lives).
+fn demo(prefix: &str) -> (ClusterSpec, tempfile::TempDir) {
+    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let run_dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    (
+        ClusterSpec::demo(bin_dir, run_dir.path().to_path_buf()),
+        run_dir,
+    )
+}
+
 /// The decodes at `urls` by SRV records, and the prefill's A record `p.pd.test`.
 fn records(urls: &[&str]) -> Records {
     let mut records = dns::records(&[], urls);
@@ -189,12 +203,8 @@ impl Load {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_follows_its_backends_through_dns() {
-    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let run_dir = tempfile::Builder::new().prefix("dns-").tempdir().unwrap();
-    let mut spec = ClusterSpec::demo(bin_dir.clone(), run_dir.path().to_path_buf());
+    let (mut spec, run_dir) = demo("dns-");
+    let bin_dir = spec.bin_dir.clone();
     spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
     spec.decodes = 3;
     spec.kv_events = false;
@@ -294,15 +304,8 @@ async fn the_proxy_follows_its_backends_through_dns() {
 /// address, and what D is sent to.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_can_name_a_registry_elsewhere() {
-    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let run_dir = tempfile::Builder::new()
-        .prefix("registry-")
-        .tempdir()
-        .unwrap();
-    let mut spec = ClusterSpec::demo(bin_dir.clone(), run_dir.path().to_path_buf());
+    let (mut spec, run_dir) = demo("registry-");
+    let bin_dir = spec.bin_dir.clone();
     spec.prefills = vec![PrefillShape { dp: 2, tp: 1 }];
     spec.decodes = 1;
     spec.kv_events = false;
@@ -379,15 +382,8 @@ async fn healthy(proxy: &str, url: &str) -> bool {
 /// for until idle, taken out of DNS, then stopped. No request fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_behind_dns_loses_no_request() {
-    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let run_dir = tempfile::Builder::new()
-        .prefix("rollout-")
-        .tempdir()
-        .unwrap();
-    let mut spec = ClusterSpec::demo(bin_dir.clone(), run_dir.path().to_path_buf());
+    let (mut spec, run_dir) = demo("rollout-");
+    let bin_dir = spec.bin_dir.clone();
     spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; 2];
     spec.decodes = 4;
     spec.kv_events = false;
@@ -495,15 +491,8 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
 /// until it ends), so the engine's SIGTERM cannot cut it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_waits_for_a_decode_that_already_left_dns() {
-    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let run_dir = tempfile::Builder::new()
-        .prefix("leaving-")
-        .tempdir()
-        .unwrap();
-    let mut spec = ClusterSpec::demo(bin_dir.clone(), run_dir.path().to_path_buf());
+    let (mut spec, run_dir) = demo("leaving-");
+    let bin_dir = spec.bin_dir.clone();
     spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
     spec.decodes = 2;
     spec.kv_events = false;
@@ -561,15 +550,7 @@ async fn a_drain_waits_for_a_decode_that_already_left_dns() {
 /// `pd-cluster --dns`: the local cluster's proxy finds the sims through DNS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_cluster_can_find_its_engines_through_dns() {
-    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let run_dir = tempfile::Builder::new()
-        .prefix("dns-cluster-")
-        .tempdir()
-        .unwrap();
-    let mut spec = ClusterSpec::demo(bin_dir, run_dir.path().to_path_buf());
+    let (mut spec, _run_dir) = demo("dns-cluster-");
     spec.dns = true;
     spec.kv_events = false;
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");

@@ -21,7 +21,7 @@ use crate::routing::RequestInfo;
 use crate::state::AppState;
 
 /// A backend's state, with its dp ranks if it is a prefill.
-pub(crate) fn state_of(backend: &Backend, dp_ranks: Vec<RankState>, leaving: bool) -> BackendState {
+fn state_of(backend: &Backend, dp_ranks: Vec<RankState>, leaving: bool) -> BackendState {
     let in_flight = backend.outstanding();
     BackendState {
         role: backend.role().as_str().to_owned(),
@@ -36,7 +36,7 @@ pub(crate) fn state_of(backend: &Backend, dp_ranks: Vec<RankState>, leaving: boo
 }
 
 /// A prefill's state; the dp ranks of one `leaving` the pool take no new requests either.
-pub(crate) fn prefill_state(prefill: &Prefill, leaving: bool) -> BackendState {
+fn prefill_state(prefill: &Prefill, leaving: bool) -> BackendState {
     let ranks = (prefill.pairs().iter())
         .map(|pair| RankState {
             dp_rank: pair.dp_rank,
@@ -48,22 +48,28 @@ pub(crate) fn prefill_state(prefill: &Prefill, leaving: bool) -> BackendState {
     state_of(&prefill.backend, ranks, leaving)
 }
 
+/// Every backend's state, the pool's then those that left it with calls in flight, each
+/// passed with its backend through `view`: (prefills, decodes). What `GET /admin/backends`
+/// answers and the live page shows.
+pub(crate) fn backend_states<T>(
+    state: &AppState,
+    view: impl Fn(&Backend, BackendState) -> T,
+) -> (Vec<T>, Vec<T>) {
+    let departed = state.pool.departed();
+    let prefills = (state.pool.prefills().iter().map(|p| (p, false)))
+        .chain(departed.prefills.iter().map(|p| (p, true)))
+        .map(|(p, leaving)| view(&p.backend, prefill_state(p, leaving)))
+        .collect();
+    let decodes = (state.pool.decodes().iter().map(|d| (d, false)))
+        .chain(departed.decodes.iter().map(|d| (d, true)))
+        .map(|(d, leaving)| view(d, state_of(d, Vec::new(), leaving)))
+        .collect();
+    (prefills, decodes)
+}
+
 /// `GET /admin/backends`: the pool's backends, then those that left it with calls in flight.
 pub async fn backends(State(state): State<AppState>) -> Json<Backends> {
-    let departed = state.pool.departed();
-    let prefills = (state.pool.prefills().iter())
-        .map(|prefill| prefill_state(prefill, false))
-        .chain(departed.prefills.iter().map(|p| prefill_state(p, true)))
-        .collect();
-    let decodes = (state.pool.decodes().iter())
-        .map(|decode| state_of(decode, Vec::new(), false))
-        .chain(
-            departed
-                .decodes
-                .iter()
-                .map(|d| state_of(d, Vec::new(), true)),
-        )
-        .collect();
+    let (prefills, decodes) = backend_states(&state, |_, backend| backend);
     Json(Backends { prefills, decodes })
 }
 

@@ -36,12 +36,9 @@ pub enum Route {
 impl Route {
     /// The route served at `path`, if it is a proxied one.
     pub fn at(path: &str) -> Option<Route> {
-        match path {
-            "/v1/completions" => Some(Route::Completions),
-            "/v1/chat/completions" => Some(Route::ChatCompletions),
-            "/generate" => Some(Route::Generate),
-            _ => None,
-        }
+        [Route::Completions, Route::ChatCompletions, Route::Generate]
+            .into_iter()
+            .find(|route| route.path() == path)
     }
 
     /// Its path.

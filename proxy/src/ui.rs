@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use pd_protocol::proxy_admin::BackendState;
 use serde::Serialize;
 
-use crate::admin::{prefill_state, state_of};
+use crate::admin::backend_states;
 use crate::backend::Backend;
 use crate::readiness::readiness;
 use crate::state::AppState;
@@ -101,16 +101,7 @@ fn view(backend: &Backend, state: BackendState) -> BackendView {
 
 fn snapshot(state: &AppState) -> Snapshot {
     let ready = readiness(state);
-    let pool = &state.pool;
-    let departed = pool.departed();
-    let prefills = (pool.prefills().iter().map(|p| (p, false)))
-        .chain(departed.prefills.iter().map(|p| (p, true)))
-        .map(|(p, leaving)| view(&p.backend, prefill_state(p, leaving)))
-        .collect();
-    let decodes = (pool.decodes().iter().map(|d| (d, false)))
-        .chain(departed.decodes.iter().map(|d| (d, true)))
-        .map(|(d, leaving)| view(d, state_of(d, Vec::new(), leaving)))
-        .collect();
+    let (prefills, decodes) = backend_states(state, view);
     let metrics = &state.metrics;
     let decisions = (metrics.totals_by("pd_proxy_route_decisions_total", &["decision", "reason"]))
         .into_iter()

@@ -4,28 +4,11 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::binary::{command, listening};
 use common::{client, prefill_answer, wait_ready_at, Mock};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-
-const BIN: &str = env!("CARGO_BIN_EXE_pd-proxy");
-
-fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut command = Command::new(BIN);
-    command
-        .args(args)
-        .env_clear()
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    command
-}
 
 /// Runs the binary, which must exit by itself within 10 s; returns its exit code and stderr.
 async fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
@@ -130,25 +113,6 @@ async fn environment_variables_stand_in_for_flags() {
 
 /// Starts the binary, which must say where it listens within 10 s; returns it and that
 /// address. Its stderr keeps being drained so it never blocks on a full pipe.
-async fn listening(args: &[&str], env: &[(&str, &str)]) -> (Child, String) {
-    let mut child = command(args, env).spawn().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("addr=").nth(1) {
-                if line.contains("pd-proxy listening") {
-                    return rest.split_whitespace().next().unwrap().to_owned();
-                }
-            }
-        }
-        panic!("pd-proxy exited without listening")
-    })
-    .await
-    .expect("pd-proxy never said where it listens");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
-}
-
 #[tokio::test]
 async fn serves_and_stops_gracefully_on_sigterm() {
     let (mut child, addr) = listening(

@@ -5,14 +5,13 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
+use common::binary::listening;
 use common::{client, topology, wait_ready_at, Bootstrap, Mock};
 use pd_service::otlp_receiver::{OtlpReceiver, ReceivedSpan};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
@@ -26,37 +25,18 @@ async fn proxy(
     env: &[(&str, &str)],
 ) -> (Child, String) {
     let port = bootstrap.url().rsplit(':').next().unwrap().to_owned();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pd-proxy"))
-        .args([
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--prefill",
-            &prefill.url(),
-            &port,
-        ])
-        .args(["--decode", &decode.url()])
-        .env_clear()
-        .env("RUST_LOG", "info")
-        .envs(env.iter().copied())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if line.contains("pd-proxy listening") {
-                let rest = line.split("addr=").nth(1).unwrap();
-                return rest.split_whitespace().next().unwrap().to_owned();
-            }
-        }
-        panic!("pd-proxy exited without listening")
-    })
-    .await
-    .expect("pd-proxy listens");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let (prefill, decode) = (prefill.url(), decode.url());
+    let args = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--prefill",
+        &prefill,
+        &port,
+    ];
+    let env = [&[("RUST_LOG", "info")], env].concat();
+    let (child, addr) = listening(&[&args[..], &["--decode", &decode]].concat(), &env).await;
     let url = format!("http://{addr}");
     wait_ready_at(&url).await;
     (child, url)

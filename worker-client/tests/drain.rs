@@ -283,6 +283,45 @@ async fn engine(delay: Duration, answered: Arc<Mutex<bool>>) -> String {
     format!("http://{}", serve(app).await)
 }
 
+/// A real pd-proxy in front of `prefill` (its bootstrap server at `bootstrap`) and `decode`,
+/// with `admin_key`; once ready.
+async fn real_proxy(
+    bootstrap: &str,
+    prefill: String,
+    decode: String,
+    admin_key: Option<&str>,
+) -> pd_proxy::ProxyHandle {
+    let target = pd_proxy::config::PrefillTarget {
+        url: prefill,
+        bootstrap_addr: Some(bootstrap.to_owned()),
+    };
+    let mut config = pd_proxy::config::Config::new(vec![target], vec![decode]);
+    config.admin_key = admin_key.map(str::to_owned);
+    let proxy = pd_proxy::Proxy::bind(config).await.unwrap().spawn();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reqwest::get(format!("{}/ready", proxy.url()))
+        .await
+        .unwrap()
+        .status()
+        != 200
+    {
+        assert!(Instant::now() < deadline, "the proxy never became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy
+}
+
+/// A completion through the proxy at `url`.
+async fn complete(url: String) -> reqwest::Result<reqwest::Response> {
+    let body = json!({"prompt": "hello", "max_tokens": 4});
+    let client = reqwest::Client::new();
+    client
+        .post(format!("{url}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_proxy_is_idle_once_its_request_to_the_drained_engine_is_answered() {
     let dir = tempfile::tempdir().unwrap();
@@ -295,30 +334,9 @@ async fn a_real_proxy_is_idle_once_its_request_to_the_drained_engine_is_answered
     let prefilled = Arc::new(Mutex::new(false));
     let prefill = engine(slow, prefilled.clone()).await;
     let decode = engine(slow, Arc::default()).await;
-    let target = pd_proxy::config::PrefillTarget {
-        url: prefill,
-        bootstrap_addr: Some(server.url()),
-    };
-    let config = pd_proxy::config::Config::new(vec![target], vec![decode]);
-    let proxy = pd_proxy::Proxy::bind(config).await.unwrap().spawn();
-    let http = reqwest::Client::new();
+    let proxy = real_proxy(&server.url(), prefill, decode, None).await;
+    let request = tokio::spawn(complete(proxy.url()));
     let deadline = Instant::now() + Duration::from_secs(10);
-    while http
-        .get(format!("{}/ready", proxy.url()))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        != 200
-    {
-        assert!(Instant::now() < deadline, "the proxy never became ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let request = http
-        .post(format!("{}/v1/completions", proxy.url()))
-        .json(&json!({"prompt": "hello", "max_tokens": 4}))
-        .send();
-    let request = tokio::spawn(request);
     let in_flight = |backends: Value| backends["prefills"][0]["dp_ranks"][0]["in_flight"].clone();
     while in_flight(
         reqwest::get(format!("{}/admin/backends", proxy.url()))
@@ -371,31 +389,9 @@ async fn a_decode_outside_any_registry_is_drained_at_the_proxy_itself() {
     let decoded = Arc::new(Mutex::new(false));
     let prefill = engine(Duration::ZERO, Arc::default()).await;
     let decode = engine(Duration::from_secs(2), decoded.clone()).await;
-    let target = pd_proxy::config::PrefillTarget {
-        url: prefill,
-        bootstrap_addr: Some(server.url()),
-    };
-    let mut config = pd_proxy::config::Config::new(vec![target], vec![decode.clone()]);
-    config.admin_key = Some("sesame".into());
-    let proxy = pd_proxy::Proxy::bind(config).await.unwrap().spawn();
+    let proxy = real_proxy(&server.url(), prefill, decode.clone(), Some("sesame")).await;
+    let request = tokio::spawn(complete(proxy.url()));
     let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http
-        .get(format!("{}/ready", proxy.url()))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        != 200
-    {
-        assert!(Instant::now() < deadline, "the proxy never became ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let request = http
-        .post(format!("{}/v1/completions", proxy.url()))
-        .json(&json!({"prompt": "hello", "max_tokens": 4}))
-        .send();
-    let request = tokio::spawn(request);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // --backend needs the proxies to mark it at.

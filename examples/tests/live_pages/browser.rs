@@ -145,6 +145,19 @@ impl Browser {
         path
     }
 
+    /// Opens the live page of the server at `url` and waits until its stream is up.
+    pub async fn open_live_page(&self, url: &str) {
+        self.client.goto(&format!("{url}/ui")).await.unwrap();
+        assert_eq!(self.text_of("#live", Duration::from_secs(5)).await, "live");
+    }
+
+    /// Photographs the page as `name`, fails on anything on the console, and ends the session.
+    pub async fn finish(self, name: &str) {
+        self.screenshot(name).await;
+        self.assert_no_console_errors().await;
+        self.close().await;
+    }
+
     /// Ends the session and chromedriver.
     pub async fn close(mut self) {
         let _ = self.client.close().await;

@@ -79,11 +79,7 @@ async fn the_registry_page_follows_registrations_leases_and_drains() {
     let run_dir = tempfile::tempdir().unwrap();
     let (mut server, url) = registry(run_dir.path()).await;
     let browser = Browser::start().await;
-    browser.client.goto(&format!("{url}/ui")).await.unwrap();
-    assert_eq!(
-        browser.text_of("#live", Duration::from_secs(5)).await,
-        "live"
-    );
+    browser.open_live_page(&url).await;
     browser
         .until(
             "the empty registry",
@@ -193,9 +189,7 @@ async fn the_registry_page_follows_registrations_leases_and_drains() {
             Duration::from_secs(1),
         )
         .await;
-    browser.screenshot("registry").await;
-    browser.assert_no_console_errors().await;
-    browser.close().await;
+    browser.finish("registry").await;
     server.stop(Duration::from_secs(2)).await;
 }
 
@@ -209,11 +203,7 @@ async fn the_proxy_page_shows_backends_routing_and_drains() {
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");
     let url = cluster.proxy.url.clone();
     let browser = Browser::start().await;
-    browser.client.goto(&format!("{url}/ui")).await.unwrap();
-    assert_eq!(
-        browser.text_of("#live", Duration::from_secs(5)).await,
-        "live"
-    );
+    browser.open_live_page(&url).await;
     browser
         .until(
             "every backend",
@@ -268,8 +258,6 @@ async fn the_proxy_page_shows_backends_routing_and_drains() {
             Duration::from_secs(2),
         )
         .await;
-    browser.screenshot("proxy").await;
-    browser.assert_no_console_errors().await;
-    browser.close().await;
+    browser.finish("proxy").await;
     cluster.shutdown().await;
 }

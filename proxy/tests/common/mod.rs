@@ -3,6 +3,7 @@
 //! `registry.rs`, an engine's KV-event publisher in `kv_publisher.rs`.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod binary;
 pub mod kv_publisher;
 pub mod registry;
 
