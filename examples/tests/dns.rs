@@ -18,8 +18,8 @@ fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().unwrap().parse().unwrap()
 }
 
-/// The demo cluster's spec, run from this test's binaries in a new folder named `prefix...`
-/// (kept while the returned folder lives).
+/// The demo cluster's spec without KV events, run from this test's binaries in a new folder
+/// named `prefix...` (kept while the returned folder lives).
 fn demo(prefix: &str) -> (ClusterSpec, tempfile::TempDir) {
     let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
         .parent()
@@ -207,7 +207,6 @@ async fn the_proxy_follows_its_backends_through_dns() {
     let bin_dir = spec.bin_dir.clone();
     spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
     spec.decodes = 3;
-    spec.kv_events = false;
     spec.prefill_us_per_token = 10;
     spec.decode_ms_per_token = 1;
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");
@@ -308,7 +307,6 @@ async fn a_prefill_can_name_a_registry_elsewhere() {
     let bin_dir = spec.bin_dir.clone();
     spec.prefills = vec![PrefillShape { dp: 2, tp: 1 }];
     spec.decodes = 1;
-    spec.kv_events = false;
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");
     let (prefill, bootstrap) = (&cluster.prefills[0].url, &cluster.bootstraps[0].url);
     let d = [cluster.decodes[0].url.as_str()];
@@ -386,7 +384,6 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
     let bin_dir = spec.bin_dir.clone();
     spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; 2];
     spec.decodes = 4;
-    spec.kv_events = false;
     spec.prefill_us_per_token = 10;
     spec.decode_ms_per_token = 2;
     let mut cluster = Cluster::start(&spec).await.expect("the cluster starts");
@@ -495,7 +492,6 @@ async fn a_drain_waits_for_a_decode_that_already_left_dns() {
     let bin_dir = spec.bin_dir.clone();
     spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
     spec.decodes = 2;
-    spec.kv_events = false;
     spec.decode_ms_per_token = 100;
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");
     let d: Vec<&str> = cluster.decodes.iter().map(|p| p.url.as_str()).collect();
@@ -552,7 +548,6 @@ async fn a_drain_waits_for_a_decode_that_already_left_dns() {
 async fn the_local_cluster_can_find_its_engines_through_dns() {
     let (mut spec, _run_dir) = demo("dns-cluster-");
     spec.dns = true;
-    spec.kv_events = false;
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");
     let url = &cluster.proxy.url;
     let answer = ready(url).await;

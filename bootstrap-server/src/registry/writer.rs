@@ -137,9 +137,10 @@ impl Registry {
             let _gate = registry.write_gate.lock().await;
             // Readers see the batch's changes only once they are durable.
             let held = registry.hold();
-            let (began, commit_started) = (SystemTime::now(), Instant::now());
+            // With traces on, the batch is a span: when it began, and its commits' time.
+            let traced = pd_service::traces::enabled().then(|| (SystemTime::now(), Instant::now()));
             registry.commit_batch(&mut batch, &mut committed).await;
-            let commit = commit_started.elapsed();
+            let traced = traced.map(|(began, commit_started)| (began, commit_started.elapsed()));
             let durable_at = committed
                 .iter()
                 .filter_map(|(_, result)| result.as_ref().ok())
@@ -150,7 +151,7 @@ impl Registry {
             if durable_at > 0 {
                 registry.write_stats.observe_batch(committed.len(), flush);
             }
-            if pd_service::traces::enabled() {
+            if let Some((began, commit)) = traced {
                 let failed = committed.iter().filter(|(_, r)| r.is_err()).count();
                 let trace = BatchTrace {
                     started: began,
