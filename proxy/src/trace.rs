@@ -14,6 +14,7 @@ use std::borrow::Cow;
 use std::time::SystemTime;
 
 use axum::http::{HeaderMap, HeaderName};
+use opentelemetry::global::BoxedTracer;
 use opentelemetry::trace::{Span, SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue};
 use pd_protocol::Rank;
@@ -36,6 +37,7 @@ const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// The trace of one request: its span, in a context its phases are children of.
 pub struct RequestTrace {
+    tracer: BoxedTracer,
     context: Context,
     relay: Option<Context>,
 }
@@ -54,6 +56,7 @@ impl RequestTrace {
             ])
             .start_with_context(&tracer, &parent);
         RequestTrace {
+            tracer,
             context: parent.with_span(span),
             relay: None,
         }
@@ -82,12 +85,12 @@ impl RequestTrace {
         if let Some(model) = model {
             attributes.push(KeyValue::new("gen_ai.request.model", model.to_owned()));
         }
-        let tracer = pd_service::traces::tracer();
+        let tracer = &self.tracer;
         let mut pick = tracer
             .span_builder("pick")
             .with_start_time(started)
             .with_attributes(attributes.clone())
-            .start_with_context(&tracer, &self.context);
+            .start_with_context(tracer, &self.context);
         pick.end();
         self.context.span().set_attributes(attributes);
     }
@@ -100,18 +103,18 @@ impl RequestTrace {
 
     /// Starts a phase's span (`prefill`, `decode`) calling `backend`.
     pub fn phase(&self, name: &'static str, backend: &str) -> Phase {
-        let tracer = pd_service::traces::tracer();
+        let tracer = &self.tracer;
         let span = tracer
             .span_builder(name)
             .with_kind(SpanKind::Client)
             .with_attributes([KeyValue::new("server.address", backend.to_owned())])
-            .start_with_context(&tracer, &self.context);
+            .start_with_context(tracer, &self.context);
         Phase(self.context.with_span(span))
     }
 
     /// D's answer began: the relay to the client starts.
     pub fn relaying(&mut self) {
-        let tracer = pd_service::traces::tracer();
+        let tracer = &self.tracer;
         let span = tracer.start_with_context("relay", &self.context);
         self.relay = Some(self.context.with_span(span));
     }
