@@ -14,11 +14,11 @@ use pd_protocol::proxy_admin::{BackendState, Backends, RankState};
 use pd_protocol::Rank;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Backend, Prefill};
 use crate::error::ApiError;
-use crate::prompt_tokens::PromptKind;
-use crate::routing::RequestInfo;
 use crate::state::AppState;
+use pd_router::backend::{Backend, Prefill};
+use pd_router::prompt_tokens::PromptKind;
+use pd_router::routing::RequestInfo;
 
 /// A backend's state, with its dp ranks if it is a prefill.
 fn state_of(backend: &Backend, dp_ranks: Vec<RankState>, leaving: bool) -> BackendState {
@@ -55,12 +55,12 @@ pub(crate) fn backend_states<T>(
     state: &AppState,
     view: impl Fn(&Backend, BackendState) -> T,
 ) -> (Vec<T>, Vec<T>) {
-    let departed = state.pool.departed();
-    let prefills = (state.pool.prefills().iter().map(|p| (p, false)))
+    let departed = state.pool().departed();
+    let prefills = (state.pool().prefills().iter().map(|p| (p, false)))
         .chain(departed.prefills.iter().map(|p| (p, true)))
         .map(|(p, leaving)| view(&p.backend, prefill_state(p, leaving)))
         .collect();
-    let decodes = (state.pool.decodes().iter().map(|d| (d, false)))
+    let decodes = (state.pool().decodes().iter().map(|d| (d, false)))
         .chain(departed.decodes.iter().map(|d| (d, true)))
         .map(|(d, leaving)| view(d, state_of(d, Vec::new(), leaving)))
         .collect();
@@ -104,7 +104,7 @@ pub async fn drain(
         )
     })?;
     let url = request.url.trim_end_matches('/');
-    let backends = state.pool.backends();
+    let backends = state.pool().backends();
     let backend = (backends.iter())
         .find(|backend| backend.url() == url)
         .ok_or_else(|| {
@@ -146,9 +146,9 @@ fn admitted(state: &AppState, headers: &HeaderMap, what: &str) -> Result<(), Api
 pub async fn kv_index(
     State(state): State<AppState>,
     headers: HeaderMap,
-) -> Result<Json<crate::kv_events::KvIndexReport>, ApiError> {
+) -> Result<Json<pd_router::kv_events::KvIndexReport>, ApiError> {
     admitted(&state, &headers, "the KV index")?;
-    let kv = state.kv.as_ref().ok_or_else(no_kv_index)?;
+    let kv = state.router.kv().ok_or_else(no_kv_index)?;
     Ok(Json(kv.report()))
 }
 
@@ -185,13 +185,13 @@ pub async fn kv_match(
     body: axum::body::Bytes,
 ) -> Result<Json<PromptMatch>, ApiError> {
     admitted(&state, &headers, "the KV index")?;
-    let (Some(kv), Some(prompt_tokens)) = (&state.kv, &state.prompt_tokens) else {
+    let (Some(kv), Some(prompt_tokens)) = (state.router.kv(), state.router.prompt_tokens()) else {
         return Err(no_kv_index());
     };
     let invalid =
         |message: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message);
     let raw = body;
-    let body = crate::body::Body::parse(&raw).map_err(|err| invalid(err.to_string()))?;
+    let body = pd_router::body::Body::parse(&raw).map_err(|err| invalid(err.to_string()))?;
     let kind = if body.get("messages").is_some() {
         PromptKind::Chat
     } else if body.get("prompt").is_some() {
@@ -201,7 +201,7 @@ pub async fn kv_match(
             "`prompt` or `messages`: the body names no prompt".into(),
         ));
     };
-    let decodes = state.pool.decodes();
+    let decodes = state.pool().decodes();
     let engine = decodes.iter().find(|d| d.is_healthy());
     let tokens = prompt_tokens
         .of(kind, &raw, &body, engine.map(|e| &**e))

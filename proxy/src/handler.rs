@@ -15,8 +15,8 @@ use crate::layers::request_id::RequestId;
 use crate::layers::track::TrackerSlot;
 use crate::metrics::{CallOutcome, Outcome};
 use crate::relay::{detach, Relay, Tracker};
-use crate::routing::decision::X_PD_ROUTE;
 use crate::state::{AppState, Route};
+use pd_router::routing::decision::X_PD_ROUTE;
 
 /// `POST /v1/completions`, `POST /v1/chat/completions` and `POST /generate`: the route is the
 /// request's path. The request is taken whole, so its headers are read where they are.

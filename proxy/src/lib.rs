@@ -17,34 +17,20 @@
 //! [`ids`], [`endpoint`].
 
 pub mod admin;
-pub mod backend;
-mod backoff;
-pub mod body;
 pub mod config;
-pub mod discovery;
-pub mod dns;
-pub mod endpoint;
-pub mod engine_load;
 pub mod error;
 pub mod flow;
 pub mod handler;
-pub mod health;
 pub mod ids;
 pub mod intake;
-pub mod kv_events;
-pub mod kv_index;
 pub mod layers;
-pub mod members;
 pub mod metrics;
 pub mod models;
-pub mod prompt_tokens;
 pub mod readiness;
 pub mod relay;
 pub mod routes;
-pub mod routing;
 pub mod server;
 pub mod state;
-mod sync;
 pub mod trace;
 pub mod ui;
 pub mod upstream;

@@ -57,7 +57,7 @@ pub struct Readiness {
 
 /// What `GET /ready` answers.
 pub fn readiness(state: &AppState) -> Readiness {
-    let pool = &state.pool;
+    let pool = state.pool();
     let pairs = pool.pairs();
     let prefills: Vec<PrefillReadiness> = pool
         .prefills()
@@ -148,7 +148,7 @@ fn shutting_down(state: &AppState) -> Option<String> {
 }
 
 /// The ids of the models `backend` lists (empty until read).
-fn model_ids(backend: &crate::backend::Backend) -> Vec<String> {
+fn model_ids(backend: &pd_router::backend::Backend) -> Vec<String> {
     let cards = backend.models().unwrap_or_default();
     cards.iter().map(|card| card.id.clone()).collect()
 }

@@ -12,11 +12,11 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::Stream;
 use futures_util::StreamExt;
 
-use crate::backend::Call;
 use crate::error::ApiError;
 use crate::metrics::{CallOutcome, Outcome, RouteMetrics};
 use crate::trace::RequestTrace;
 use crate::upstream::{Answer, DecodeStart, UpstreamError};
+use pd_router::backend::Call;
 
 /// How a request failed: what the client is told, and how it is counted.
 pub type Failure = (ApiError, Outcome);

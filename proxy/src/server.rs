@@ -7,9 +7,9 @@ use std::sync::Arc;
 use pd_service::{bind, serve, Background, BindError, Draining, ServeLimits};
 use tokio::net::TcpListener;
 
-use crate::backend::{Pool, Role};
-use crate::config::{Config, DnsTarget};
-use crate::members::Members;
+use pd_router::RouterError;
+
+use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::routes;
 use crate::state::{AppState, Shared};
@@ -24,42 +24,12 @@ pub enum ProxyError {
     /// The listening socket could not be bound.
     #[error(transparent)]
     Bind(#[from] BindError),
-    /// The model's tokenizer (`--tokenizer`) could not be loaded.
-    #[error("cannot load the tokenizer: {0}")]
-    Tokenizer(#[from] pd_tokenize::TokenizeError),
+    /// The router could not be built or started (its tokenizer, its DNS resolver).
+    #[error(transparent)]
+    Router(#[from] RouterError),
     /// Serving failed.
     #[error("server failed: {0}")]
     Serve(#[from] std::io::Error),
-    /// The DNS resolver of `dns://` backends could not be set up.
-    #[error("cannot set up DNS resolution: {0}")]
-    Dns(#[from] hickory_resolver::ResolveError),
-}
-
-/// Starts following every `dns://` name of `config`.
-fn start_dns(
-    members: &Arc<Members>,
-    config: &Config,
-) -> Result<Vec<tokio::task::JoinHandle<()>>, ProxyError> {
-    let dns = &config.dns;
-    if dns.prefills.is_empty() && dns.decodes.is_empty() {
-        return Ok(Vec::new());
-    }
-    let resolver = Arc::new(crate::dns::resolver(dns, config.health.timeout)?);
-    let metrics = members.metrics().dns();
-    let prefills = dns.prefills.iter().map(|target| (target, Role::Prefill));
-    let names = prefills.chain(dns.decodes.iter().map(|target| (target, Role::Decode)));
-    Ok(names
-        .map(|(target, role)| {
-            tokio::spawn(crate::dns::follow(
-                members.clone(),
-                resolver.clone(),
-                target.clone(),
-                role,
-                dns.interval,
-                metrics.clone(),
-            ))
-        })
-        .collect())
 }
 
 /// A bound proxy, ready to [`run`](Proxy::run).
@@ -73,10 +43,9 @@ impl Proxy {
     /// Builds the backend pool and the HTTP client and binds the socket.
     pub async fn bind(config: Config) -> Result<Self, ProxyError> {
         let metrics = Arc::new(Metrics::new());
-        let pool = Arc::new(Pool::new(&config, &metrics));
         let upstream = Upstream::new(&config)?;
         let listener = bind(&config.host, config.port).await?;
-        let state = Arc::new(Shared::new(&config, pool, upstream, metrics)?);
+        let state = Arc::new(Shared::new(&config, upstream, metrics)?);
         Ok(Proxy {
             listener,
             state,
@@ -113,9 +82,7 @@ impl Proxy {
             state,
             config,
         } = self;
-        let members = Arc::new(Members::new(&state, &config));
-        members.start_all();
-        let names = start_dns(&members, &config)?;
+        let running = state.router.start()?;
         for prefill in config
             .prefills
             .iter()
@@ -132,7 +99,7 @@ impl Proxy {
             addr = %listener.local_addr()?,
             prefills = ?config.prefills.iter().map(|p| format!("{} (bootstrap {})", p.url, p.bootstrap_addr.as_deref().unwrap_or("none"))).collect::<Vec<_>>(),
             decodes = ?config.decodes,
-            dns = ?config.dns.prefills.iter().chain(&config.dns.decodes).map(DnsTarget::label).collect::<Vec<_>>(),
+            dns = ?state.router.dns_labels(),
             mode = ?config.mode,
             prefill_policy = ?config.routing.prefill_policy,
             decode_policy = ?config.routing.decode_policy,
@@ -145,10 +112,7 @@ impl Proxy {
             ..ServeLimits::default()
         };
         let served = serve(listener, routes::router(state), shutdown, limits).await;
-        for task in names {
-            task.abort();
-        }
-        members.stop_all();
+        running.stop();
         tracing::info!("pd-proxy stopped");
         served.map_err(ProxyError::from)
     }

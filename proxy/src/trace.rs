@@ -20,8 +20,8 @@ use opentelemetry::{Context, KeyValue};
 use pd_protocol::Rank;
 
 use crate::metrics::Outcome;
-use crate::routing::decision::Decision;
 use crate::state::Route;
+use pd_router::routing::decision::Decision;
 
 /// Copies the client's `traceparent` and `tracestate` (if any) into `to`, as they came.
 pub fn pass_through(from: &HeaderMap, to: &mut HeaderMap) {

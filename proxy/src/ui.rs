@@ -14,9 +14,9 @@ use pd_protocol::proxy_admin::BackendState;
 use serde::Serialize;
 
 use crate::admin::backend_states;
-use crate::backend::Backend;
 use crate::readiness::readiness;
 use crate::state::AppState;
+use pd_router::backend::Backend;
 
 /// The page's script.
 const APP_JS: &str = include_str!("ui.js");
@@ -118,7 +118,7 @@ fn snapshot(state: &AppState) -> Snapshot {
             count,
         })
         .collect();
-    let kv_index = state.kv.as_ref().map(|kv| {
+    let kv_index = state.router.kv().map(|kv| {
         let report = kv.report();
         KvIndexSize {
             blocks: report.blocks,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::kv_publisher::{removed, stored, Publisher};
 use common::*;
 use pd_protocol::kv_events::KvEvent;
-use pd_proxy::kv_events::KvEventsConfig;
+use pd_proxy::config::KvEventsConfig;
 use pd_proxy::ProxyHandle;
 use serde_json::{json, Value};
 

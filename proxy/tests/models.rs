@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use pd_proxy::models::AdapterSource;
+use pd_proxy::config::AdapterSource;
 use pd_proxy::ProxyHandle;
 use serde_json::{json, Value};
 

@@ -5,8 +5,8 @@
 mod common;
 
 use common::*;
+use pd_proxy::config::Fallback;
 use pd_proxy::config::{Policy, RoutingConfig};
-use pd_proxy::routing::settings::Fallback;
 use serde_json::json;
 
 /// A prompt of `blocks` 64-byte blocks of `system`, then `turn`.

@@ -1,5 +1,5 @@
-//! The KV index (`pd_proxy::kv_index`), in process, on one thread: block events ingested per
-//! second on the synthetic traffic of `pd_proxy::kv_index::workload` (1,000 engines, block size
+//! The KV index (`pd_router::kv_index`), in process, on one thread: block events ingested per
+//! second on the synthetic traffic of `pd_router::kv_index::workload` (1,000 engines, block size
 //! 16, 16-block events continuing each engine's chain, removals 100 events behind, with and
 //! without the shared prefix re-announced, and at a cap that evicts), the time to match a
 //! 2,048-token prompt against 1,000 engines (caches warm and emptied), and the memory held per
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use pd_protocol::kv_events::KvEvent;
 
 use super::output::Output;
-use pd_proxy::kv_index::workload::{self, BLOCK};
-use pd_proxy::kv_index::{EngineSlot, KvIndex, KvIndexConfig, RequestKey};
+use pd_router::kv_index::workload::{self, BLOCK};
+use pd_router::kv_index::{EngineSlot, KvIndex, KvIndexConfig, RequestKey};
 
 /// The suite's sizes.
 #[derive(Debug, Clone, Copy)]

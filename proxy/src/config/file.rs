@@ -31,8 +31,8 @@ use clap::{ArgMatches, Command, ValueEnum};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::models::settings::{AdapterSource, ModelPolicies, ModelsConfig};
-use crate::routing::settings::Policy;
+use pd_router::models::settings::{AdapterSource, ModelPolicies, ModelsConfig};
+use pd_router::routing::settings::Policy;
 
 /// The tables of the file that are not flags.
 const SECTIONS: [&str; 3] = ["aliases", "models", "adapters"];

@@ -9,7 +9,6 @@
 
 mod file;
 mod settings;
-mod targets;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,17 +16,9 @@ use std::time::Duration;
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use pd_service::{parse_seconds, parse_seconds_or_zero, LogFormat};
 
-use self::targets::base_url;
-
 pub use self::file::{ConfigFile, FileError, FileModels};
-pub use self::settings::{ClientLimits, Config, DiscoveryConfig, DnsConfig, HealthConfig};
-pub use self::targets::{
-    parse_backend_url, parse_dns, parse_prefill, parse_prefill_entry, parse_prefill_env,
-    DnsBootstrap, DnsTarget, PrefillEntry, PrefillTarget, DEFAULT_BOOTSTRAP_PORT, PREFILL_ENV,
-};
-pub use crate::kv_events::{KvEventsArgs, KvEventsConfig};
-pub use crate::models::settings::{ModelsArgs, ModelsConfig};
-pub use crate::routing::settings::{Policy, RoutingArgs, RoutingConfig};
+pub use self::settings::{ClientLimits, Config};
+pub use pd_router::config::*;
 
 /// How P and D are called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
@@ -189,41 +180,6 @@ pub struct Args {
     /// The models' tables of `--config`.
     #[arg(skip)]
     pub file_models: FileModels,
-}
-
-/// Why the flags cannot make a configuration.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    /// No prefill server was given.
-    #[error("no prefill server: pass --prefill URL [BOOTSTRAP_PORT] at least once (or set {PREFILL_ENV})")]
-    NoPrefill,
-    /// No decode server was given.
-    #[error("no decode server: pass --decode URL at least once (or set PD_PROXY_DECODE)")]
-    NoDecode,
-    /// A URL is not an absolute http(s) URL.
-    #[error("invalid {flag} URL {url:?}: {reason}")]
-    BadUrl {
-        /// `--prefill` or `--decode`.
-        flag: &'static str,
-        /// The text given.
-        url: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A bootstrap port is neither `none` nor an integer in 1..=65535.
-    #[error("Invalid bootstrap port {port:?} for prefill {url}: expected an integer in 1..=65535, `none` or the bootstrap server's http(s) URL")]
-    BadBootstrapPort {
-        /// The prefill URL it follows.
-        url: String,
-        /// The text given.
-        port: String,
-    },
-    /// `--decode-only-prefix-share` without a cache-aware decode policy to measure it.
-    #[error("--decode-only-prefix-share needs --decode-policy cache_aware or precise_prefix (only they know what each decode holds)")]
-    PrefixShareNeedsCacheAware,
-    /// An entry of the prefill environment variable has more than two words.
-    #[error("invalid {PREFILL_ENV} entry {0:?}: expected `URL` or `URL BOOTSTRAP_PORT`")]
-    BadPrefillEntry(String),
 }
 
 /// Seconds, where 0 means never.

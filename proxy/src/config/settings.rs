@@ -2,20 +2,10 @@
 
 use std::time::Duration;
 
-use super::{DnsTarget, KvEventsConfig, Mode, ModelsConfig, Policy, PrefillTarget, RoutingConfig};
-
-/// Backends found through DNS names (`dns://` in `--prefill` and `--decode`).
-#[derive(Debug, Clone)]
-pub struct DnsConfig {
-    /// The prefills' names.
-    pub prefills: Vec<DnsTarget>,
-    /// The decodes' names.
-    pub decodes: Vec<DnsTarget>,
-    /// The DNS server (none: the system's).
-    pub server: Option<std::net::SocketAddr>,
-    /// The longest time between two resolutions of a name.
-    pub interval: Duration,
-}
+use super::{
+    DiscoveryConfig, DnsConfig, HealthConfig, KvEventsConfig, Mode, ModelsConfig, Policy,
+    PrefillTarget, RouterConfig, RoutingConfig,
+};
 
 /// What one client may cost the proxy: time to send a request, bytes held while it arrives,
 /// connections.
@@ -31,46 +21,6 @@ pub struct ClientLimits {
     pub body_memory_bytes: usize,
     /// Client connections open at once.
     pub max_connections: usize,
-}
-
-/// Active health checks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HealthConfig {
-    /// Time between two checks of one backend.
-    pub interval: Duration,
-    /// Time between two checks of a backend that failed its last one or is out of rotation
-    /// (used up to `interval`).
-    pub recovery_interval: Duration,
-    /// How long one check may take.
-    pub timeout: Duration,
-    /// Consecutive failures that mark a backend unhealthy.
-    pub failure_threshold: u32,
-    /// Consecutive successes that mark it healthy again.
-    pub success_threshold: u32,
-}
-
-impl HealthConfig {
-    /// The time between two checks of a backend that failed its last one or is out of
-    /// rotation: the recovery interval, up to the interval.
-    pub fn recovery(&self) -> Duration {
-        self.recovery_interval.min(self.interval)
-    }
-}
-
-/// How each prefill's dp ranks are (re)discovered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DiscoveryConfig {
-    /// Time between two discoveries once one succeeded.
-    pub interval: Duration,
-    /// First backoff step after a failed discovery (doubling; each pause is drawn between half
-    /// and all of its step), and the least time between two discoveries.
-    pub backoff_min: Duration,
-    /// The largest step: no retry waits longer, jitter included.
-    pub backoff_max: Duration,
-    /// How long one `/health` or `/query` call may take.
-    pub timeout: Duration,
-    /// Discover SGLang prefills (`GET /route`) instead of vLLM's (`GET /query`).
-    pub sglang: bool,
 }
 
 /// Everything the proxy needs, validated.
@@ -119,6 +69,21 @@ pub struct Config {
 }
 
 impl Config {
+    /// The router's part: the fleet and the placement.
+    pub fn router(&self) -> RouterConfig {
+        RouterConfig {
+            prefills: self.prefills.clone(),
+            decodes: self.decodes.clone(),
+            dns: self.dns.clone(),
+            health: self.health.clone(),
+            discovery: self.discovery.clone(),
+            engine_metrics_interval: self.engine_metrics_interval,
+            routing: self.routing.clone(),
+            kv_events: self.kv_events.clone(),
+            models: self.models.clone(),
+        }
+    }
+
     /// A configuration with the binary's defaults for everything but the backends, listening on
     /// 127.0.0.1 with an OS-chosen port (handy for tests and benchmarks).
     pub fn new(prefills: Vec<PrefillTarget>, decodes: Vec<String>) -> Self {

@@ -4,11 +4,11 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use crate::backend::{Backend, Pair};
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::relay::Failure;
 use crate::upstream::UpstreamError;
+use pd_router::backend::{Backend, Pair};
 
 /// A request that ended before D's answer could be relayed: the answer and how it is counted.
 pub struct Refusal {

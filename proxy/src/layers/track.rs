@@ -12,8 +12,8 @@ use tower::{Layer, Service};
 
 use crate::relay::Tracker;
 use crate::state::{AppState, Route};
-use crate::sync::lock;
 use crate::trace::RequestTrace;
+use pd_router::sync::lock;
 
 /// The request's tracker, until someone takes it to finish it.
 #[derive(Clone)]

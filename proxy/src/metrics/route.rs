@@ -9,7 +9,7 @@ use prometheus::{
 };
 
 use super::Outcome;
-use crate::routing::decision::Decision;
+use pd_router::routing::decision::Decision;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,

@@ -15,7 +15,7 @@ use crate::state::AppState;
 
 /// `GET /v1/models`: the union of the healthy engines' models.
 pub async fn models(State(state): State<AppState>) -> Json<Value> {
-    let pool = &state.pool;
+    let pool = state.pool();
     let mut cards: BTreeMap<String, Value> = BTreeMap::new();
     for backend in pool.backends() {
         if !backend.is_healthy() {

@@ -29,7 +29,7 @@ use pd_service::error_chain;
 use tokio::net::TcpStream;
 
 use super::error::UpstreamError;
-use crate::sync::lock;
+use pd_router::sync::lock;
 
 /// The most idle connections kept per backend; more are closed when their call ends.
 const MAX_IDLE_PER_BACKEND: usize = 512;

@@ -20,10 +20,10 @@ pub use self::answer::Answer;
 use self::answer::{Head, Source};
 use self::connections::Connections;
 pub use self::error::UpstreamError;
-use crate::backend::Call;
 use crate::config::Config;
-use crate::endpoint::Endpoint;
 use crate::metrics::CallOutcome;
+use pd_router::backend::Call;
+use pd_router::endpoint::Endpoint;
 
 /// How long an unused kept-alive connection to a backend stays open.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -96,7 +96,7 @@ impl Upstream {
     ) -> Result<Head, UpstreamError> {
         let mut deadline = Box::pin(tokio::time::sleep_until(due.into()));
         let sending = async {
-            match &endpoint.plain {
+            match endpoint.plain() {
                 Some(target) => {
                     let mut request = Request::new(Full::new(body));
                     *request.method_mut() = Method::POST;
@@ -113,7 +113,7 @@ impl Upstream {
                 None => {
                     let response = self
                         .client
-                        .post(endpoint.url.clone())
+                        .post(endpoint.url().clone())
                         .headers(headers)
                         .body(body)
                         .send()

@@ -9,9 +9,9 @@ use pd_protocol::sglang::BootstrapFields;
 use pd_protocol::Rank;
 
 use super::{Call, Refusal, Started};
-use crate::body::{raw_json, Body, Edit};
 use crate::error::ApiError;
 use crate::metrics::Outcome;
+use pd_router::body::{raw_json, Body, Edit};
 
 /// The largest bootstrap room: SGLang's rooms are 0 to 2^63 - 1.
 const MAX_ROOM: u64 = (1 << 63) - 1;
@@ -43,7 +43,7 @@ pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refus
             Outcome::PrefillError,
         )));
     };
-    let random = call.state.ids.next().as_u64_pair().0;
+    let random = call.request.state.ids.next().as_u64_pair().0;
     let fields = BootstrapFields {
         bootstrap_host: host,
         bootstrap_port: port,
@@ -64,7 +64,7 @@ pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refus
     let [host, port, room] = bootstrap;
     let prefill_body = Bytes::from(body.render(&[host, port, room, Edit::Set("stream", "false")]));
     let prefill = call.prefill(prefill_body);
-    let overhead = call.start.elapsed();
+    let overhead = call.start().elapsed();
     call.decode(&body, decode_body, Some(prefill), None, overhead, None)
         .await
 }

@@ -78,7 +78,7 @@ impl Policy for ConsistentHash {
 mod tests {
     use super::super::test_support::fixed;
     use super::*;
-    use axum::http::HeaderMap;
+    use http::HeaderMap;
 
     fn policy() -> ConsistentHash {
         ConsistentHash::new(SessionConfig {

@@ -12,10 +12,9 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 
 use crate::backend::{Backend, Pool, Prefill};
-use crate::config::{Config, DiscoveryConfig, HealthConfig};
+use crate::config::{DiscoveryConfig, HealthConfig, RouterConfig};
 use crate::kv_events::KvTracker;
-use crate::metrics::Metrics;
-use crate::state::Shared;
+use crate::metrics::FleetMetrics;
 use crate::sync::lock;
 use crate::{discovery, engine_load, health, kv_events};
 
@@ -27,22 +26,28 @@ pub struct Members {
     discovery: DiscoveryConfig,
     engine_metrics_interval: Option<Duration>,
     kv: Option<Arc<KvTracker>>,
-    metrics: Arc<Metrics>,
+    metrics: FleetMetrics,
     /// Each backend's tasks, by backend id.
     tasks: Mutex<HashMap<u64, Vec<AbortHandle>>>,
 }
 
 impl Members {
-    /// The members of `state`'s pool, configured by `config`; no task runs yet.
-    pub fn new(state: &Shared, config: &Config) -> Self {
+    /// The members of `pool`, configured by `config`, called with `client`; no task runs yet.
+    pub fn new(
+        pool: Arc<Pool>,
+        config: &RouterConfig,
+        client: reqwest::Client,
+        kv: Option<Arc<KvTracker>>,
+        metrics: FleetMetrics,
+    ) -> Self {
         Members {
-            pool: state.pool.clone(),
-            client: state.upstream.client.clone(),
+            pool,
+            client,
             health: config.health.clone(),
             discovery: config.discovery.clone(),
             engine_metrics_interval: config.engine_metrics_interval,
-            kv: state.kv.clone(),
-            metrics: state.metrics.clone(),
+            kv,
+            metrics,
             tasks: Mutex::default(),
         }
     }
@@ -53,7 +58,7 @@ impl Members {
     }
 
     /// The metrics (to make backends).
-    pub fn metrics(&self) -> &Metrics {
+    pub fn metrics(&self) -> &FleetMetrics {
         &self.metrics
     }
 

@@ -88,7 +88,7 @@ fn request_keys_equal_the_keys_of_vllm_events() {
 fn the_fixture_vllm_wrote_is_indexed() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../worker-client/protocol/tests/fixtures/kv_events/vllm-0.32.msgpack"
+        "/../../worker-client/protocol/tests/fixtures/kv_events/vllm-0.32.msgpack"
     );
     let batch = EventBatch::decode(&std::fs::read(path).expect("fixture")).expect("decodes");
     let mut idx = index();

@@ -12,14 +12,14 @@ use std::time::Instant;
 use axum::http::HeaderMap;
 use bytes::Bytes;
 
-use super::failure::{decode_refusal, Refusal};
 use super::unknown_engine::registered_instead;
-use crate::backend::{Backend, Call, Pair};
+use crate::flow::failure::{decode_refusal, Refusal};
 use crate::metrics::RouteMetrics;
 use crate::relay::{Failure, PrefillCall};
-use crate::routing::RequestInfo;
 use crate::state::{Route, Shared};
 use crate::upstream::{DecodeStart, UpstreamError};
+use pd_router::backend::{Backend, Call, Pair};
+use pd_router::routing::RequestInfo;
 
 /// One request's call to D: what D is sent, and what it races.
 pub struct DecodeCall<'a> {
@@ -102,7 +102,10 @@ pub async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decoding, Ref
             }
         }
         if !retried && err.retryable() {
-            if let Some(next) = state.pick_decode(Some(&decode), call.model, call.request) {
+            if let Some(next) = state
+                .router
+                .pick_decode(Some(&decode), call.model, call.request)
+            {
                 tracing::debug!(decode = decode.url(), error = %err, "decode failed before its first byte; retrying");
                 call.metrics.retry();
                 decode = next;

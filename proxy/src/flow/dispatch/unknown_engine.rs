@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use pd_protocol::vllm::Topology;
 
-use crate::backend::Pair;
 use crate::state::Shared;
+use pd_router::backend::Pair;
 
 /// The longest the registry is asked for (within the request's deadline).
 const REGISTRY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -50,7 +50,7 @@ pub(super) async fn registered_instead(
         listed,
         "the engine D was told to pull from is no longer registered; rediscovering"
     );
-    if let Some(prefill) = state.pool.prefill_of(&pair.backend) {
+    if let Some(prefill) = state.pool().prefill_of(&pair.backend) {
         prefill.refresh.notify_one();
     }
     listed.map(Arc::from)

@@ -7,9 +7,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{Call, Refusal, Started};
-use crate::body::{self, Body};
 use crate::error::ApiError;
 use crate::metrics::Outcome;
+use pd_router::body::{self, Body};
 
 /// The field of P's answer sequential mode needs.
 #[derive(Deserialize)]
@@ -20,7 +20,7 @@ struct PrefillAnswer {
 /// Runs the sequential flow.
 pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refusal> {
     let prefill_body = Bytes::from(body.prefill(&body::prefill_params(&call.transfer_id, true)));
-    let before_prefill = call.start.elapsed();
+    let before_prefill = call.start().elapsed();
     let answer = call.prefill(prefill_body).await.map_err(Refusal::from)?;
     let answered = Instant::now();
     let params = serde_json::from_slice::<PrefillAnswer>(&answer)

@@ -2,7 +2,7 @@
 //! nowhere, and why. Every decision is counted (`pd_proxy_route_decisions_total`) and, when the
 //! client asks with an `x-pd-route` header, told in the answer's `x-pd-route` header.
 
-use axum::http::{HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue};
 
 use super::settings::{DecodeOnlyRules, Fallback};
 use super::RequestInfo;
@@ -149,7 +149,7 @@ pub fn after_pick(rules: &DecodeOnlyRules, found_prefill: bool) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::HeaderMap;
+    use http::HeaderMap;
 
     fn rules(below_chars: usize, prefix_share: Option<f64>, fallback: Fallback) -> DecodeOnlyRules {
         DecodeOnlyRules {

@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 
 use crate::config::HealthConfig;
 use crate::endpoint::Endpoint;
-use crate::metrics::{BackendMetrics, CallOutcome, Metrics};
+use crate::metrics::{BackendMetrics, CallOutcome, FleetMetrics};
 
 /// Whether a backend prefills or decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +95,7 @@ pub struct Backend {
 
 impl Backend {
     /// A backend at `url` (a base URL without trailing slash), healthy until checks say otherwise.
-    pub fn new(role: Role, url: &str, metrics: &Metrics) -> Self {
+    pub fn new(role: Role, url: &str, metrics: &FleetMetrics) -> Self {
         let join = |path: &str| {
             Url::parse(&format!("{url}{path}")).expect("a checked base URL plus a path is a URL")
         };
@@ -219,6 +219,12 @@ impl Backend {
     /// backend's models, or of the model).
     pub fn serves(&self, model: Option<&str>) -> bool {
         model.is_none_or(|model| self.lists(model) != Some(false))
+    }
+
+    /// Whether a decode may take a request for `model` (when known): healthy, not drained, and
+    /// serving it.
+    pub fn takes_requests(&self, model: Option<&str>) -> bool {
+        self.is_healthy() && !self.is_drained() && self.serves(model)
     }
 
     /// Calls through this proxy not yet finished.

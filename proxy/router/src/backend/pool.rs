@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use reqwest::header::HeaderValue;
 
 use super::{Backend, DiscoveredRank, Pair, Prefill, Role};
-use crate::config::{Config, PrefillTarget};
-use crate::metrics::Metrics;
+use crate::config::{PrefillTarget, RouterConfig};
+use crate::metrics::FleetMetrics;
 use crate::sync::lock;
 
 /// Every backend, and the snapshot of (prefill, dp rank) pairs requests choose from.
@@ -45,7 +45,7 @@ fn read<T: ?Sized>(list: &RwLock<Arc<T>>) -> Arc<T> {
 
 impl Pool {
     /// The backends of `config`'s flags, with no dp rank discovered yet.
-    pub fn new(config: &Config, metrics: &Metrics) -> Self {
+    pub fn new(config: &RouterConfig, metrics: &FleetMetrics) -> Self {
         let prefills: Vec<Arc<Prefill>> = (config.prefills.iter())
             .map(|target| Arc::new(Prefill::new(target, metrics)))
             .collect();
@@ -206,7 +206,7 @@ impl Pool {
 
 impl Prefill {
     /// The prefill of `target`, nothing discovered yet.
-    pub fn new(target: &PrefillTarget, metrics: &Metrics) -> Self {
+    pub fn new(target: &PrefillTarget, metrics: &FleetMetrics) -> Self {
         Prefill {
             backend: Arc::new(Backend::new(Role::Prefill, &target.url, metrics)),
             bootstrap_addr: target.bootstrap_addr.as_deref().map(Arc::from),

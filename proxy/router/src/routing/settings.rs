@@ -225,7 +225,7 @@ fn weight(text: &str) -> Result<f64, String> {
 }
 
 fn header_name(text: &str) -> Result<String, String> {
-    axum::http::HeaderName::from_bytes(text.as_bytes())
+    http::HeaderName::from_bytes(text.as_bytes())
         .map(|name| name.as_str().to_owned())
         .map_err(|_| format!("{text:?} is not a header name"))
 }

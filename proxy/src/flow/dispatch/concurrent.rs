@@ -5,14 +5,14 @@
 use bytes::Bytes;
 
 use super::{Call, Refusal, Started};
-use crate::body::{self, Body};
+use pd_router::body::{self, Body};
 
 /// Runs the concurrent flow.
 pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refusal> {
     let decode_body = Bytes::from(body.decode(&body::decode_params(&call.transfer_id, &call.pair)));
     let prefill_body = Bytes::from(body.prefill(&body::prefill_params(&call.transfer_id, false)));
     let prefill = call.prefill(prefill_body);
-    let overhead = call.start.elapsed();
+    let overhead = call.start().elapsed();
     // D's body should the pair's engine turn out to have re-registered under another id.
     let bootstrap = call.pair.bootstrap_addr.as_deref().unwrap_or_default();
     let reroute = |engine_id: &str| {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::http::HeaderValue;
+use http::HeaderValue;
 use reqwest::header::AUTHORIZATION;
 
 use super::{AdapterSource, ModelCard, ModelsConfig};

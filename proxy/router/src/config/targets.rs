@@ -120,7 +120,7 @@ pub fn parse_backend_url(flag: &'static str, text: &str) -> Result<Url, ConfigEr
 }
 
 /// The URL as text, without a trailing slash (how backends are named everywhere).
-pub(super) fn base_url(url: &Url) -> String {
+pub fn base_url(url: &Url) -> String {
     url.as_str().trim_end_matches('/').to_owned()
 }
 

@@ -4,7 +4,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::OnceLock;
 
-use axum::http::HeaderMap;
+use http::HeaderMap;
 use serde_json::Value;
 
 use crate::body::Body;

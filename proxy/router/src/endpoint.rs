@@ -1,8 +1,8 @@
 //! Where a call to a backend goes: its URL, parsed once.
 
-use hyper::header::HeaderValue;
-use hyper::http::uri::{Authority, PathAndQuery};
-use hyper::Uri;
+use http::uri::{Authority, PathAndQuery};
+use http::HeaderValue;
+use http::Uri;
 use reqwest::Url;
 
 /// Where a call to a backend goes. Plain-HTTP endpoints are called over the proxy's own
@@ -10,20 +10,19 @@ use reqwest::Url;
 /// for its TLS.
 #[derive(Debug, Clone)]
 pub struct Endpoint {
-    pub(crate) url: Url,
-    /// The plain-HTTP target (`None` for HTTPS).
-    pub(crate) plain: Option<PlainTarget>,
+    url: Url,
+    plain: Option<PlainTarget>,
 }
 
 /// A plain-HTTP endpoint, as a request to it is written.
 #[derive(Debug, Clone)]
-pub(crate) struct PlainTarget {
+pub struct PlainTarget {
     /// `host:port`, the connection pool's key (the port made explicit).
-    pub(crate) authority: Authority,
+    pub authority: Authority,
     /// The request line's target: the path and query.
-    pub(crate) origin: Uri,
+    pub origin: Uri,
     /// The `Host` header.
-    pub(crate) host: HeaderValue,
+    pub host: HeaderValue,
 }
 
 impl Endpoint {
@@ -36,6 +35,11 @@ impl Endpoint {
     /// Its URL.
     pub fn url(&self) -> &Url {
         &self.url
+    }
+
+    /// The plain-HTTP target (`None` for HTTPS).
+    pub fn plain(&self) -> Option<&PlainTarget> {
+        self.plain.as_ref()
     }
 }
 

@@ -1,0 +1,127 @@
+//! The fleet's and the placement's settings: where the backends are (`--prefill`, `--decode`,
+//! `dns://` names; [`targets`]), how they are checked and discovered, and why a set of flags
+//! cannot make a configuration ([`ConfigError`]). The front doors parse their flags into these.
+
+mod targets;
+
+use std::time::Duration;
+
+pub use self::targets::{
+    base_url, parse_backend_url, parse_dns, parse_prefill, parse_prefill_entry, parse_prefill_env,
+    DnsBootstrap, DnsTarget, PrefillEntry, PrefillTarget, DEFAULT_BOOTSTRAP_PORT, PREFILL_ENV,
+};
+pub use crate::kv_events::{KvEventsArgs, KvEventsConfig};
+pub use crate::models::settings::{AdapterSource, ModelPolicies, ModelsArgs, ModelsConfig};
+pub use crate::routing::settings::{Fallback, Policy, RoutingArgs, RoutingConfig};
+
+/// Backends found through DNS names (`dns://` in `--prefill` and `--decode`).
+#[derive(Debug, Clone)]
+pub struct DnsConfig {
+    /// The prefills' names.
+    pub prefills: Vec<DnsTarget>,
+    /// The decodes' names.
+    pub decodes: Vec<DnsTarget>,
+    /// The DNS server (none: the system's).
+    pub server: Option<std::net::SocketAddr>,
+    /// The longest time between two resolutions of a name.
+    pub interval: Duration,
+}
+
+/// Active health checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// Time between two checks of one backend.
+    pub interval: Duration,
+    /// Time between two checks of a backend that failed its last one or is out of rotation
+    /// (used up to `interval`).
+    pub recovery_interval: Duration,
+    /// How long one check may take.
+    pub timeout: Duration,
+    /// Consecutive failures that mark a backend unhealthy.
+    pub failure_threshold: u32,
+    /// Consecutive successes that mark it healthy again.
+    pub success_threshold: u32,
+}
+
+impl HealthConfig {
+    /// The time between two checks of a backend that failed its last one or is out of
+    /// rotation: the recovery interval, up to the interval.
+    pub fn recovery(&self) -> Duration {
+        self.recovery_interval.min(self.interval)
+    }
+}
+
+/// How each prefill's dp ranks are (re)discovered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryConfig {
+    /// Time between two discoveries once one succeeded.
+    pub interval: Duration,
+    /// First backoff step after a failed discovery (doubling; each pause is drawn between half
+    /// and all of its step), and the least time between two discoveries.
+    pub backoff_min: Duration,
+    /// The largest step: no retry waits longer, jitter included.
+    pub backoff_max: Duration,
+    /// How long one `/health` or `/query` call may take.
+    pub timeout: Duration,
+    /// Discover SGLang prefills (`GET /route`) instead of vLLM's (`GET /query`).
+    pub sglang: bool,
+}
+
+/// Why the flags cannot make a configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// No prefill server was given.
+    #[error("no prefill server: pass --prefill URL [BOOTSTRAP_PORT] at least once (or set {PREFILL_ENV})")]
+    NoPrefill,
+    /// No decode server was given.
+    #[error("no decode server: pass --decode URL at least once (or set PD_PROXY_DECODE)")]
+    NoDecode,
+    /// A URL is not an absolute http(s) URL.
+    #[error("invalid {flag} URL {url:?}: {reason}")]
+    BadUrl {
+        /// `--prefill` or `--decode`.
+        flag: &'static str,
+        /// The text given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A bootstrap port is neither `none` nor an integer in 1..=65535.
+    #[error("Invalid bootstrap port {port:?} for prefill {url}: expected an integer in 1..=65535, `none` or the bootstrap server's http(s) URL")]
+    BadBootstrapPort {
+        /// The prefill URL it follows.
+        url: String,
+        /// The text given.
+        port: String,
+    },
+    /// `--decode-only-prefix-share` without a cache-aware decode policy to measure it.
+    #[error("--decode-only-prefix-share needs --decode-policy cache_aware or precise_prefix (only they know what each decode holds)")]
+    PrefixShareNeedsCacheAware,
+    /// An entry of the prefill environment variable has more than two words.
+    #[error("invalid {PREFILL_ENV} entry {0:?}: expected `URL` or `URL BOOTSTRAP_PORT`")]
+    BadPrefillEntry(String),
+}
+
+/// Everything the router needs: the fleet (where the backends are, how they are checked,
+/// discovered and measured) and the placement (policies, KV cache events, models).
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    /// The prefill servers.
+    pub prefills: Vec<PrefillTarget>,
+    /// The decode servers' base URLs, without trailing slashes.
+    pub decodes: Vec<String>,
+    /// Backends found through DNS names.
+    pub dns: DnsConfig,
+    /// Health checks.
+    pub health: HealthConfig,
+    /// Discovery of the prefills' dp ranks.
+    pub discovery: DiscoveryConfig,
+    /// How often each backend's `/metrics` is read for its load (none: never).
+    pub engine_metrics_interval: Option<Duration>,
+    /// How backends are chosen, and whether P is used.
+    pub routing: RoutingConfig,
+    /// Following the engines' KV cache events (none: off unless a policy needs them).
+    pub kv_events: Option<KvEventsConfig>,
+    /// Aliases, per-model policies, adapters.
+    pub models: ModelsConfig,
+}

@@ -1,0 +1,46 @@
+//! pd-router: the routing core of pd-bootstrap, shared by its two front doors (pd-proxy, the
+//! OpenAI-compatible proxy, and pd-epp, the Gateway API Inference Extension endpoint picker).
+//! It serves no HTTP: a front door hands it a request's facts and gets a placement back.
+//!
+//! **The fleet**: the [`backend`]s (prefills with their dp ranks, decodes) in a [`backend::Pool`],
+//! and their lives ([`members`]): given by the flags ([`config`]), found through each prefill's
+//! bootstrap server ([`discovery`]) and through DNS names ([`dns`]); checked ([`health`]),
+//! measured ([`engine_load`]), the models and LoRA adapters each serves ([`models`]), drained by
+//! an operator or by their registry.
+//!
+//! **The placement**: the [`routing`] policies (one file each, behind one trait), the decision
+//! whether a request goes through P at all (`routing::decision`), the engines' KV cache events
+//! ([`kv_events`]) in a block index ([`kv_index`]) and the prompts' token ids for it
+//! ([`prompt_tokens`]); [`Router::place`] ([`placement`]) runs them for one request.
+//!
+//! **Accounting**: a placed request holds its backends' calls ([`backend::Backend::call`],
+//! counted in flight until dropped) and its share of the prefill's queued work
+//! ([`routing::RequestInfo::take_prefill_work`]), so the policies see it until it ends.
+//!
+//! Beside them: [`body`] (a request's JSON body, read without copying, and the fields P and D
+//! receive), [`endpoint`] (a backend's URLs, parsed once), [`metrics`] (the fleet's, registered
+//! in the front door's registry) and [`sync`].
+
+pub mod backend;
+mod backoff;
+pub mod body;
+pub mod config;
+pub mod discovery;
+pub mod dns;
+pub mod endpoint;
+pub mod engine_load;
+pub mod health;
+pub mod kv_events;
+pub mod kv_index;
+pub mod members;
+pub mod metrics;
+pub mod models;
+pub mod placement;
+pub mod prompt_tokens;
+mod router;
+pub mod routing;
+pub mod sync;
+
+pub use config::RouterConfig;
+pub use placement::{Facts, Placement, Side, Unplaceable, Unplaced};
+pub use router::{follows_kv_events, Router, RouterError, Running};

@@ -1,0 +1,247 @@
+//! The fleet's Prometheus metrics: each backend's calls, load and health, each prefill's
+//! discovery, the DNS names, the KV-event index, tokenization and adapter loads. They are
+//! registered in the registry of the process that runs the router (pd-proxy's, pd-epp's), so
+//! one `GET /metrics` shows them beside the front door's own.
+//!
+//! Label sets that the hot path touches are resolved once (per backend) so a request only
+//! bumps atomics.
+
+mod dns;
+mod kv;
+mod lora;
+mod outcome;
+mod tokenize;
+
+pub use dns::DnsMetrics;
+pub use kv::KvMetrics;
+pub use lora::{LoadOutcome, LoraMetrics};
+pub use outcome::CallOutcome;
+pub use tokenize::TokenizeMetrics;
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+/// The metric handles of one backend.
+#[derive(Clone)]
+pub struct BackendMetrics {
+    calls: [IntCounter; CallOutcome::ALL.len()],
+    /// Calls to this backend in flight.
+    pub in_flight: IntGauge,
+    /// 1 when the backend passes its health checks.
+    pub healthy: IntGauge,
+    /// Requests running and waiting as the engine reports them (-1: not known).
+    pub engine_load: IntGauge,
+}
+
+impl BackendMetrics {
+    /// Counts one finished call.
+    pub fn call(&self, outcome: CallOutcome) {
+        self.calls[outcome as usize].inc();
+    }
+}
+
+/// The discovery metric handles of one prefill.
+#[derive(Clone)]
+pub struct DiscoveryMetrics {
+    /// Discovered dp ranks.
+    pub dp_ranks: IntGauge,
+    /// 1 while the bootstrap server's `/watch` answers; 0 while discovery only polls.
+    pub watching: IntGauge,
+    /// Discoveries woken by a worker change the bootstrap server's `/watch` reported.
+    pub watch_refreshes: IntCounter,
+    discoveries_ok: IntCounter,
+    discoveries_failed: IntCounter,
+}
+
+impl DiscoveryMetrics {
+    /// Counts one discovery attempt.
+    pub fn discovery(&self, ok: bool) {
+        if ok {
+            self.discoveries_ok.inc();
+        } else {
+            self.discoveries_failed.inc();
+        }
+    }
+}
+
+/// The fleet's metric families, registered in one registry.
+#[derive(Clone)]
+pub struct FleetMetrics {
+    kv: KvMetrics,
+    tokenize: TokenizeMetrics,
+    lora: LoraMetrics,
+    dns: DnsMetrics,
+    calls: IntCounterVec,
+    backend_in_flight: IntGaugeVec,
+    healthy: IntGaugeVec,
+    engine_load: IntGaugeVec,
+    dp_ranks: IntGaugeVec,
+    discoveries: IntCounterVec,
+    watching: IntGaugeVec,
+    watch_refreshes: IntCounterVec,
+}
+
+impl FleetMetrics {
+    /// Creates the families and registers them in `registry`.
+    pub fn new(registry: &Registry) -> Self {
+        let calls = IntCounterVec::new(
+            Opts::new(
+                "pd_proxy_backend_requests_total",
+                "Calls to backends by role, backend and outcome",
+            ),
+            &["role", "backend", "outcome"],
+        )
+        .expect("valid metric");
+        let backend_in_flight = IntGaugeVec::new(
+            Opts::new("pd_proxy_backend_in_flight", "Calls to a backend in flight"),
+            &["role", "backend"],
+        )
+        .expect("valid metric");
+        let healthy = IntGaugeVec::new(
+            Opts::new(
+                "pd_proxy_backend_healthy",
+                "1 when a backend passes its health checks, 0 otherwise",
+            ),
+            &["role", "backend"],
+        )
+        .expect("valid metric");
+        let engine_load = IntGaugeVec::new(
+            Opts::new(
+                "pd_proxy_backend_engine_load",
+                "Requests running and waiting as a backend's engine reports them on its /metrics (-1: not known)",
+            ),
+            &["role", "backend"],
+        )
+        .expect("valid metric");
+        let dp_ranks = IntGaugeVec::new(
+            Opts::new(
+                "pd_proxy_prefill_dp_ranks",
+                "dp ranks discovered on a prefill's bootstrap server",
+            ),
+            &["backend"],
+        )
+        .expect("valid metric");
+        let discoveries = IntCounterVec::new(
+            Opts::new(
+                "pd_proxy_discoveries_total",
+                "Discovery attempts (/health then /query) by prefill and outcome",
+            ),
+            &["backend", "outcome"],
+        )
+        .expect("valid metric");
+        let watching = IntGaugeVec::new(
+            Opts::new(
+                "pd_proxy_discovery_watching",
+                "1 while a prefill's bootstrap server reports worker changes through /watch, 0 while discovery only polls it",
+            ),
+            &["backend"],
+        )
+        .expect("valid metric");
+        let watch_refreshes = IntCounterVec::new(
+            Opts::new(
+                "pd_proxy_discovery_watch_refreshes_total",
+                "Discoveries woken by a worker change a prefill's bootstrap server reported through /watch",
+            ),
+            &["backend"],
+        )
+        .expect("valid metric");
+        for collector in [
+            Box::new(calls.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(backend_in_flight.clone()),
+            Box::new(healthy.clone()),
+            Box::new(engine_load.clone()),
+            Box::new(dp_ranks.clone()),
+            Box::new(discoveries.clone()),
+            Box::new(watching.clone()),
+            Box::new(watch_refreshes.clone()),
+        ] {
+            registry
+                .register(collector)
+                .expect("metric names are unique");
+        }
+        let kv = KvMetrics::new(registry);
+        let tokenize = TokenizeMetrics::new(registry);
+        let lora = LoraMetrics::new(registry);
+        let dns = DnsMetrics::new(registry);
+        FleetMetrics {
+            kv,
+            tokenize,
+            lora,
+            dns,
+            calls,
+            backend_in_flight,
+            healthy,
+            engine_load,
+            dp_ranks,
+            discoveries,
+            watching,
+            watch_refreshes,
+        }
+    }
+
+    /// The KV-event index's handles.
+    pub fn kv(&self) -> KvMetrics {
+        self.kv.clone()
+    }
+
+    /// The DNS discovery handles.
+    pub fn dns(&self) -> DnsMetrics {
+        self.dns.clone()
+    }
+
+    /// The adapter-load handles.
+    pub fn lora(&self) -> LoraMetrics {
+        self.lora.clone()
+    }
+
+    /// The tokenization handles.
+    pub fn tokenize(&self) -> TokenizeMetrics {
+        self.tokenize.clone()
+    }
+
+    /// The handles of one backend (`role` is `prefill` or `decode`).
+    pub fn backend(&self, role: &str, url: &str) -> BackendMetrics {
+        BackendMetrics {
+            calls: CallOutcome::ALL.map(|o| self.calls.with_label_values(&[role, url, o.as_str()])),
+            in_flight: self.backend_in_flight.with_label_values(&[role, url]),
+            healthy: self.healthy.with_label_values(&[role, url]),
+            engine_load: {
+                let gauge = self.engine_load.with_label_values(&[role, url]);
+                gauge.set(-1);
+                gauge
+            },
+        }
+    }
+
+    /// The discovery handles of one prefill.
+    pub fn discovery(&self, url: &str) -> DiscoveryMetrics {
+        DiscoveryMetrics {
+            dp_ranks: self.dp_ranks.with_label_values(&[url]),
+            watching: self.watching.with_label_values(&[url]),
+            watch_refreshes: self.watch_refreshes.with_label_values(&[url]),
+            discoveries_ok: self.discoveries.with_label_values(&[url, "ok"]),
+            discoveries_failed: self.discoveries.with_label_values(&[url, "error"]),
+        }
+    }
+
+    /// Drops the series of the `role` backend at `url` (it left the pool), so that backends
+    /// coming and going do not grow the metrics without bound.
+    pub fn forget_backend(&self, role: &str, url: &str) {
+        for outcome in CallOutcome::ALL {
+            let _ = self
+                .calls
+                .remove_label_values(&[role, url, outcome.as_str()]);
+        }
+        for family in [&self.backend_in_flight, &self.healthy, &self.engine_load] {
+            let _ = family.remove_label_values(&[role, url]);
+        }
+        if role == "prefill" {
+            for family in [&self.dp_ranks, &self.watching] {
+                let _ = family.remove_label_values(&[url]);
+            }
+            let _ = self.watch_refreshes.remove_label_values(&[url]);
+            for outcome in ["ok", "error"] {
+                let _ = self.discoveries.remove_label_values(&[url, outcome]);
+            }
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! The second stage: where the request goes. The prompt is tokenized when a policy routes on the
+//! engines' KV events, the router places the request ([`pd_router::Router::place`]), its
+//! decision is counted and traced, and told in `x-pd-route` when the client asked. A request
+//! that cannot be placed gets OpenAI's error shape here.
+
+use std::time::SystemTime;
+
+use axum::http::header::AUTHORIZATION;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::IntoResponse;
+use bytes::Bytes;
+use pd_router::body::Body;
+use pd_router::routing::decision::X_PD_ROUTE;
+use pd_router::routing::queued_work::Pending;
+use pd_router::routing::RequestInfo;
+use pd_router::{Facts, Placement, Unplaceable, Unplaced};
+
+use super::failure::{no_decode, no_prefill, refused, Refusal};
+use super::Request;
+use crate::metrics::Outcome;
+use crate::models::ModelHandles;
+use crate::relay::Tracker;
+
+/// A placed request, and what placing it found that the dispatch needs.
+pub(super) struct Placed {
+    /// Where it goes.
+    pub placement: Placement,
+    /// The prompt's token ids, when a policy needed them (for D's retry).
+    pub tokens: Option<Vec<u32>>,
+    /// Whether the model is a LoRA adapter whose blocks a policy matches (tokens known).
+    pub adapter: bool,
+    /// The request's share of its prefill's queued work (precise_prefix), until P's call ends.
+    pub prefill_work: Option<Pending>,
+    /// The decision for the answer's `x-pd-route` (when the client asked).
+    pub route_header: Option<HeaderValue>,
+}
+
+/// Places `request` (its body `body`, parsed from `raw`).
+pub(super) async fn place(
+    request: &Request<'_>,
+    raw: &Bytes,
+    body: &Body<'_>,
+    handles: &ModelHandles,
+    tracker: &Tracker,
+) -> Result<Placed, Refusal> {
+    let (router, model) = (&request.state.router, request.model);
+    let tokens = router.tokens(request.route.prompt_kind(), raw, body).await;
+    let adapter = model.filter(|model| tokens.is_some() && router.is_adapter(model));
+    let info = RequestInfo::new(body, request.headers)
+        .with_tokens(tokens.as_deref())
+        .with_adapter(adapter);
+    let pick_started = tracker.trace().map(|_| SystemTime::now());
+    let placed = router
+        .place(&Facts {
+            request: &info,
+            model,
+            authorization: request.headers.get(AUTHORIZATION),
+            deadline: request.deadline,
+        })
+        .await;
+    let decision = match &placed {
+        Ok(placement) => Some(placement.decision),
+        Err(unplaced) => unplaced.decision,
+    };
+    if let Some(decision) = decision {
+        handles.decisions.count(decision);
+    }
+    let explain = request.headers.contains_key(&X_PD_ROUTE);
+    let placement = match placed {
+        Ok(placement) => placement,
+        Err(Unplaced { decision, why }) => {
+            let header = decision
+                .filter(|_| explain)
+                .map(|d| d.header(None, None, ""));
+            return Err(explained(refusal(why), header));
+        }
+    };
+    let prefill = (placement.prefill.as_ref()).map(|p| (p.backend.url(), p.dp_rank));
+    let decode = placement.decode.url();
+    if let (Some(trace), Some(started)) = (tracker.trace(), pick_started) {
+        trace.picked(started, placement.decision, prefill, Some(decode), model);
+    }
+    let route_header = explain.then(|| {
+        let notes = match model {
+            Some(model) => format!("; model={model}{}", info.pick_notes()),
+            None => info.pick_notes(),
+        };
+        placement.decision.header(prefill, Some(decode), &notes)
+    });
+    let prefill_work = info.take_prefill_work();
+    let adapter = adapter.is_some();
+    drop(info);
+    Ok(Placed {
+        placement,
+        tokens,
+        adapter,
+        prefill_work,
+        route_header,
+    })
+}
+
+/// What a request that cannot be placed is told.
+fn refusal(why: Unplaceable) -> Refusal {
+    match why {
+        Unplaceable::NoPrefill { none_known } => no_prefill(none_known),
+        Unplaceable::NoDecode => no_decode(),
+        Unplaceable::ModelUnavailable { model, side } => Refusal {
+            response: Box::new(crate::models::unavailable(&model, side.as_str()).into_response()),
+            outcome: Outcome::Unavailable,
+        },
+        Unplaceable::ModelNotFound { model, served } => Refusal {
+            response: Box::new(crate::models::not_found(&model, &served).into_response()),
+            outcome: Outcome::ModelNotFound,
+        },
+        Unplaceable::ModelMismatch {
+            model,
+            prefill,
+            dp_rank,
+        } => refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            format!(
+                "no healthy decode serves model {model:?}, which prefill {prefill} (dp rank \
+                 {dp_rank}) serves: P and D of different models are never paired (see GET /ready)"
+            ),
+            Outcome::ModelMismatch,
+        ),
+        Unplaceable::AdapterNotLoaded { model, reason } => refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            format!("model `{model}` is not loaded on a ready prefill and decode: {reason}"),
+            Outcome::Unavailable,
+        ),
+    }
+}
+
+/// `refusal` with the `x-pd-route` header when the client asked.
+pub(super) fn explained(mut refusal: Refusal, route: Option<HeaderValue>) -> Refusal {
+    if let Some(route) = route {
+        refusal
+            .response
+            .headers_mut()
+            .insert(X_PD_ROUTE.clone(), route);
+    }
+    refusal
+}
