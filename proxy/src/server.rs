@@ -83,26 +83,14 @@ impl Proxy {
             config,
         } = self;
         let running = state.router.start()?;
-        for prefill in config
-            .prefills
-            .iter()
-            .filter(|p| p.bootstrap_addr.is_none())
-        {
-            tracing::warn!(
-                prefill = %prefill.url,
-                "no bootstrap server for this prefill (sequential mode, no port given): it is \
-                 used as one dp rank once its /health passes, with no engine ids or registry \
-                 drain marks; give `--prefill URL PORT` to discover it through a bootstrap server"
-            );
-        }
         tracing::info!(
             addr = %listener.local_addr()?,
-            prefills = ?config.prefills.iter().map(|p| format!("{} (bootstrap {})", p.url, p.bootstrap_addr.as_deref().unwrap_or("none"))).collect::<Vec<_>>(),
-            decodes = ?config.decodes,
+            prefills = ?config.router.prefills.iter().map(|p| format!("{} (bootstrap {})", p.url, p.bootstrap_addr.as_deref().unwrap_or("none"))).collect::<Vec<_>>(),
+            decodes = ?config.router.decodes,
             dns = ?state.router.dns_labels(),
-            mode = ?config.mode,
-            prefill_policy = ?config.routing.prefill_policy,
-            decode_policy = ?config.routing.decode_policy,
+            mode = ?config.router.mode,
+            prefill_policy = ?config.router.routing.prefill_policy,
+            decode_policy = ?config.router.routing.decode_policy,
             "pd-proxy listening"
         );
         // Streams may run for minutes: at shutdown they get a bounded grace, then are cut.

@@ -105,7 +105,7 @@ impl Shared {
         metrics: Arc<Metrics>,
     ) -> Result<Self, RouterError> {
         let router = Router::new(
-            config.router(),
+            config.router.clone(),
             upstream.client.clone(),
             metrics.fleet().clone(),
         )?;
@@ -114,7 +114,7 @@ impl Shared {
             upstream,
             labels: ModelLabels::new(metrics.clone()),
             metrics,
-            mode: config.mode,
+            mode: config.router.mode,
             api_key: config.api_key.as_deref().and_then(BearerToken::new),
             admin_key: config.admin_key.as_deref().and_then(BearerToken::new),
             ids: Ids::default(),

@@ -64,7 +64,7 @@ async fn a_decode_silent_after_the_prefill_answered_fails_at_its_first_byte_dead
 #[tokio::test]
 async fn in_sequential_mode_the_first_byte_is_due_after_the_prefills_answer() {
     let cluster = Cluster::start(1, &[(0, "engine-0")], |config| {
-        config.mode = Mode::Sequential;
+        config.router.mode = Mode::Sequential;
         config.decode_first_byte_timeout = Duration::from_millis(400);
     })
     .await;
@@ -128,7 +128,7 @@ async fn a_failed_decode_is_never_retried_on_itself() {
 #[tokio::test]
 async fn a_stream_ends_at_the_requests_deadline_counted_from_its_arrival() {
     let cluster = Cluster::start(1, &[(0, "engine-0")], |config| {
-        config.mode = Mode::Sequential;
+        config.router.mode = Mode::Sequential;
         config.request_timeout = Duration::from_millis(1000);
     })
     .await;

@@ -148,7 +148,7 @@ async fn changed_engine_id_is_rediscovered_when_decode_reports_it() {
 #[tokio::test]
 async fn periodic_rediscovery_picks_up_a_new_engine_id_and_survives_outages() {
     let cluster = Cluster::start(1, &[(0, "engine-old")], |config| {
-        config.discovery.interval = Duration::from_millis(100)
+        config.router.discovery.interval = Duration::from_millis(100)
     })
     .await;
     cluster.bootstrap.set(200, topology(&[(0, "engine-new")]));
@@ -178,7 +178,7 @@ async fn the_real_bootstrap_server_is_understood() {
     let prefill = Mock::prefill().await;
     let decode = Mock::decode().await;
     let mut config = config(vec![target(&prefill, &bootstrap.url())], vec![decode.url()]);
-    config.discovery.interval = Duration::from_millis(100);
+    config.router.discovery.interval = Duration::from_millis(100);
     let proxy = start_proxy(config).await;
     wait_ready(&proxy).await;
     for _ in 0..4 {
@@ -263,7 +263,7 @@ async fn new_and_restarted_prefills_are_routable_at_once_through_the_watch() {
 #[tokio::test]
 async fn a_bootstrap_server_without_watch_is_polled_quietly() {
     let cluster = Cluster::start(1, &[(0, "engine-old")], |config| {
-        config.discovery.interval = Duration::from_millis(200)
+        config.router.discovery.interval = Duration::from_millis(200)
     })
     .await;
     // One GET /workers answered 404, and the watch is given up for good.
@@ -313,7 +313,7 @@ async fn a_prefill_and_a_decode_of_different_models_are_never_paired() {
     let prefill = Mock::prefill().await;
     let decode = Mock::decode().await;
     let mut config = config(vec![target(&prefill, &url)], vec![decode.url()]);
-    config.health.interval = Duration::from_millis(100);
+    config.router.health.interval = Duration::from_millis(100);
     let proxy = start_proxy(config).await;
     let deadline = Instant::now() + WAIT;
     let readiness = loop {

@@ -358,9 +358,9 @@ async fn no_ready_pair_answers_503_with_a_clear_message() {
 #[tokio::test]
 async fn unhealthy_backends_are_skipped() {
     let cluster = Cluster::start(2, &[(0, "engine-0")], |config| {
-        config.health.interval = Duration::from_millis(30);
-        config.health.failure_threshold = 2;
-        config.health.success_threshold = 1;
+        config.router.health.interval = Duration::from_millis(30);
+        config.router.health.failure_threshold = 2;
+        config.router.health.success_threshold = 1;
     })
     .await;
     cluster.decodes[0].set_healthy(false);

@@ -190,7 +190,7 @@ async fn streamed_chunks_reach_the_client_before_decode_finishes() {
 #[tokio::test]
 async fn sequential_mode_hands_prefills_params_to_decode() {
     let cluster = Cluster::start(1, &[(0, "engine-0")], |config| {
-        config.mode = Mode::Sequential
+        config.router.mode = Mode::Sequential
     })
     .await;
     cluster
@@ -224,7 +224,7 @@ async fn sequential_mode_hands_prefills_params_to_decode() {
 #[tokio::test]
 async fn sequential_mode_refuses_a_prefill_answer_without_params() {
     let cluster = Cluster::start(1, &[(0, "engine-0")], |config| {
-        config.mode = Mode::Sequential
+        config.router.mode = Mode::Sequential
     })
     .await;
     cluster.prefill.set(|b| b.json = json!({"choices": []}));
@@ -410,7 +410,7 @@ async fn round_robin_spreads_pairs_and_decodes_evenly() {
 #[tokio::test]
 async fn least_loaded_sends_new_requests_to_the_idle_decode() {
     let cluster = Cluster::start(2, &[(0, "engine-0")], |config| {
-        config.routing = RoutingConfig::with_policy(Policy::LeastLoaded)
+        config.router.routing = RoutingConfig::with_policy(Policy::LeastLoaded)
     })
     .await;
     for decode in &cluster.decodes {

@@ -43,11 +43,11 @@ async fn a_restarted_prefill_is_back_within_a_second_of_answering_its_health() {
 #[tokio::test]
 async fn a_slow_health_answer_takes_out_only_a_backend_that_answers_nothing_else() {
     let cluster = Cluster::start(1, &[(0, "engine-0")], |config| {
-        config.health.interval = Duration::from_millis(100);
-        config.health.timeout = Duration::from_millis(100);
-        config.health.failure_threshold = 2;
+        config.router.health.interval = Duration::from_millis(100);
+        config.router.health.timeout = Duration::from_millis(100);
+        config.router.health.failure_threshold = 2;
         // Only requests tell the proxy the decode is alive.
-        config.engine_metrics_interval = None;
+        config.router.engine_metrics_interval = None;
     })
     .await;
     let decode = cluster.decode();

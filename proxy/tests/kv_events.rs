@@ -29,7 +29,7 @@ async fn start(
     let bootstrap = Bootstrap::start(topology(&[(0, "engine-0")])).await;
     let mut config = config(vec![target(&prefill, &bootstrap.url())], vec![decode.url()]);
     config.admin_key = Some(KEY.to_owned());
-    config.kv_events = Some(KvEventsConfig {
+    config.router.kv_events = Some(KvEventsConfig {
         max_blocks: 1_000_000,
         rescan: Duration::from_millis(100),
         ..KvEventsConfig::default()
@@ -165,9 +165,9 @@ async fn a_gap_without_replay_drops_the_engines_entries() {
 async fn an_engine_failing_its_health_checks_leaves_the_index() {
     let mut publisher = Publisher::start(true).await;
     let (_prefill, decode, _bootstrap, proxy) = start(&publisher, |config| {
-        config.health.interval = Duration::from_millis(100);
-        config.health.recovery_interval = Duration::from_millis(100);
-        config.health.failure_threshold = 1;
+        config.router.health.interval = Duration::from_millis(100);
+        config.router.health.recovery_interval = Duration::from_millis(100);
+        config.router.health.failure_threshold = 1;
     })
     .await;
     let seq = synced(&mut publisher, &proxy).await;
@@ -235,7 +235,7 @@ async fn the_index_needs_the_admin_key_and_kv_events() {
     assert_eq!(anonymous.status(), 401);
     proxy.shutdown().await.unwrap();
     let (_prefill, _decode, _bootstrap, proxy) =
-        start(&publisher, |config| config.kv_events = None).await;
+        start(&publisher, |config| config.router.kv_events = None).await;
     let off = client()
         .get(format!("{}/admin/kv-index", proxy.url()))
         .bearer_auth(KEY)

@@ -42,7 +42,7 @@ impl Gateway {
             ],
             vec![alpha.1.url(), beta.1.url()],
         );
-        config.health.interval = Duration::from_millis(100);
+        config.router.health.interval = Duration::from_millis(100);
         edit(&mut config);
         let proxy = start_proxy(config).await;
         wait_ready(&proxy).await;
@@ -179,12 +179,16 @@ async fn unknown_models_are_404_and_down_models_503() {
 
 /// `--lora-load-on-demand`, with adapter `alpha-new` of `alpha` in the configuration.
 fn allow_loading_alpha_new(config: &mut pd_proxy::Config) {
-    config.models.load_on_demand = true;
+    config.router.models.load_on_demand = true;
     let source = AdapterSource {
         base: "alpha".into(),
         path: "/adapters/new".into(),
     };
-    config.models.adapters.insert("alpha-new".into(), source);
+    config
+        .router
+        .models
+        .adapters
+        .insert("alpha-new".into(), source);
 }
 
 #[tokio::test]
@@ -265,8 +269,8 @@ async fn aliases_and_per_model_policies_come_from_the_config_file() {
     let args =
         pd_proxy::config::Args::try_parse_args(argv.iter().chain(&["--decode", "http://d:2"]))
             .unwrap();
-    let models = args.into_config(None).unwrap().models;
-    let gateway = Gateway::start(|config| config.models = models).await;
+    let models = args.into_config(None).unwrap().router.models;
+    let gateway = Gateway::start(|config| config.router.models = models).await;
     assert_eq!(gateway.complete("gpt-4o-mini").await.0, 200);
     // P and D are sent the model the alias stands for.
     assert_eq!(models_seen(&gateway.beta.0), ["beta"]);

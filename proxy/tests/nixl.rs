@@ -23,7 +23,7 @@ async fn a_prefill_without_a_bootstrap_server_is_used_once_its_health_passes() {
     .unwrap();
     assert_eq!(target.bootstrap_addr, None);
     let mut config = config(vec![target], vec![decode.url()]);
-    config.mode = Mode::Sequential;
+    config.router.mode = Mode::Sequential;
     let proxy = start_proxy(config).await;
 
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -60,9 +60,9 @@ impl Cluster {
             .collect();
         let mut config = config(targets, decodes.iter().map(Mock::url).collect());
         config.admin_key = Some(KEY.to_owned());
-        config.routing.prefill_policy = Policy::PrecisePrefix;
-        config.routing.decode_policy = Policy::PrecisePrefix;
-        config.kv_events = Some(KvEventsConfig {
+        config.router.routing.prefill_policy = Policy::PrecisePrefix;
+        config.router.routing.decode_policy = Policy::PrecisePrefix;
+        config.router.kv_events = Some(KvEventsConfig {
             rescan: Duration::from_millis(100),
             tokenizer: Some(tokenizer.path().to_owned()),
             ..KvEventsConfig::default()
@@ -267,7 +267,7 @@ async fn a_prompt_goes_where_its_prefix_is_held() {
 #[tokio::test]
 async fn queued_work_outweighs_a_partial_hit() {
     // A token waiting weighs as much as a token computed (--kv-load-weight 1).
-    let mut cluster = Cluster::start(|config| config.routing.kv_load_weight = 1.0).await;
+    let mut cluster = Cluster::start(|config| config.router.routing.kv_load_weight = 1.0).await;
     let text = prompt('c');
     cluster.holds(0, &bytes(&text)[..48]).await;
     // Prefill 0 holds 48 of the prompt's 64 tokens: each request costs it 16 to compute, plus
@@ -315,7 +315,7 @@ async fn queued_work_outweighs_a_partial_hit() {
 #[tokio::test]
 async fn a_decode_holding_the_prompt_serves_it_alone() {
     let mut cluster = Cluster::start(|config| {
-        config.routing.decode_only.prefix_share = Some(0.75);
+        config.router.routing.decode_only.prefix_share = Some(0.75);
     })
     .await;
     let text = prompt('d');
@@ -353,7 +353,7 @@ async fn without_tokens_or_events_cache_aware_places_the_request() {
     let decode = Mock::decode().await;
     let bootstrap = Bootstrap::start(topology(&[(0, "engine-0")])).await;
     let mut config = config(vec![target(&prefill, &bootstrap.url())], vec![decode.url()]);
-    config.routing.prefill_policy = Policy::PrecisePrefix;
+    config.router.routing.prefill_policy = Policy::PrecisePrefix;
     let proxy = start_proxy(config).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while ready_status(&proxy).await != 200 {

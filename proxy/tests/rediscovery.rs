@@ -21,8 +21,8 @@ async fn a_registration_wakes_discovery_while_it_waits_to_retry() {
     let decode = Mock::decode().await;
     let mut config = config(vec![target(&prefill, &url)], vec![decode.url()]);
     // The binary's backoff: from 100 ms, doubling, up to 5 s.
-    config.discovery.backoff_min = Duration::from_millis(100);
-    config.discovery.backoff_max = Duration::from_secs(5);
+    config.router.discovery.backoff_min = Duration::from_millis(100);
+    config.router.discovery.backoff_max = Duration::from_secs(5);
     let proxy = start_proxy(config).await;
     // Nothing is registered: five attempts fail, after which the next wait is 0.8 to 1.6 s.
     let failed = format!("backend=\"{}\",outcome=\"error\"", prefill.url());
@@ -52,8 +52,8 @@ async fn a_prefill_registered_before_its_health_answers_is_used_soon_after_it_do
     let prefill = Mock::prefill().await;
     let decode = Mock::decode().await;
     let mut config = config(vec![target(&prefill, &url)], vec![decode.url()]);
-    config.discovery.backoff_min = Duration::from_millis(100);
-    config.discovery.backoff_max = Duration::from_secs(5);
+    config.router.discovery.backoff_min = Duration::from_millis(100);
+    config.router.discovery.backoff_max = Duration::from_secs(5);
     let proxy = start_proxy(config).await;
     wait_for_engine(&proxy, &decode, "engine-a0").await;
     // P restarts: the new engine registers (the watch wakes discovery) before /health answers.

@@ -38,7 +38,7 @@ fn decisions(metrics: &str, decision: &str, reason: &str) -> u64 {
 #[tokio::test]
 async fn cache_aware_sends_a_conversation_back_to_the_decode_that_holds_it() {
     let cluster = Cluster::start(4, &[(0, "engine-0")], |config| {
-        config.routing = RoutingConfig::with_policy(Policy::CacheAware)
+        config.router.routing = RoutingConfig::with_policy(Policy::CacheAware)
     })
     .await;
     let mut homes = Vec::new();
@@ -69,7 +69,7 @@ async fn cache_aware_sends_a_conversation_back_to_the_decode_that_holds_it() {
 #[tokio::test]
 async fn consistent_hash_keeps_a_session_on_one_decode() {
     let cluster = Cluster::start(4, &[(0, "engine-0")], |config| {
-        config.routing = RoutingConfig::with_policy(Policy::ConsistentHash)
+        config.router.routing = RoutingConfig::with_policy(Policy::ConsistentHash)
     })
     .await;
     let mut homes = Vec::new();
@@ -113,7 +113,7 @@ async fn consistent_hash_keeps_a_session_on_one_decode() {
 #[tokio::test]
 async fn short_prompts_go_to_a_decode_alone_and_say_why() {
     let cluster = Cluster::start(1, &[(0, "engine-0")], |config| {
-        config.routing.decode_only.below_chars = 100;
+        config.router.routing.decode_only.below_chars = 100;
     })
     .await;
     let response = cluster
@@ -172,8 +172,8 @@ async fn short_prompts_go_to_a_decode_alone_and_say_why() {
 #[tokio::test]
 async fn a_prompt_a_decode_already_holds_skips_prefill() {
     let cluster = Cluster::start(2, &[(0, "engine-0")], |config| {
-        config.routing.decode_policy = Policy::CacheAware;
-        config.routing.decode_only.prefix_share = Some(0.8);
+        config.router.routing.decode_policy = Policy::CacheAware;
+        config.router.routing.decode_only.prefix_share = Some(0.8);
     })
     .await;
     let first = prompt('s', 30, "first question");
@@ -235,9 +235,9 @@ async fn a_prompt_a_decode_already_holds_skips_prefill() {
 async fn without_a_healthy_prefill_decode_only_needs_the_operators_consent() {
     for fallback in [Fallback::None, Fallback::DecodeOnly] {
         let cluster = Cluster::start(1, &[(0, "engine-0")], |config| {
-            config.routing.decode_only.fallback = fallback;
-            config.health.interval = std::time::Duration::from_millis(50);
-            config.health.failure_threshold = 1;
+            config.router.routing.decode_only.fallback = fallback;
+            config.router.health.interval = std::time::Duration::from_millis(50);
+            config.router.health.failure_threshold = 1;
         })
         .await;
         cluster.prefill.set_healthy(false);
@@ -278,8 +278,8 @@ async fn without_a_healthy_prefill_decode_only_needs_the_operators_consent() {
 #[tokio::test]
 async fn the_load_engines_report_steers_least_loaded_away_from_a_busy_decode() {
     let cluster = Cluster::start(2, &[(0, "engine-0")], |config| {
-        config.routing = RoutingConfig::with_policy(Policy::LeastLoaded);
-        config.engine_metrics_interval = Some(std::time::Duration::from_millis(50));
+        config.router.routing = RoutingConfig::with_policy(Policy::LeastLoaded);
+        config.router.engine_metrics_interval = Some(std::time::Duration::from_millis(50));
     })
     .await;
     // Busy with another proxy's traffic: 40 running and waiting over two dp ranks.

@@ -47,8 +47,8 @@ async fn sglang_mode_adds_the_bootstrap_fields_to_both_bodies() {
         bootstrap_addr: Some(bootstrap.url()),
     };
     let mut config = config(vec![target], vec![decode.url()]);
-    config.mode = Mode::Sglang;
-    config.discovery.sglang = true;
+    config.router.mode = Mode::Sglang;
+    config.router.discovery.sglang = true;
     let proxy = start_proxy(config).await;
     wait_ready(&proxy).await;
 

@@ -141,6 +141,19 @@ impl Router {
     /// and KV events, and the following of every `dns://` name.
     pub fn start(&self) -> Result<Running, RouterError> {
         self.members.start_all();
+        for prefill in self
+            .config
+            .prefills
+            .iter()
+            .filter(|p| p.bootstrap_addr.is_none())
+        {
+            tracing::warn!(
+                prefill = %prefill.url,
+                "no bootstrap server for this prefill (sequential mode, no port given): it is \
+                 used as one dp rank once its /health passes, with no engine ids or registry \
+                 drain marks; give `--prefill URL PORT` to discover it through a bootstrap server"
+            );
+        }
         let mut running = Running {
             members: self.members.clone(),
             names: Vec::new(),

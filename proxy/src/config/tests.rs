@@ -22,7 +22,7 @@ fn prefill_takes_an_optional_bootstrap_port() {
     ])
     .unwrap();
     assert_eq!(
-        config.prefills,
+        config.router.prefills,
         vec![
             PrefillTarget {
                 url: "http://10.0.0.5:8100".into(),
@@ -38,7 +38,10 @@ fn prefill_takes_an_optional_bootstrap_port() {
             },
         ]
     );
-    assert_eq!(config.decodes, vec!["http://10.0.0.7:8200".to_owned()]);
+    assert_eq!(
+        config.router.decodes,
+        vec!["http://10.0.0.7:8200".to_owned()]
+    );
     assert_eq!(config.prefill_timeout, Duration::from_secs(30));
 }
 
@@ -60,6 +63,7 @@ fn in_sequential_mode_a_prefill_without_a_port_has_no_bootstrap_server() {
     ])
     .unwrap();
     let bootstraps: Vec<_> = config
+        .router
         .prefills
         .iter()
         .map(|p| p.bootstrap_addr.as_deref())
@@ -91,11 +95,11 @@ fn a_bootstrap_url_names_a_registry_elsewhere() {
     ])
     .unwrap();
     assert_eq!(
-        config.prefills[0].bootstrap_addr.as_deref(),
+        config.router.prefills[0].bootstrap_addr.as_deref(),
         Some("http://registry.pd:8998")
     );
     let registry = DnsBootstrap::Url("https://registry.pd:8998".into());
-    assert_eq!(config.dns.prefills[0].bootstrap, registry);
+    assert_eq!(config.router.dns.prefills[0].bootstrap, registry);
     for bad in [
         "http://",
         "http://user:pw@registry:8998",
@@ -126,9 +130,9 @@ fn dns_names_are_backends_too() {
         "2",
     ])
     .unwrap();
-    assert_eq!(parsed.prefills.len(), 1);
-    assert!(parsed.decodes.is_empty());
-    let prefill = &parsed.dns.prefills[0];
+    assert_eq!(parsed.router.prefills.len(), 1);
+    assert!(parsed.router.decodes.is_empty());
+    let prefill = &parsed.router.dns.prefills[0];
     assert_eq!(prefill.name, "prefill.pd.svc.cluster.local");
     assert_eq!(
         (prefill.port, &prefill.bootstrap),
@@ -143,7 +147,7 @@ fn dns_names_are_backends_too() {
     ])
     .unwrap();
     let bootstrap = DnsBootstrap::Srv("_bootstrap._tcp.prefill.pd".into());
-    assert_eq!(srv.dns.prefills[0].bootstrap, bootstrap);
+    assert_eq!(srv.router.dns.prefills[0].bootstrap, bootstrap);
     let err = config(&[
         "--prefill",
         "dns://p.pd:1",
@@ -152,13 +156,13 @@ fn dns_names_are_backends_too() {
         "http://d:1",
     ]);
     assert!(matches!(err, Err(ConfigError::BadBootstrapPort { .. })));
-    let decode = &parsed.dns.decodes[0];
+    let decode = &parsed.router.dns.decodes[0];
     assert_eq!(
         (decode.name.as_str(), decode.port),
         ("_http._tcp.decode.pd.svc.cluster.local", None)
     );
-    assert_eq!(parsed.dns.server.unwrap().port(), 5353);
-    assert_eq!(parsed.dns.interval, Duration::from_secs(2));
+    assert_eq!(parsed.router.dns.server.unwrap().port(), 5353);
+    assert_eq!(parsed.router.dns.interval, Duration::from_secs(2));
     for bad in ["dns://", "dns://a b:1", "dns://name:0", "dns://name:port"] {
         let err = config(&["--prefill", "http://p:1", "--decode", bad]).unwrap_err();
         assert!(matches!(err, ConfigError::BadUrl { .. }), "{bad}: {err}");
@@ -219,7 +223,11 @@ fn prefill_env_lists_entries() {
     assert!(parse_prefill_env("http://a:1 2 3", Some(8998)).is_err());
     let args = Args::try_parse_args(["pd-proxy", "--decode", "http://d:1"]).unwrap();
     assert_eq!(
-        args.into_config(Some("http://a:1")).unwrap().prefills.len(),
+        args.into_config(Some("http://a:1"))
+            .unwrap()
+            .router
+            .prefills
+            .len(),
         1
     );
 }
@@ -241,12 +249,12 @@ fn flags_parse() {
         "",
     ])
     .unwrap();
-    assert_eq!(config.decodes.len(), 2);
-    assert_eq!(config.routing.prefill_policy, Policy::LeastLoaded);
-    assert_eq!(config.routing.decode_policy, Policy::LeastLoaded);
-    assert_eq!(config.mode, Mode::Sequential);
+    assert_eq!(config.router.decodes.len(), 2);
+    assert_eq!(config.router.routing.prefill_policy, Policy::LeastLoaded);
+    assert_eq!(config.router.routing.decode_policy, Policy::LeastLoaded);
+    assert_eq!(config.router.mode, Mode::Sequential);
     assert_eq!(config.request_timeout, Duration::from_millis(1500));
-    assert_eq!(config.health.recovery(), Duration::from_millis(500));
+    assert_eq!(config.router.health.recovery(), Duration::from_millis(500));
     // D's first byte is due within the whole request's limit.
     assert_eq!(
         config.decode_first_byte_timeout,
@@ -273,8 +281,8 @@ fn each_choice_takes_its_own_policy() {
     let both = ["--prefill", "http://p:1", "--decode", "http://d:1"];
     let mixed = ["--policy", "least_loaded", "--decode-policy", "cache_aware"];
     let parsed = config(&[&both[..], &mixed].concat()).unwrap();
-    assert_eq!(parsed.routing.prefill_policy, Policy::LeastLoaded);
-    assert_eq!(parsed.routing.decode_policy, Policy::CacheAware);
+    assert_eq!(parsed.router.routing.prefill_policy, Policy::LeastLoaded);
+    assert_eq!(parsed.router.routing.decode_policy, Policy::CacheAware);
     let share = ["--decode-only-prefix-share", "0.8"];
     assert!(matches!(
         config(&[&both[..], &share].concat()),
@@ -282,5 +290,78 @@ fn each_choice_takes_its_own_policy() {
     ));
     let aware = ["--decode-policy", "cache_aware"];
     let parsed = config(&[&both[..], &share, &aware].concat()).unwrap();
-    assert_eq!(parsed.routing.decode_only.prefix_share, Some(0.8));
+    assert_eq!(parsed.router.routing.decode_only.prefix_share, Some(0.8));
+}
+
+/// The `--config` file, read into pd-proxy's flags.
+mod config_file {
+    use crate::config::{Args, Policy};
+
+    fn parse(text: &str, flags: &[&str]) -> Result<Args, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("proxy.toml");
+        std::fs::write(&path, text).unwrap();
+        let argv = ["pd-proxy", "--config", path.to_str().unwrap()];
+        Args::try_parse_args(argv.iter().chain(flags)).map_err(|err| err.to_string())
+    }
+
+    #[test]
+    fn a_valid_file_sets_flags_and_models() {
+        let args = parse(
+            "policy = \"cache_aware\"\ndecode = [\"http://d:1\", \"http://d:2\"]\n\
+             prefill = [\"http://p:1 9000\"]\nlora-load-on-demand = true\n\
+             cache_threshold = 0.25\n[aliases]\nsmall = \"m\"\n\
+             [models.m]\npolicy = \"least_loaded\"\ndecode-policy = \"round_robin\"\n\
+             [adapters.ad]\nbase = \"m\"\npath = \"/a\"\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(args.fleet.policy, Policy::CacheAware);
+        assert_eq!(args.fleet.prefill_groups, [["http://p:1", "9000"]]);
+        assert!(args.fleet.models.lora_load_on_demand);
+        let config = args.into_config(None).unwrap();
+        assert_eq!(config.router.decodes.len(), 2);
+        assert_eq!(config.router.routing.cache.threshold, 0.25);
+        let models = config.router.models;
+        assert_eq!(models.canonical("small"), "m");
+        assert_eq!(models.policies["m"].prefill, Policy::LeastLoaded);
+        assert_eq!(models.policies["m"].decode, Policy::RoundRobin);
+        assert_eq!(models.adapters["ad"].path, "/a");
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let args = parse(
+            "policy = \"cache_aware\"\ndecode = [\"http://d:1\"]\n",
+            &["--policy", "least_loaded", "--decode", "http://e:1"],
+        )
+        .unwrap();
+        assert_eq!(args.fleet.policy, Policy::LeastLoaded);
+        assert_eq!(args.fleet.decode, ["http://e:1"]);
+    }
+
+    #[test]
+    fn mistakes_name_their_line() {
+        let cases = [
+            (
+                "decode = [\"http://d:1\"]\n\nno-such-flag = 1\n",
+                ":3: `no-such-flag`",
+            ),
+            ("\npolicy = \"nearest\"\n", ":2: "),
+            (
+                "[models.m]\nprefill-policy = \"fast\"\n",
+                ":2: `fast` is not a policy",
+            ),
+            ("[models.m]\ncolour = \"red\"\n", ":2: "),
+            ("[aliases]\na = \"b\"\nb = \"c\"\n", "itself an alias"),
+            ("decode = [1, [2]]\n", ":1: `decode` takes a value"),
+            ("x = \n", ":1: "),
+        ];
+        for (text, expected) in cases {
+            let err = parse(text, &[])
+                .err()
+                .unwrap_or_else(|| panic!("{text:?} passed"));
+            assert!(err.contains(expected), "{text:?}: {err}");
+        }
+    }
 }

@@ -599,12 +599,12 @@ impl Bootstrap {
 /// start), fast discovery retries.
 pub fn config(prefills: Vec<PrefillTarget>, decodes: Vec<String>) -> Config {
     let mut config = Config::new(prefills, decodes);
-    config.health.interval = Duration::from_secs(60);
-    config.health.timeout = Duration::from_secs(1);
-    config.discovery.interval = Duration::from_secs(60);
-    config.discovery.backoff_min = Duration::from_millis(20);
-    config.discovery.backoff_max = Duration::from_millis(200);
-    config.discovery.timeout = Duration::from_secs(1);
+    config.router.health.interval = Duration::from_secs(60);
+    config.router.health.timeout = Duration::from_secs(1);
+    config.router.discovery.interval = Duration::from_secs(60);
+    config.router.discovery.backoff_min = Duration::from_millis(20);
+    config.router.discovery.backoff_max = Duration::from_millis(200);
+    config.router.discovery.timeout = Duration::from_secs(1);
     config
 }
 

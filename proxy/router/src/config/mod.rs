@@ -2,10 +2,14 @@
 //! `dns://` names; [`targets`]), how they are checked and discovered, and why a set of flags
 //! cannot make a configuration ([`ConfigError`]). The front doors parse their flags into these.
 
+mod args;
+mod file;
 mod targets;
 
 use std::time::Duration;
 
+pub use self::args::{parse_args, FleetArgs, Mode};
+pub use self::file::{ConfigFile, FileError, FileModels};
 pub use self::targets::{
     base_url, parse_backend_url, parse_dns, parse_prefill, parse_prefill_entry, parse_prefill_env,
     DnsBootstrap, DnsTarget, PrefillEntry, PrefillTarget, DEFAULT_BOOTSTRAP_PORT, PREFILL_ENV,
@@ -106,6 +110,8 @@ pub enum ConfigError {
 /// discovered and measured) and the placement (policies, KV cache events, models).
 #[derive(Debug, Clone)]
 pub struct RouterConfig {
+    /// How P and D are called (how prefills are discovered, their default bootstrap port).
+    pub mode: Mode,
     /// The prefill servers.
     pub prefills: Vec<PrefillTarget>,
     /// The decode servers' base URLs, without trailing slashes.
@@ -124,4 +130,42 @@ pub struct RouterConfig {
     pub kv_events: Option<KvEventsConfig>,
     /// Aliases, per-model policies, adapters.
     pub models: ModelsConfig,
+}
+
+impl RouterConfig {
+    /// A configuration with the flags' defaults for everything but the backends.
+    pub fn new(prefills: Vec<PrefillTarget>, decodes: Vec<String>) -> Self {
+        RouterConfig {
+            mode: Mode::Concurrent,
+            prefills,
+            decodes,
+            dns: DnsConfig {
+                prefills: Vec::new(),
+                decodes: Vec::new(),
+                server: None,
+                interval: Duration::from_secs(5),
+            },
+            health: HealthConfig {
+                interval: Duration::from_secs(5),
+                recovery_interval: Duration::from_millis(500),
+                timeout: Duration::from_secs(2),
+                failure_threshold: 3,
+                success_threshold: 2,
+            },
+            discovery: DiscoveryConfig {
+                interval: Duration::from_secs(30),
+                backoff_min: Duration::from_millis(100),
+                backoff_max: Duration::from_secs(5),
+                timeout: Duration::from_secs(5),
+                sglang: false,
+            },
+            engine_metrics_interval: Some(Duration::from_secs(2)),
+            routing: RoutingConfig::with_policy(Policy::RoundRobin),
+            kv_events: None,
+            models: ModelsConfig {
+                load_timeout: Duration::from_secs(30),
+                ..ModelsConfig::default()
+            },
+        }
+    }
 }

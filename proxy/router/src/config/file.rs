@@ -31,8 +31,8 @@ use clap::{ArgMatches, Command, ValueEnum};
 use serde::Deserialize;
 use toml::Spanned;
 
-use pd_router::models::settings::{AdapterSource, ModelPolicies, ModelsConfig};
-use pd_router::routing::settings::Policy;
+use crate::models::settings::{AdapterSource, ModelPolicies, ModelsConfig};
+use crate::routing::settings::Policy;
 
 /// The tables of the file that are not flags.
 const SECTIONS: [&str; 3] = ["aliases", "models", "adapters"];
@@ -140,7 +140,7 @@ impl ConfigFile {
             let arg = command
                 .get_arguments()
                 .find(|arg| arg.get_long() == Some(long.as_str()) && long != "config")
-                .ok_or_else(|| line_of(format!("`{long}` is not a pd-proxy flag")))?;
+                .ok_or_else(|| line_of(format!("`{long}` is not a {} flag", command.get_name())))?;
             file.lines
                 .insert(long.clone(), at(key.span().start, String::new()).line);
             let id = arg.get_id().as_str();
@@ -261,79 +261,6 @@ impl FileModels {
             adapters: self.adapters.into_iter().collect(),
             load_on_demand,
             load_timeout,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::config::{Args, Policy};
-
-    fn parse(text: &str, flags: &[&str]) -> Result<Args, String> {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("proxy.toml");
-        std::fs::write(&path, text).unwrap();
-        let argv = ["pd-proxy", "--config", path.to_str().unwrap()];
-        Args::try_parse_args(argv.iter().chain(flags)).map_err(|err| err.to_string())
-    }
-
-    #[test]
-    fn a_valid_file_sets_flags_and_models() {
-        let args = parse(
-            "policy = \"cache_aware\"\ndecode = [\"http://d:1\", \"http://d:2\"]\n\
-             prefill = [\"http://p:1 9000\"]\nlora-load-on-demand = true\n\
-             cache_threshold = 0.25\n[aliases]\nsmall = \"m\"\n\
-             [models.m]\npolicy = \"least_loaded\"\ndecode-policy = \"round_robin\"\n\
-             [adapters.ad]\nbase = \"m\"\npath = \"/a\"\n",
-            &[],
-        )
-        .unwrap();
-        assert_eq!(args.policy, Policy::CacheAware);
-        assert_eq!(args.prefill_groups, [["http://p:1", "9000"]]);
-        assert!(args.models.lora_load_on_demand);
-        let config = args.into_config(None).unwrap();
-        assert_eq!(config.decodes.len(), 2);
-        assert_eq!(config.routing.cache.threshold, 0.25);
-        let models = config.models;
-        assert_eq!(models.canonical("small"), "m");
-        assert_eq!(models.policies["m"].prefill, Policy::LeastLoaded);
-        assert_eq!(models.policies["m"].decode, Policy::RoundRobin);
-        assert_eq!(models.adapters["ad"].path, "/a");
-    }
-
-    #[test]
-    fn flags_win_over_the_file() {
-        let args = parse(
-            "policy = \"cache_aware\"\ndecode = [\"http://d:1\"]\n",
-            &["--policy", "least_loaded", "--decode", "http://e:1"],
-        )
-        .unwrap();
-        assert_eq!(args.policy, Policy::LeastLoaded);
-        assert_eq!(args.decode, ["http://e:1"]);
-    }
-
-    #[test]
-    fn mistakes_name_their_line() {
-        let cases = [
-            (
-                "decode = [\"http://d:1\"]\n\nno-such-flag = 1\n",
-                ":3: `no-such-flag`",
-            ),
-            ("\npolicy = \"nearest\"\n", ":2: "),
-            (
-                "[models.m]\nprefill-policy = \"fast\"\n",
-                ":2: `fast` is not a policy",
-            ),
-            ("[models.m]\ncolour = \"red\"\n", ":2: "),
-            ("[aliases]\na = \"b\"\nb = \"c\"\n", "itself an alias"),
-            ("decode = [1, [2]]\n", ":1: `decode` takes a value"),
-            ("x = \n", ":1: "),
-        ];
-        for (text, expected) in cases {
-            let err = parse(text, &[])
-                .err()
-                .unwrap_or_else(|| panic!("{text:?} passed"));
-            assert!(err.contains(expected), "{text:?}: {err}");
         }
     }
 }

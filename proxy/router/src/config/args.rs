@@ -1,0 +1,270 @@
+//! The flags of the fleet and the placement, the same in every front door (each with an
+//! environment fallback) and read from the same `--config` file ([`super::file`]):
+//! [`FleetArgs`], flattened into a front door's own flags, and [`parse_args`], which reads a
+//! command line with its `--config` file.
+//!
+//! The prefill and decode flags are vLLM's Mooncake proxy's: `--prefill URL [BOOTSTRAP_PORT|none]`
+//! (repeatable; `none` or no port means 8998, or no bootstrap server in sequential mode; the
+//! bootstrap host is the prefill URL's host; a bootstrap URL instead of the port names a
+//! registry elsewhere) and `--decode URL` (repeatable); `targets.rs` checks them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, CommandFactory, FromArgMatches, ValueEnum};
+use pd_service::parse_seconds;
+
+use super::file::{ConfigFile, FileModels};
+use super::targets::{base_url, parse_backend_url, parse_dns, parse_prefill_entry};
+use super::targets::{parse_prefill_env, PrefillEntry, DEFAULT_BOOTSTRAP_PORT};
+use super::{ConfigError, DiscoveryConfig, DnsConfig, HealthConfig, RouterConfig};
+use crate::kv_events::KvEventsArgs;
+use crate::models::settings::ModelsArgs;
+use crate::routing::settings::{Policy, RoutingArgs};
+
+/// How P and D are called, which also says how prefills are discovered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Mode {
+    /// Send to P and D at the same time (Mooncake connector): D pulls the KV through the
+    /// bootstrap server as soon as P has it.
+    #[default]
+    Concurrent,
+    /// Await P's answer and hand the `kv_transfer_params` it returns to D (NIXL connector).
+    Sequential,
+    /// SGLang's P/D: the same body to P and D at the same time, with `bootstrap_host`,
+    /// `bootstrap_port` and `bootstrap_room` added; prefills are discovered through their
+    /// bootstrap server's `GET /route`.
+    Sglang,
+}
+
+impl Mode {
+    /// The bootstrap port of a `--prefill` given without one (or with `none`): vLLM's 8998 where
+    /// D finds P's KV through a bootstrap server; none in sequential mode, where D gets what P
+    /// answered and a NIXL prefill runs no bootstrap server.
+    pub fn default_bootstrap_port(self) -> Option<u16> {
+        match self {
+            Mode::Sequential => None,
+            Mode::Concurrent | Mode::Sglang => Some(DEFAULT_BOOTSTRAP_PORT),
+        }
+    }
+}
+
+/// The fleet's and the placement's flags.
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    /// A prefill server: its URL and, optionally, its bootstrap port (`none` or omitted: 8998;
+    /// in sequential mode, no bootstrap server) on the URL's host, or its bootstrap server's
+    /// own URL (`http://HOST:PORT`: a registry shared by a P deployment's pods). Repeatable.
+    /// Without the flag, PD_PROXY_PREFILL is read: comma-separated `URL[ PORT]` entries.
+    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append)]
+    pub prefill: Vec<String>,
+    /// The `--prefill` values grouped by occurrence (filled by [`parse_args`]).
+    #[arg(skip)]
+    pub prefill_groups: Vec<Vec<String>>,
+    /// A decode server's URL. Repeatable (or comma-separated).
+    #[arg(long, env = "PD_PROXY_DECODE", value_delimiter = ',')]
+    pub decode: Vec<String>,
+    /// How backends are chosen (both choices, unless --prefill-policy or --decode-policy).
+    #[arg(long, env = "PD_PROXY_POLICY", value_enum, default_value_t = Policy::RoundRobin)]
+    pub policy: Policy,
+    /// The per-choice policies, their knobs and conditional disaggregation.
+    #[command(flatten)]
+    pub routing: RoutingArgs,
+    /// Following the engines' KV cache events.
+    #[command(flatten)]
+    pub kv_events: KvEventsArgs,
+    /// Whether D starts with P (concurrent) or after P answered (sequential, for NIXL), or
+    /// SGLang's P/D.
+    #[arg(long, env = "PD_PROXY_MODE", value_enum, default_value_t = Mode::Concurrent)]
+    pub mode: Mode,
+    /// Seconds between two health checks (`GET /health`) of each backend.
+    #[arg(long, env = "PD_PROXY_HEALTH_CHECK_INTERVAL", default_value = "5", value_parser = parse_seconds)]
+    pub health_check_interval: Duration,
+    /// Seconds between two health checks of a backend that failed its last one or is out of
+    /// rotation, so that a restarted engine is back soon after it answers (at most the
+    /// interval).
+    #[arg(long, env = "PD_PROXY_HEALTH_RECOVERY_INTERVAL", default_value = "0.5", value_parser = parse_seconds)]
+    pub health_recovery_interval: Duration,
+    /// Seconds one health check may take. A check that runs out of time counts as failed only
+    /// when the backend also answered nothing since the previous check (a busy engine answers
+    /// slowly, a dead one not at all).
+    #[arg(long, env = "PD_PROXY_HEALTH_CHECK_TIMEOUT", default_value = "2", value_parser = parse_seconds)]
+    pub health_check_timeout: Duration,
+    /// Consecutive failed health checks that mark a backend unhealthy.
+    #[arg(long, env = "PD_PROXY_HEALTH_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub health_failure_threshold: u32,
+    /// Consecutive passed health checks that mark an unhealthy backend healthy again.
+    #[arg(long, env = "PD_PROXY_HEALTH_SUCCESS_THRESHOLD", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub health_success_threshold: u32,
+    /// Seconds between two reads of each backend's `/metrics` for the load its engine reports
+    /// (vLLM's and SGLang's requests running and waiting); 0: only this process's counts.
+    #[arg(long, env = "PD_PROXY_ENGINE_METRICS_INTERVAL", default_value = "2", value_parser = parse_interval)]
+    pub engine_metrics_interval: Duration,
+    /// Seconds between two re-discoveries of each prefill's dp ranks and engine ids.
+    #[arg(long, env = "PD_PROXY_DISCOVERY_INTERVAL", default_value = "30", value_parser = parse_seconds)]
+    pub discovery_interval: Duration,
+    /// The DNS server that resolves `dns://` backends, `IP:PORT` (default: the system's, from
+    /// /etc/resolv.conf).
+    #[arg(long, env = "PD_PROXY_DNS_SERVER")]
+    pub dns_server: Option<std::net::SocketAddr>,
+    /// Seconds between two resolutions of each `dns://` name (sooner when its records' TTL is
+    /// shorter, never under 1 s).
+    #[arg(long, env = "PD_PROXY_DNS_INTERVAL", default_value = "5", value_parser = parse_seconds)]
+    pub dns_interval: Duration,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub models: ModelsArgs,
+    /// A TOML file of flags (each under its long name; the command line and environment win)
+    /// and models' tables: `[aliases]`, `[models."NAME"]` policies, `[adapters.NAME]`.
+    #[arg(long, env = "PD_PROXY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The models' tables of `--config`.
+    #[arg(skip)]
+    pub file_models: FileModels,
+}
+
+/// Seconds, where 0 means never.
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    if text.trim().parse::<f64>() == Ok(0.0) {
+        return Ok(Duration::ZERO);
+    }
+    parse_seconds(text)
+}
+
+/// Parses a front door's command line `argv` into `A` (with the flags of its `--config` file,
+/// the command line's winning), keeping each `--prefill` occurrence's one or two values
+/// together (clap's derive flattens them); `fleet` finds `A`'s [`FleetArgs`].
+pub fn parse_args<A, I, T>(
+    argv: I,
+    fleet: impl FnOnce(&mut A) -> &mut FleetArgs,
+) -> Result<A, clap::Error>
+where
+    A: CommandFactory + FromArgMatches,
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+    let mut command = A::command();
+    let mut matches = command.try_get_matches_from_mut(&argv)?;
+    let mut file_models = FileModels::default();
+    if let Some(path) = matches.get_one::<PathBuf>("config").cloned() {
+        let invalid =
+            |message: String| A::command().error(clap::error::ErrorKind::InvalidValue, message);
+        let file =
+            ConfigFile::read(&path, &command, &matches).map_err(|err| invalid(err.to_string()))?;
+        let (program, rest) = argv.split_first().expect("argv holds the program");
+        let combined = std::iter::once(program.clone())
+            .chain(file.words)
+            .chain(rest.iter().cloned());
+        matches = A::command().try_get_matches_from(combined).map_err(|err| {
+            let flag = err.get(clap::error::ContextKind::InvalidArg).map(|arg| {
+                let text = arg.to_string();
+                let long = text.trim_start_matches("--");
+                long.split([' ', '=']).next().unwrap_or("").to_owned()
+            });
+            match flag.and_then(|flag| file.lines.get(&flag)) {
+                Some(line) => invalid(format!("{}:{line}: {err}", path.display())),
+                None => err,
+            }
+        })?;
+        file_models = file.models;
+    }
+    let mut args = A::from_arg_matches(&matches)?;
+    let fleet = fleet(&mut args);
+    fleet.file_models = file_models;
+    fleet.prefill_groups = matches
+        .get_occurrences::<String>("prefill")
+        .map(|occurrences| {
+            occurrences
+                .map(|values| values.cloned().collect())
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(args)
+}
+
+impl FleetArgs {
+    /// Validates the flags into the router's configuration. `prefill_env` is the value of
+    /// [`super::PREFILL_ENV`], used only when no `--prefill` flag was given; `prefills_needed`:
+    /// a fleet without prefills is refused (pd-proxy; an endpoint picker may front engines
+    /// that serve whole requests).
+    pub fn into_config(
+        self,
+        prefill_env: Option<&str>,
+        prefills_needed: bool,
+    ) -> Result<RouterConfig, ConfigError> {
+        let default_port = self.mode.default_bootstrap_port();
+        let entries = if self.prefill_groups.is_empty() {
+            parse_prefill_env(prefill_env.unwrap_or(""), default_port)?
+        } else {
+            self.prefill_groups
+                .iter()
+                .map(|values| {
+                    let port = values.get(1).map(String::as_str);
+                    parse_prefill_entry(&values[0], port, default_port)
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        let (mut prefills, mut dns_prefills) = (Vec::new(), Vec::new());
+        for entry in entries {
+            match entry {
+                PrefillEntry::Server(target) => prefills.push(target),
+                PrefillEntry::Dns(target) => dns_prefills.push(target),
+            }
+        }
+        if prefills_needed && prefills.is_empty() && dns_prefills.is_empty() {
+            return Err(ConfigError::NoPrefill);
+        }
+        let (mut decodes, mut dns_decodes) = (Vec::new(), Vec::new());
+        for text in self.decode.iter().filter(|text| !text.trim().is_empty()) {
+            match parse_dns("--decode", text) {
+                Some(target) => dns_decodes.push(target?),
+                None => decodes.push(base_url(&parse_backend_url("--decode", text)?)),
+            }
+        }
+        if decodes.is_empty() && dns_decodes.is_empty() {
+            return Err(ConfigError::NoDecode);
+        }
+        let routing = self.routing.config(self.policy);
+        let models = self.file_models.config(
+            routing.prefill_policy,
+            routing.decode_policy,
+            self.models.lora_load_on_demand,
+            self.models.lora_load_timeout,
+        );
+        let mut config = RouterConfig::new(prefills, decodes);
+        config.routing = routing;
+        config.models = models;
+        let precise = crate::follows_kv_events(&config);
+        config.kv_events = self.kv_events.config(precise);
+        if config.routing.decode_only.prefix_share.is_some()
+            && !config.routing.decode_policy.knows_prefixes()
+        {
+            return Err(ConfigError::PrefixShareNeedsCacheAware);
+        }
+        config.mode = self.mode;
+        config.dns = DnsConfig {
+            prefills: dns_prefills,
+            decodes: dns_decodes,
+            server: self.dns_server,
+            interval: self.dns_interval,
+        };
+        config.health = HealthConfig {
+            interval: self.health_check_interval,
+            recovery_interval: self.health_recovery_interval,
+            timeout: self.health_check_timeout,
+            failure_threshold: self.health_failure_threshold,
+            success_threshold: self.health_success_threshold,
+        };
+        config.discovery = DiscoveryConfig {
+            interval: self.discovery_interval,
+            backoff_min: Duration::from_millis(100),
+            backoff_max: self.discovery_interval.min(Duration::from_secs(5)),
+            timeout: self.health_check_timeout.max(Duration::from_secs(5)),
+            sglang: self.mode == Mode::Sglang,
+        };
+        config.engine_metrics_interval =
+            Some(self.engine_metrics_interval).filter(|interval| !interval.is_zero());
+        Ok(config)
+    }
+}
