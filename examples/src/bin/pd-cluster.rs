@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use pd_examples::cluster::{Cluster, ClusterSpec, PrefillShape, ServedModel};
+use pd_examples::cluster::{Cluster, ClusterSpec, GatewaySpec, PrefillShape, ServedModel};
 use pd_examples::openai_client::send;
 use pd_examples::sim::Dialect;
 use pd_examples::vllm::{self, Connector, VllmEngines};
@@ -104,11 +104,27 @@ struct Args {
     /// the decodes, and the proxy gets `dns://` names instead of URLs. Simulated engines only.
     #[arg(long)]
     dns: bool,
+    /// Put a gateway in front instead of pd-proxy: `envoy` runs Envoy as the front door with
+    /// pd-epp as its endpoint picker (the Gateway API Inference Extension's protocol) and a
+    /// pd-proxy sidecar beside each decode for P/D. Needs --envoy (local-cluster.sh installs
+    /// Envoy and passes it).
+    #[arg(long, value_enum)]
+    gateway: Option<GatewayKind>,
+    /// The Envoy binary of --gateway envoy (examples/gateway/tools.sh prints it).
+    #[arg(long, value_name = "PATH", env = "PD_CLUSTER_ENVOY")]
+    envoy: Option<PathBuf>,
     /// Register the prefill workers from Python through the pd_bootstrap package: this
     /// interpreter (which must have the package) runs examples/python/register_engine.py beside
     /// each prefill engine, under leases of --lease-ttl (10 if 0). vLLM only.
     #[arg(long, value_name = "PYTHON")]
     register_with_python: Option<PathBuf>,
+}
+
+/// The gateways `--gateway` can put in front.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum GatewayKind {
+    /// Envoy with pd-epp (ext_proc) and pd-proxy sidecars.
+    Envoy,
 }
 
 /// The engines `--engine` chooses.
@@ -286,6 +302,18 @@ async fn main() -> std::process::ExitCode {
     spec.dns = args.dns;
     spec.proxy_args = vec!["--policy".to_owned(), args.policy.clone()];
     spec.proxy_args.extend(args.proxy_arg.iter().cloned());
+    if let Some(GatewayKind::Envoy) = args.gateway {
+        let Some(envoy) = args.envoy.clone() else {
+            eprintln!("error: --gateway envoy needs --envoy PATH (examples/gateway/tools.sh prints it; local-cluster.sh passes it)");
+            return std::process::ExitCode::from(2);
+        };
+        spec.gateway = Some(GatewaySpec {
+            envoy,
+            fail_open: false,
+            message_timeout: Duration::from_secs(30),
+            epp_args: vec!["--policy".to_owned(), args.policy.clone()],
+        });
+    }
     if args.engine == EngineKind::Vllm {
         match vllm_engines(&args, &run_dir).await {
             Ok(engines) => spec.vllm = Some(engines),
@@ -335,11 +363,31 @@ async fn main() -> std::process::ExitCode {
     for model in cluster.models() {
         print_model(model);
     }
-    println!("  proxy: {} (--policy {})", cluster.proxy.url, args.policy);
-    println!(
-        "  live pages: {}/ui, and each bootstrap server's /ui",
-        cluster.proxy.url
-    );
+    match &cluster.gateway {
+        None => {
+            println!("  proxy: {} (--policy {})", cluster.proxy.url, args.policy);
+            println!(
+                "  live pages: {}/ui, and each bootstrap server's /ui",
+                cluster.proxy.url
+            );
+        }
+        Some(gateway) => {
+            println!(
+                "  gateway: Envoy at {} (admin {})",
+                cluster.proxy.url, gateway.envoy_admin
+            );
+            println!(
+                "  endpoint picker: pd-epp at {} (ext_proc; --policy {}), metrics at {}/metrics",
+                gateway.epp_grpc, args.policy, gateway.epp.url
+            );
+            for (sidecar, decode) in gateway.sidecars.iter().zip(&cluster.decodes) {
+                println!(
+                    "  {}: {} beside {} (live page {}/ui)",
+                    sidecar.name, sidecar.url, decode.name, sidecar.url
+                );
+            }
+        }
+    }
     if let Some(dns) = &cluster.dns {
         println!(
             "  DNS: dnsmasq at {} names the engines ({}, {}, {}); the proxy follows them",

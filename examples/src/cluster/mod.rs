@@ -5,12 +5,14 @@
 //! `pd-cluster` launcher and by the end-to-end tests.
 
 pub mod dns;
+pub mod gateway;
 mod proxy;
 mod real;
 mod sim;
 
 use std::path::{Path, PathBuf};
 
+pub use gateway::{Gateway, GatewaySpec};
 use proxy::{start_proxy, Found};
 use std::time::Duration;
 
@@ -162,6 +164,9 @@ pub struct ClusterSpec {
     /// cluster starts: [`dns`]), as on Kubernetes, instead of by their URLs. Simulated engines
     /// only.
     pub dns: bool,
+    /// Behind a gateway ([`gateway`]): Envoy as the front door with pd-epp as its endpoint
+    /// picker and a pd-proxy sidecar beside each decode, in place of the proxy (none: pd-proxy).
+    pub gateway: Option<GatewaySpec>,
 }
 
 /// The LoRA adapters model 0's engines load at start when a cluster serves several models
@@ -216,6 +221,7 @@ impl ClusterSpec {
             proxies: 1,
             models: 1,
             dns: false,
+            gateway: None,
         }
     }
 
@@ -236,8 +242,10 @@ pub struct Cluster {
     pub registrars: Vec<Process>,
     /// The decode engines.
     pub decodes: Vec<Process>,
-    /// The proxy.
+    /// The front door: the proxy, or Envoy with `spec.gateway`.
     pub proxy: Process,
+    /// pd-epp and the sidecars, with `spec.gateway`.
+    pub gateway: Option<Gateway>,
     /// The other proxies (`spec.proxies` beyond the first), each in front of every engine.
     pub replicas: Vec<Process>,
     /// The models served, each with its engines.
@@ -283,6 +291,27 @@ impl Cluster {
             true => Some(dns::start(&spec.run_dir, &engines, &bootstraps, false).await?),
             false => None,
         };
+        if let Some(gateway) = &spec.gateway {
+            if spec.dns {
+                return Err(ClusterError::Unsupported(
+                    "behind a gateway the engines are found by their URLs, not through DNS",
+                ));
+            }
+            let found = Found::Urls(&engines, &bootstraps);
+            let started = gateway::start(spec, gateway, &mut ports, found, &engines.decodes);
+            let (envoy, parts) = started.await?;
+            return Ok(Cluster {
+                bootstraps,
+                prefills: engines.prefills,
+                registrars: engines.registrars,
+                decodes: engines.decodes,
+                proxy: envoy,
+                gateway: Some(parts),
+                replicas: Vec::new(),
+                models: engines.models,
+                dns,
+            });
+        }
         let mut proxies = Vec::new();
         for i in 0..spec.proxies.max(1) {
             let name = match i {
@@ -303,6 +332,7 @@ impl Cluster {
             registrars: engines.registrars,
             decodes: engines.decodes,
             proxy,
+            gateway: None,
             replicas: proxies,
             models: engines.models,
             dns,
@@ -314,9 +344,14 @@ impl Cluster {
         &self.models
     }
 
-    /// Every process, proxies first (the order to stop them in).
+    /// Every process, front doors first (the order to stop them in).
     pub fn processes(&mut self) -> impl Iterator<Item = &mut Process> {
+        let gateway = self
+            .gateway
+            .iter_mut()
+            .flat_map(|g| std::iter::once(&mut g.epp).chain(g.sidecars.iter_mut()));
         std::iter::once(&mut self.proxy)
+            .chain(gateway)
             .chain(self.replicas.iter_mut())
             .chain(self.decodes.iter_mut())
             .chain(self.registrars.iter_mut())
@@ -331,6 +366,10 @@ impl Cluster {
     pub async fn shutdown(mut self) {
         let grace = self.proxy.stop_grace;
         self.proxy.stop(grace).await;
+        if let Some(gateway) = &mut self.gateway {
+            gateway.epp.stop(grace).await;
+            join_all(gateway.sidecars.iter_mut().map(|p| p.stop(grace))).await;
+        }
         let groups = [
             &mut self.replicas,
             &mut self.decodes,

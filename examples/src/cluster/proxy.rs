@@ -8,6 +8,7 @@ use super::{
 use crate::process::{spawn_with_env, wait_for, Process};
 
 /// How a proxy finds the engines.
+#[derive(Clone, Copy)]
 pub(super) enum Found<'a> {
     /// By their URLs (and their bootstrap servers').
     Urls(&'a Engines, &'a [Process]),
@@ -30,6 +31,26 @@ pub(super) async fn start_proxy(
         spec.proxy_port
     };
     let mut args = vec![s(&"--host"), s(&"127.0.0.1"), s(&"--port"), s(&port)];
+    args.extend(fleet_args(spec, found, None));
+    args.extend(spec.proxy_args.iter().cloned());
+    let url = format!("http://127.0.0.1:{port}");
+    let env: Vec<(&str, &str)> = (spec.proxy_env.iter())
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect();
+    let mut proxy = spawn_with_env(&spec.run_dir, name, program, &args, &env, url)?;
+    wait_for(&mut proxy, "/ready", READY_TIMEOUT).await?;
+    Ok(proxy)
+}
+
+/// The flags naming the fleet to a front door (pd-proxy, pd-epp): the prefills with their
+/// bootstrap servers, the decodes (`decodes`, else every one), the mode their connector
+/// needs, and the KV events with the engines' tokenizer.
+pub(super) fn fleet_args(
+    spec: &ClusterSpec,
+    found: Found<'_>,
+    decodes: Option<&[&Process]>,
+) -> Vec<String> {
+    let mut args = Vec::new();
     let nixl = spec
         .vllm
         .as_ref()
@@ -49,7 +70,8 @@ pub(super) async fn start_proxy(
                 };
                 args.extend([s(&"--prefill"), prefill.url.clone(), bootstrap_port]);
             }
-            for decode in &engines.decodes {
+            let all: Vec<&Process> = engines.decodes.iter().collect();
+            for decode in decodes.unwrap_or(&all) {
                 args.extend([s(&"--decode"), decode.url.clone()]);
             }
         }
@@ -71,12 +93,5 @@ pub(super) async fn start_proxy(
             args.extend([s(&"--tokenizer"), dir.display().to_string()]);
         }
     }
-    args.extend(spec.proxy_args.iter().cloned());
-    let url = format!("http://127.0.0.1:{port}");
-    let env: Vec<(&str, &str)> = (spec.proxy_env.iter())
-        .map(|(name, value)| (name.as_str(), value.as_str()))
-        .collect();
-    let mut proxy = spawn_with_env(&spec.run_dir, name, program, &args, &env, url)?;
-    wait_for(&mut proxy, "/ready", READY_TIMEOUT).await?;
-    Ok(proxy)
+    args
 }

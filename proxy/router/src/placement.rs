@@ -30,6 +30,9 @@ pub struct Facts<'a> {
     pub authorization: Option<&'a HeaderValue>,
     /// When the whole request must be over (bounds an adapter load).
     pub deadline: Instant,
+    /// The decodes the request may go to, when it is limited to some (an endpoint picker's
+    /// subset hint); `None`: any.
+    pub decodes: Option<&'a (dyn Fn(&Backend) -> bool + Sync)>,
 }
 
 /// Where a request goes.
@@ -96,6 +99,11 @@ pub enum Unplaceable {
         /// Its dp rank.
         dp_rank: u32,
     },
+    /// The prefill a gateway named is not one of the fleet's (a sidecar is no open relay).
+    NotInFleet {
+        /// The `host:port` named.
+        address: String,
+    },
     /// The adapter could not be loaded on a ready prefill and decode.
     AdapterNotLoaded {
         /// The adapter.
@@ -129,9 +137,12 @@ impl Router {
     pub async fn place(&self, facts: &Facts<'_>) -> Result<Placement, Unplaced> {
         let (request, model) = (facts.request, facts.model);
         let pairs = self.pool.pairs();
-        let early = decision::before_pick(self.decode_only(), request, || {
-            self.decode_share(model, request)
-        });
+        let early = match self.is_aggregated() {
+            true => Some(Decision::AGGREGATED),
+            false => decision::before_pick(self.decode_only(), request, || {
+                self.decode_share(model, request)
+            }),
+        };
         let pair = match (early, model) {
             (Some(_), _) => None,
             (None, None) => self.pick_pair(&pairs, None, request),
@@ -152,7 +163,8 @@ impl Router {
         };
         match (decision.path, pair) {
             (Path::Disaggregated, Some(pair)) => {
-                let decode = self.decode_for(&pair, model, request).map_err(decided)?;
+                let decode =
+                    (self.decode_for(&pair, model, request, facts.decodes)).map_err(decided)?;
                 Ok(Placement {
                     decision,
                     prefill: Some(pair),
@@ -166,12 +178,13 @@ impl Router {
                          (--fallback decode-only)"
                     );
                 }
-                let decode = self.pick_decode(None, model, request).ok_or_else(|| {
-                    decided(match model {
-                        Some(model) => unavailable(model, Side::Decode),
-                        None => Unplaceable::NoDecode,
-                    })
-                })?;
+                let decode = (self.pick_decode_among(None, model, request, facts.decodes))
+                    .ok_or_else(|| {
+                        decided(match model {
+                            Some(model) => unavailable(model, Side::Decode),
+                            None => Unplaceable::NoDecode,
+                        })
+                    })?;
                 Ok(Placement {
                     decision,
                     prefill: None,
@@ -187,6 +200,62 @@ impl Router {
         }
     }
 
+    /// Places a request whose path a gateway's endpoint picker chose (pd-proxy as a decode's
+    /// sidecar): through the fleet's prefill at `named` (`host:port`, and its dp rank when
+    /// given), or to a decode alone when it named none.
+    pub fn place_named(
+        &self,
+        facts: &Facts<'_>,
+        named: Option<(&str, Option<u32>)>,
+    ) -> Result<Placement, Unplaced> {
+        let (request, model) = (facts.request, facts.model);
+        let Some((address, dp_rank)) = named else {
+            let decision = Decision::new(Path::DecodeOnly, Reason::Gateway);
+            let decode = self.pick_decode(None, model, request).ok_or(Unplaced {
+                decision: Some(decision),
+                why: match model {
+                    Some(model) => unavailable(model, Side::Decode),
+                    None => Unplaceable::NoDecode,
+                },
+            })?;
+            return Ok(Placement {
+                decision,
+                prefill: None,
+                decode,
+            });
+        };
+        let decision = Decision::new(Path::Disaggregated, Reason::Gateway);
+        let decided = |why| Unplaced {
+            decision: Some(decision),
+            why,
+        };
+        let pairs = self.pool.pairs();
+        let named: Vec<&Arc<Pair>> = (pairs.iter())
+            .filter(|pair| pair.backend.address() == address)
+            .collect();
+        if named.is_empty() {
+            return Err(decided(Unplaceable::NotInFleet {
+                address: address.to_owned(),
+            }));
+        }
+        let pair = (named.into_iter())
+            .filter(|pair| dp_rank.is_none_or(|rank| pair.dp_rank == rank))
+            .filter(|pair| pair.takes_requests() && pair.serves(model))
+            .min_by_key(|pair| pair.load())
+            .ok_or_else(|| {
+                decided(match model {
+                    Some(model) => unavailable(model, Side::Prefill),
+                    None => Unplaceable::NoPrefill { none_known: false },
+                })
+            })?;
+        let decode = (self.decode_for(pair, model, request, facts.decodes)).map_err(decided)?;
+        Ok(Placement {
+            decision,
+            prefill: Some(pair.clone()),
+            decode,
+        })
+    }
+
     /// A healthy decode for the request's model (else `pair`'s), or why there is none: the
     /// model's decodes are all down or drained, or no decode serves it (a model mismatch).
     fn decode_for(
@@ -194,25 +263,28 @@ impl Router {
         pair: &Pair,
         model: Option<&str>,
         request: &RequestInfo<'_>,
+        allowed: Option<&(dyn Fn(&Backend) -> bool + Sync)>,
     ) -> Result<Arc<Backend>, Unplaceable> {
         let model = model.or(pair.model.as_deref());
-        self.pick_decode(None, model, request).ok_or_else(|| {
-            let decodes = &self.pool.decodes();
-            if let Some(model) = model.filter(|m| decodes.iter().any(|d| d.lists(m) == Some(true)))
-            {
-                // Decodes of the model exist: they are down or drained.
-                return unavailable(model, Side::Decode);
-            }
-            let healthy = decodes.iter().any(|d| d.is_healthy());
-            match model {
-                Some(model) if healthy => Unplaceable::ModelMismatch {
-                    model: model.to_owned(),
-                    prefill: pair.backend.url().to_owned(),
-                    dp_rank: pair.dp_rank,
-                },
-                _ => Unplaceable::NoDecode,
-            }
-        })
+        self.pick_decode_among(None, model, request, allowed)
+            .ok_or_else(|| {
+                let decodes = &self.pool.decodes();
+                if let Some(model) =
+                    model.filter(|m| decodes.iter().any(|d| d.lists(m) == Some(true)))
+                {
+                    // Decodes of the model exist: they are down or drained.
+                    return unavailable(model, Side::Decode);
+                }
+                let healthy = decodes.iter().any(|d| d.is_healthy());
+                match model {
+                    Some(model) if healthy => Unplaceable::ModelMismatch {
+                        model: model.to_owned(),
+                        prefill: pair.backend.url().to_owned(),
+                        dp_rank: pair.dp_rank,
+                    },
+                    _ => Unplaceable::NoDecode,
+                }
+            })
     }
 
     /// When `model` is an adapter that may be loaded and no ready pair, or no ready decode,

@@ -235,6 +235,12 @@ impl Router {
             .await
     }
 
+    /// Whether the fleet has no prefills at all (none given, no name to find them by): its
+    /// engines serve whole requests, and every request goes to one alone.
+    pub fn is_aggregated(&self) -> bool {
+        self.config.prefills.is_empty() && self.config.dns.prefills.is_empty()
+    }
+
     /// Whether `model` is a LoRA adapter (the `--config` file's, or one an engine lists with
     /// a base model).
     pub fn is_adapter(&self, model: &str) -> bool {
@@ -274,12 +280,27 @@ impl Router {
         model: Option<&str>,
         request: &RequestInfo<'_>,
     ) -> Option<Arc<Backend>> {
+        self.pick_decode_among(instead_of, model, request, None)
+    }
+
+    /// [`Router::pick_decode`] among the decodes `allowed` accepts (all without it).
+    pub fn pick_decode_among(
+        &self,
+        instead_of: Option<&Arc<Backend>>,
+        model: Option<&str>,
+        request: &RequestInfo<'_>,
+        allowed: Option<&(dyn Fn(&Backend) -> bool + Sync)>,
+    ) -> Option<Arc<Backend>> {
         let decodes = &self.pool.decodes();
         let other =
             |decode: &Arc<Backend>| instead_of.is_none_or(|failed| !Arc::ptr_eq(decode, failed));
         let candidates = Slice {
             items: decodes,
-            usable: |decode: &Arc<Backend>| decode.takes_requests(model) && other(decode),
+            usable: |decode: &Arc<Backend>| {
+                decode.takes_requests(model)
+                    && other(decode)
+                    && allowed.is_none_or(|allowed| allowed(decode))
+            },
             load: |decode: &Arc<Backend>| decode.load(),
             id: |decode: &Arc<Backend>| decode.id(),
         };

@@ -8,7 +8,7 @@ mod settings;
 
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use pd_service::{parse_seconds, parse_seconds_or_zero, LogFormat};
 
 pub use self::settings::{ClientLimits, Config};
@@ -28,6 +28,12 @@ pub struct Args {
     /// The backends, how they are found, checked and chosen.
     #[command(flatten)]
     pub fleet: FleetArgs,
+    /// Run beside a decode engine behind a gateway whose endpoint picker (pd-epp) chose the
+    /// path: the prefill named in `x-prefiller-host-port` (and `x-pd-prefill-dp-rank`), which
+    /// must be one of the fleet's, then the local decode (`--decode`); the decode alone when
+    /// none is named.
+    #[arg(long, env = "PD_PROXY_SIDECAR")]
+    pub sidecar: bool,
     /// Seconds a whole request may take, from its arrival to the end of its answer: P, D,
     /// a retry and the streaming included.
     #[arg(long, env = "PD_PROXY_REQUEST_TIMEOUT", default_value = "600", value_parser = parse_seconds)]
@@ -92,7 +98,7 @@ impl Args {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        parse_args(argv, |args: &mut Args| &mut args.fleet)
+        parse_args(argv, Args::command, |args: &mut Args| &mut args.fleet)
     }
 
     /// Parses the process's command line, exiting with clap's message on an error.
@@ -122,6 +128,7 @@ impl Args {
         // An empty key would be "no key"; treat it so rather than demanding `Bearer `.
         config.api_key = self.api_key.filter(|key| !key.is_empty());
         config.admin_key = self.admin_key.filter(|key| !key.is_empty());
+        config.sidecar = self.sidecar;
         Ok(config)
     }
 }

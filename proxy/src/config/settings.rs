@@ -45,6 +45,8 @@ pub struct Config {
     pub api_key: Option<String>,
     /// The key of the admin routes, if they are on.
     pub admin_key: Option<String>,
+    /// Whether it runs beside a decode as a gateway's sidecar (see `--sidecar`).
+    pub sidecar: bool,
 }
 
 impl Config {
@@ -69,6 +71,7 @@ impl Config {
             },
             api_key: None,
             admin_key: None,
+            sidecar: false,
         }
     }
 }

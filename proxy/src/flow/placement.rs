@@ -6,7 +6,7 @@
 use std::time::SystemTime;
 
 use axum::http::header::AUTHORIZATION;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use bytes::Bytes;
 use pd_router::body::Body;
@@ -50,14 +50,17 @@ pub(super) async fn place(
         .with_tokens(tokens.as_deref())
         .with_adapter(adapter);
     let pick_started = tracker.trace().map(|_| SystemTime::now());
-    let placed = router
-        .place(&Facts {
-            request: &info,
-            model,
-            authorization: request.headers.get(AUTHORIZATION),
-            deadline: request.deadline,
-        })
-        .await;
+    let facts = Facts {
+        request: &info,
+        model,
+        authorization: request.headers.get(AUTHORIZATION),
+        deadline: request.deadline,
+        decodes: None,
+    };
+    let placed = match request.state.sidecar {
+        true => router.place_named(&facts, named_prefill(request.headers)?),
+        false => router.place(&facts).await,
+    };
     let decision = match &placed {
         Ok(placement) => Some(placement.decision),
         Err(unplaced) => unplaced.decision,
@@ -99,6 +102,43 @@ pub(super) async fn place(
     })
 }
 
+/// llm-d's header naming the prefill a gateway's endpoint picker chose (`host:port`; the
+/// first of a list).
+pub(crate) const PREFILLER: &str = "x-prefiller-host-port";
+/// pd-epp's header beside it: the prefill's dp rank.
+pub(crate) const PREFILL_DP_RANK: &str = "x-pd-prefill-dp-rank";
+
+/// The prefill (and dp rank) the gateway named for this sidecar, if it named one.
+fn named_prefill(headers: &HeaderMap) -> Result<Option<(&str, Option<u32>)>, Refusal> {
+    let bad = |message: String| {
+        refused(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            message,
+            Outcome::BadRequest,
+        )
+    };
+    let Some(value) = headers.get(PREFILLER) else {
+        return Ok(None);
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| bad(format!("{PREFILLER} is not text")))?;
+    let address = text.split(',').next().unwrap_or_default().trim();
+    if address.is_empty() {
+        return Ok(None);
+    }
+    let dp_rank = match headers.get(PREFILL_DP_RANK) {
+        None => None,
+        Some(rank) => Some(
+            (rank.to_str().ok())
+                .and_then(|rank| rank.trim().parse().ok())
+                .ok_or_else(|| bad(format!("{PREFILL_DP_RANK} is not a dp rank")))?,
+        ),
+    };
+    Ok(Some((address, dp_rank)))
+}
+
 /// What a request that cannot be placed is told.
 fn refusal(why: Unplaceable) -> Refusal {
     match why {
@@ -124,6 +164,15 @@ fn refusal(why: Unplaceable) -> Refusal {
                  {dp_rank}) serves: P and D of different models are never paired (see GET /ready)"
             ),
             Outcome::ModelMismatch,
+        ),
+        Unplaceable::NotInFleet { address } => refused(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            format!(
+                "{PREFILLER} names {address}, which is not a prefill of this proxy's fleet: \
+                 a sidecar only calls the prefills it knows"
+            ),
+            Outcome::BadRequest,
         ),
         Unplaceable::AdapterNotLoaded { model, reason } => refused(
             StatusCode::SERVICE_UNAVAILABLE,

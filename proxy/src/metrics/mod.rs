@@ -31,7 +31,8 @@ impl Default for Metrics {
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Self {
-        let registry = prometheus::Registry::new();
+        let registry = prometheus::Registry::new_custom(Some("pd_proxy".to_owned()), None)
+            .expect("a valid metric prefix");
         let fleet = FleetMetrics::new(&registry);
         let routes = RouteFamilies::new(&registry);
         Metrics {

@@ -127,53 +127,53 @@ impl RouteFamilies {
         let route = &["route", "model"];
         let families = RouteFamilies {
             requests: counter(
-                "pd_proxy_requests_total",
+                "requests_total",
                 "Client requests by route, model and outcome",
                 &["route", "model", "outcome"],
             ),
             duration: histogram(
-                "pd_proxy_request_duration_seconds",
+                "request_duration_seconds",
                 "Time from a client request's arrival to the end of its answer",
                 LATENCY_BUCKETS,
             ),
             ttft: histogram(
-                "pd_proxy_time_to_first_byte_seconds",
+                "time_to_first_byte_seconds",
                 "Time from a client request's arrival to the first byte of D's answer (TTFT when streaming)",
                 LATENCY_BUCKETS,
             ),
             overhead: histogram(
-                "pd_proxy_overhead_seconds",
+                "overhead_seconds",
                 "The proxy's own time per request: from the request's arrival until D's call is issued, plus from D's first byte until the answer is handed to the client",
                 OVERHEAD_BUCKETS,
             ),
             in_flight: IntGaugeVec::new(
-                Opts::new("pd_proxy_requests_in_flight", "Client requests being served"),
+                Opts::new("requests_in_flight", "Client requests being served"),
                 route,
             )
             .expect("valid metric"),
             retries: counter(
-                "pd_proxy_decode_retries_total",
+                "decode_retries_total",
                 "Requests retried on another decode after D failed before its first byte",
                 route,
             ),
             engine_reroutes: counter(
-                "pd_proxy_engine_reroutes_total",
+                "engine_reroutes_total",
                 "Requests whose D was asked again with the new engine id of a prefill that \
                  re-registered (D could not find the engine it was told)",
                 route,
             ),
             prefill: histogram(
-                "pd_proxy_prefill_duration_seconds",
+                "prefill_duration_seconds",
                 "Time P took to answer (its whole call: the prompt's computation and KV publication)",
                 LATENCY_BUCKETS,
             ),
             decode_first_byte: histogram(
-                "pd_proxy_decode_first_byte_seconds",
+                "decode_first_byte_seconds",
                 "Time from D's call being issued to its first byte (D's wait for the KV included)",
                 LATENCY_BUCKETS,
             ),
             decisions: counter(
-                "pd_proxy_route_decisions_total",
+                "route_decisions_total",
                 "Routing decisions: through P and D (disaggregated), to a decode alone (decode_only) or refused, and why, by model",
                 &["decision", "reason", "model"],
             ),

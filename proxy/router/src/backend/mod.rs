@@ -60,6 +60,7 @@ fn identity(role: Role, url: &str) -> u64 {
 /// One P or D server.
 pub struct Backend {
     url: String,
+    address: String,
     id: u64,
     role: Role,
     /// `{url}/v1/completions`.
@@ -101,8 +102,15 @@ impl Backend {
         };
         let metrics = metrics.backend(role.as_str(), url);
         metrics.healthy.set(1);
+        let base = join("/");
+        let address = format!(
+            "{}:{}",
+            base.host_str().unwrap_or_default(),
+            base.port_or_known_default().unwrap_or(80)
+        );
         Backend {
             url: url.to_owned(),
+            address,
             id: identity(role, url),
             role,
             completions_url: Endpoint::new(join("/v1/completions")),
@@ -127,6 +135,12 @@ impl Backend {
     /// The base URL.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Its `host:port` (the port made explicit; an IPv6 host in brackets): how a gateway
+    /// names it (`x-gateway-destination-endpoint`, `x-prefiller-host-port`).
+    pub fn address(&self) -> &str {
+        &self.address
     }
 
     /// A stable identity for the policies: the same role and URL, the same id.

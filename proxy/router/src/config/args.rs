@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Args, CommandFactory, FromArgMatches, ValueEnum};
+use clap::{ArgAction, Args, Command, FromArgMatches, ValueEnum};
 use pd_service::parse_seconds;
 
 use super::file::{ConfigFile, FileModels};
@@ -133,30 +133,32 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
 
 /// Parses a front door's command line `argv` into `A` (with the flags of its `--config` file,
 /// the command line's winning), keeping each `--prefill` occurrence's one or two values
-/// together (clap's derive flattens them); `fleet` finds `A`'s [`FleetArgs`].
+/// together (clap's derive flattens them); `command` makes `A`'s command (`A::command`, or it
+/// adjusted), `fleet` finds `A`'s [`FleetArgs`].
 pub fn parse_args<A, I, T>(
     argv: I,
+    command: impl Fn() -> Command,
     fleet: impl FnOnce(&mut A) -> &mut FleetArgs,
 ) -> Result<A, clap::Error>
 where
-    A: CommandFactory + FromArgMatches,
+    A: FromArgMatches,
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
     let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
-    let mut command = A::command();
+    let make = command;
+    let mut command = make();
     let mut matches = command.try_get_matches_from_mut(&argv)?;
     let mut file_models = FileModels::default();
     if let Some(path) = matches.get_one::<PathBuf>("config").cloned() {
-        let invalid =
-            |message: String| A::command().error(clap::error::ErrorKind::InvalidValue, message);
+        let invalid = |message: String| make().error(clap::error::ErrorKind::InvalidValue, message);
         let file =
             ConfigFile::read(&path, &command, &matches).map_err(|err| invalid(err.to_string()))?;
         let (program, rest) = argv.split_first().expect("argv holds the program");
         let combined = std::iter::once(program.clone())
             .chain(file.words)
             .chain(rest.iter().cloned());
-        matches = A::command().try_get_matches_from(combined).map_err(|err| {
+        matches = make().try_get_matches_from(combined).map_err(|err| {
             let flag = err.get(clap::error::ContextKind::InvalidArg).map(|arg| {
                 let text = arg.to_string();
                 let long = text.trim_start_matches("--");
@@ -267,4 +269,20 @@ impl FleetArgs {
             Some(self.engine_metrics_interval).filter(|interval| !interval.is_zero());
         Ok(config)
     }
+}
+
+/// `command` with every environment fallback named `PD_PROXY_*` renamed `{prefix}*`: the
+/// shared flags under another front door's own names.
+pub fn with_env_prefix(command: Command, prefix: &str) -> Command {
+    command.mut_args(|arg| {
+        let renamed = (arg.get_env())
+            .and_then(|env| env.to_str())
+            .and_then(|env| env.strip_prefix("PD_PROXY_"))
+            .map(|rest| format!("{prefix}{rest}"));
+        match renamed {
+            // clap keeps names as 'static strings; a command is built once per parse.
+            Some(name) => arg.env(&*Box::leak(name.into_boxed_str())),
+            None => arg,
+        }
+    })
 }

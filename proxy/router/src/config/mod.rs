@@ -8,7 +8,7 @@ mod targets;
 
 use std::time::Duration;
 
-pub use self::args::{parse_args, FleetArgs, Mode};
+pub use self::args::{parse_args, with_env_prefix, FleetArgs, Mode};
 pub use self::file::{ConfigFile, FileError, FileModels};
 pub use self::targets::{
     base_url, parse_backend_url, parse_dns, parse_prefill, parse_prefill_entry, parse_prefill_env,

@@ -14,7 +14,7 @@ impl DnsMetrics {
     pub fn new(registry: &Registry) -> Self {
         let resolutions = IntCounterVec::new(
             Opts::new(
-                "pd_proxy_dns_resolutions_total",
+                "dns_resolutions_total",
                 "Resolutions of a dns:// backend name, by outcome (ok; else nxdomain, no_records, \
                  timeout or error, and the last set of backends is kept)",
             ),
@@ -23,7 +23,7 @@ impl DnsMetrics {
         .expect("valid metric");
         let backends = IntGaugeVec::new(
             Opts::new(
-                "pd_proxy_dns_backends",
+                "dns_backends",
                 "Backends a dns:// name resolves to (as of its last successful resolution)",
             ),
             &["name"],

@@ -38,7 +38,7 @@ impl KvMetrics {
         };
         let picks = IntCounterVec::new(
             Opts::new(
-                "pd_proxy_route_picks_total",
+                "route_picks_total",
                 "precise_prefix picks by choice (prefill, decode) and reason (kv_hit: the chosen \
                  engine holds part of the prompt; kv_miss: none does; no_tokens: the prompt's \
                  tokens are unknown; no_events: no candidate's events are followed)",
@@ -51,27 +51,18 @@ impl KvMetrics {
             .expect("metric names are unique");
         KvMetrics {
             picks,
-            events: counter(
-                "pd_proxy_kv_events_total",
-                "KV cache events applied to the index",
-            ),
+            events: counter("kv_events_total", "KV cache events applied to the index"),
             malformed: counter(
-                "pd_proxy_kv_events_malformed_total",
+                "kv_events_malformed_total",
                 "KV event payloads that could not be decoded",
             ),
             rebuilds: counter(
-                "pd_proxy_kv_index_rebuilds_total",
+                "kv_index_rebuilds_total",
                 "Times an engine's index entries were dropped to be rebuilt (a sequence gap \
                  replay could not fill, a restart, a failed health check)",
             ),
-            blocks: gauge(
-                "pd_proxy_kv_index_blocks",
-                "(engine, block) entries in the KV index",
-            ),
-            engines: gauge(
-                "pd_proxy_kv_index_engines",
-                "Engines whose KV events are followed",
-            ),
+            blocks: gauge("kv_index_blocks", "(engine, block) entries in the KV index"),
+            engines: gauge("kv_index_engines", "Engines whose KV events are followed"),
         }
     }
 }

@@ -41,7 +41,7 @@ impl LoraMetrics {
     pub fn new(registry: &Registry) -> Self {
         let loads = IntCounterVec::new(
             Opts::new(
-                "pd_proxy_lora_loads_total",
+                "lora_loads_total",
                 "LoRA adapters loaded on an engine because a request needed them, by role and outcome",
             ),
             &["role", "outcome"],
@@ -49,7 +49,7 @@ impl LoraMetrics {
         .expect("valid metric");
         let seconds = HistogramVec::new(
             HistogramOpts::new(
-                "pd_proxy_lora_load_seconds",
+                "lora_load_seconds",
                 "Time an engine took to load a LoRA adapter on demand",
             )
             .buckets(vec![

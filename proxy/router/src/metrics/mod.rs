@@ -1,7 +1,8 @@
 //! The fleet's Prometheus metrics: each backend's calls, load and health, each prefill's
 //! discovery, the DNS names, the KV-event index, tokenization and adapter loads. They are
-//! registered in the registry of the process that runs the router (pd-proxy's, pd-epp's), so
-//! one `GET /metrics` shows them beside the front door's own.
+//! registered in the registry of the process that runs the router, whose prefix names them
+//! (`pd_proxy_backend_requests_total` in pd-proxy, `pd_epp_...` in pd-epp), so one
+//! `GET /metrics` shows them beside the front door's own.
 //!
 //! Label sets that the hot path touches are resolved once (per backend) so a request only
 //! bumps atomics.
@@ -85,20 +86,20 @@ impl FleetMetrics {
     pub fn new(registry: &Registry) -> Self {
         let calls = IntCounterVec::new(
             Opts::new(
-                "pd_proxy_backend_requests_total",
+                "backend_requests_total",
                 "Calls to backends by role, backend and outcome",
             ),
             &["role", "backend", "outcome"],
         )
         .expect("valid metric");
         let backend_in_flight = IntGaugeVec::new(
-            Opts::new("pd_proxy_backend_in_flight", "Calls to a backend in flight"),
+            Opts::new("backend_in_flight", "Calls to a backend in flight"),
             &["role", "backend"],
         )
         .expect("valid metric");
         let healthy = IntGaugeVec::new(
             Opts::new(
-                "pd_proxy_backend_healthy",
+                "backend_healthy",
                 "1 when a backend passes its health checks, 0 otherwise",
             ),
             &["role", "backend"],
@@ -106,7 +107,7 @@ impl FleetMetrics {
         .expect("valid metric");
         let engine_load = IntGaugeVec::new(
             Opts::new(
-                "pd_proxy_backend_engine_load",
+                "backend_engine_load",
                 "Requests running and waiting as a backend's engine reports them on its /metrics (-1: not known)",
             ),
             &["role", "backend"],
@@ -114,7 +115,7 @@ impl FleetMetrics {
         .expect("valid metric");
         let dp_ranks = IntGaugeVec::new(
             Opts::new(
-                "pd_proxy_prefill_dp_ranks",
+                "prefill_dp_ranks",
                 "dp ranks discovered on a prefill's bootstrap server",
             ),
             &["backend"],
@@ -122,7 +123,7 @@ impl FleetMetrics {
         .expect("valid metric");
         let discoveries = IntCounterVec::new(
             Opts::new(
-                "pd_proxy_discoveries_total",
+                "discoveries_total",
                 "Discovery attempts (/health then /query) by prefill and outcome",
             ),
             &["backend", "outcome"],
@@ -130,7 +131,7 @@ impl FleetMetrics {
         .expect("valid metric");
         let watching = IntGaugeVec::new(
             Opts::new(
-                "pd_proxy_discovery_watching",
+                "discovery_watching",
                 "1 while a prefill's bootstrap server reports worker changes through /watch, 0 while discovery only polls it",
             ),
             &["backend"],
@@ -138,7 +139,7 @@ impl FleetMetrics {
         .expect("valid metric");
         let watch_refreshes = IntCounterVec::new(
             Opts::new(
-                "pd_proxy_discovery_watch_refreshes_total",
+                "discovery_watch_refreshes_total",
                 "Discoveries woken by a worker change a prefill's bootstrap server reported through /watch",
             ),
             &["backend"],

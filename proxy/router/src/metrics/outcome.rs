@@ -1,6 +1,6 @@
 //! How each call to a backend ended: the `outcome` label of the backends' calls.
 
-/// How one call to a backend ended (the `outcome` label of `pd_proxy_backend_requests_total`).
+/// How one call to a backend ended (the `outcome` label of `backend_requests_total`, after the registry's prefix).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallOutcome {
     /// A 2xx answer, read to its end.

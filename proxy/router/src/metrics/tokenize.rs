@@ -21,7 +21,7 @@ impl TokenizeMetrics {
     pub fn new(registry: &Registry) -> Self {
         let seconds = HistogramVec::new(
             HistogramOpts::new(
-                "pd_proxy_tokenize_seconds",
+                "tokenize_seconds",
                 "Time to compute a prompt's token ids, by source (local: --tokenizer; engine: \
                  its POST /tokenize)",
             )
@@ -31,7 +31,7 @@ impl TokenizeMetrics {
         .expect("valid metric");
         let failures = IntCounterVec::new(
             Opts::new(
-                "pd_proxy_tokenize_failures_total",
+                "tokenize_failures_total",
                 "Prompts routed without their token ids, by source (request: a prompt shape \
                  that is not tokenized here)",
             ),

@@ -35,6 +35,12 @@ pub enum Reason {
     PrefixHit,
     /// No prefill can take the request (none discovered, or none healthy).
     NoPrefillHealthy,
+    /// The fleet has no prefills: its engines serve whole requests (an endpoint picker in
+    /// front of aggregated engines).
+    Aggregated,
+    /// A gateway's endpoint picker chose (pd-proxy as a decode's sidecar): through the prefill
+    /// it named, or the decode alone when it named none.
+    Gateway,
 }
 
 /// A routing decision.
@@ -48,16 +54,23 @@ pub struct Decision {
 
 impl Decision {
     /// Every decision that can be made, in the order of [`Decision::slot`].
-    pub const ALL: [Decision; 6] = [
+    pub const ALL: [Decision; 9] = [
         Decision::new(Path::Disaggregated, Reason::Unconditional),
         Decision::new(Path::Disaggregated, Reason::LongPrompt),
         Decision::new(Path::DecodeOnly, Reason::ShortPrompt),
         Decision::new(Path::DecodeOnly, Reason::PrefixHit),
         Decision::new(Path::DecodeOnly, Reason::NoPrefillHealthy),
         Decision::new(Path::Refused, Reason::NoPrefillHealthy),
+        Decision::AGGREGATED,
+        Decision::new(Path::Disaggregated, Reason::Gateway),
+        Decision::new(Path::DecodeOnly, Reason::Gateway),
     ];
 
-    const fn new(path: Path, reason: Reason) -> Self {
+    /// To an engine alone, in a fleet without prefills.
+    pub const AGGREGATED: Decision = Decision::new(Path::DecodeOnly, Reason::Aggregated);
+
+    /// `path`, for `reason`.
+    pub const fn new(path: Path, reason: Reason) -> Self {
         Decision { path, reason }
     }
 
@@ -86,6 +99,8 @@ impl Decision {
             Reason::ShortPrompt => "short_prompt",
             Reason::PrefixHit => "prefix_hit",
             Reason::NoPrefillHealthy => "no_prefill_healthy",
+            Reason::Aggregated => "aggregated",
+            Reason::Gateway => "gateway",
         }
     }
 

@@ -1,0 +1,177 @@
+//! The cluster behind a gateway (`spec.gateway`), as the Gateway API Inference Extension runs
+//! it: Envoy is the front door, pd-epp its endpoint picker (ext_proc), and beside each decode a
+//! pd-proxy `--sidecar` that runs the P/D flow through the prefill pd-epp named. In a fleet
+//! without P/D pairs (no prefill serving), pd-epp picks among the decodes alone.
+//!
+//! Envoy's configuration is `examples/gateway/envoy.yaml` with its `${...}` values filled in:
+//! the ports, whether a request goes on without the picker (`fail_open`), how long the picker
+//! may take per message, and the fallback endpoints (the sidecars).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::proxy::{fleet_args, Found};
+use super::{s, ClusterError, ClusterSpec, Ports, READY_TIMEOUT};
+use crate::process::{spawn, spawn_with_env, wait_for, Process};
+
+/// The reference Envoy configuration, with `${...}` placeholders.
+pub const ENVOY_TEMPLATE: &str = include_str!("../../gateway/envoy.yaml");
+
+/// How to run the gateway.
+#[derive(Debug, Clone)]
+pub struct GatewaySpec {
+    /// The Envoy binary (`examples/gateway/tools.sh` prints it).
+    pub envoy: PathBuf,
+    /// Requests go on (to the fallback: the sidecars in turn) when pd-epp fails or is down
+    /// (Envoy's `failure_mode_allow`); else they fail.
+    pub fail_open: bool,
+    /// How long pd-epp may take to answer one message (Envoy's `message_timeout`).
+    pub message_timeout: Duration,
+    /// Extra flags for pd-epp (its policy, say).
+    pub epp_args: Vec<String>,
+}
+
+/// The gateway's processes beside the engines.
+pub struct Gateway {
+    /// pd-epp; its `url` is its HTTP side (`/metrics`, `/ready`, `/admin/drain`).
+    pub epp: Process,
+    /// pd-epp's ext_proc address, `127.0.0.1:PORT`.
+    pub epp_grpc: String,
+    /// One pd-proxy `--sidecar` per decode, in the decodes' order.
+    pub sidecars: Vec<Process>,
+    /// Envoy's admin URL.
+    pub envoy_admin: String,
+}
+
+/// Envoy's configuration for the ports and choices given.
+pub fn envoy_config(
+    listen_port: u16,
+    admin_port: u16,
+    epp_port: u16,
+    fail_open: bool,
+    message_timeout: Duration,
+    fallback: &[String],
+) -> String {
+    let fallback: Vec<String> = (fallback.iter())
+        .map(|address| {
+            let (host, port) = address.rsplit_once(':').unwrap_or((address, "80"));
+            format!("{{endpoint: {{address: {{socket_address: {{address: {host}, port_value: {port}}}}}}}}}")
+        })
+        .collect();
+    ENVOY_TEMPLATE
+        .replace("${LISTEN_HOST}", "127.0.0.1")
+        .replace("${LISTEN_PORT}", &listen_port.to_string())
+        .replace("${ADMIN_PORT}", &admin_port.to_string())
+        .replace("${EPP_PORT}", &epp_port.to_string())
+        .replace("${FAILURE_MODE_ALLOW}", &fail_open.to_string())
+        .replace(
+            "${MESSAGE_TIMEOUT}",
+            &format!("{}s", message_timeout.as_secs_f64()),
+        )
+        .replace("${ROUTE_TIMEOUT}", "600s")
+        .replace("${FALLBACK_ENDPOINTS}", &fallback.join(", "))
+}
+
+/// Starts the sidecars, pd-epp and Envoy (on `spec.proxy_port` when set); returns Envoy (the
+/// front door) and the rest, once a request can go through.
+pub(super) async fn start(
+    spec: &ClusterSpec,
+    gateway: &GatewaySpec,
+    ports: &mut Ports,
+    found: Found<'_>,
+    decodes: &[Process],
+) -> Result<(Process, Gateway), ClusterError> {
+    let proxy_bin = super::binary(spec, "pd-proxy")?;
+    let epp_bin = super::binary(spec, "pd-epp")?;
+    let mut sidecars = Vec::new();
+    for (i, decode) in decodes.iter().enumerate() {
+        let port = ports.take()?;
+        let mut args = vec![s(&"--host"), s(&"127.0.0.1"), s(&"--port"), s(&port)];
+        args.push(s(&"--sidecar"));
+        args.extend(fleet_args(spec, found, Some(&[decode])));
+        args.extend(spec.proxy_args.iter().cloned());
+        let url = format!("http://127.0.0.1:{port}");
+        let env: Vec<(&str, &str)> = (spec.proxy_env.iter())
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        let name = format!("sidecar-{i}");
+        sidecars.push(spawn_with_env(
+            &spec.run_dir,
+            &name,
+            &proxy_bin,
+            &args,
+            &env,
+            url,
+        )?);
+    }
+    let (epp_port, metrics_port) = (ports.take()?, ports.take()?);
+    let mut args = vec![s(&"--host"), s(&"127.0.0.1"), s(&"--port"), s(&epp_port)];
+    args.extend([s(&"--metrics-port"), s(&metrics_port)]);
+    args.extend(fleet_args(spec, found, None));
+    for (decode, sidecar) in decodes.iter().zip(&sidecars) {
+        args.extend([
+            s(&"--destination"),
+            format!("{}={}", decode.url, address(&sidecar.url)),
+        ]);
+    }
+    args.extend(gateway.epp_args.iter().cloned());
+    let url = format!("http://127.0.0.1:{metrics_port}");
+    let mut epp = spawn(&spec.run_dir, "epp", &epp_bin, &args, url)?;
+    for sidecar in &mut sidecars {
+        wait_for(sidecar, "/ready", READY_TIMEOUT).await?;
+    }
+    wait_for(&mut epp, "/ready", READY_TIMEOUT).await?;
+    let listen_port = match spec.proxy_port {
+        0 => ports.take()?,
+        port => port,
+    };
+    let admin_port = ports.take()?;
+    let fallback: Vec<String> = sidecars.iter().map(|p| address(&p.url)).collect();
+    let config = envoy_config(
+        listen_port,
+        admin_port,
+        epp_port,
+        gateway.fail_open,
+        gateway.message_timeout,
+        &fallback,
+    );
+    let config_path = spec.run_dir.join("envoy.yaml");
+    std::fs::write(&config_path, config).map_err(|source| ClusterError::RunDir {
+        path: config_path.clone(),
+        source,
+    })?;
+    let envoy_args = envoy_args(&config_path);
+    let url = format!("http://127.0.0.1:{listen_port}");
+    let mut envoy = spawn(&spec.run_dir, "envoy", &gateway.envoy, &envoy_args, url)?;
+    wait_for(&mut envoy, "/ready", READY_TIMEOUT).await?;
+    let parts = Gateway {
+        epp,
+        epp_grpc: format!("127.0.0.1:{epp_port}"),
+        sidecars,
+        envoy_admin: format!("http://127.0.0.1:{admin_port}"),
+    };
+    Ok((envoy, parts))
+}
+
+/// Envoy's command line for `config`: one worker, quiet logs, and no hot-restart socket (so
+/// that several Envoys run side by side).
+pub fn envoy_args(config: &Path) -> Vec<String> {
+    [
+        "-c",
+        &config.display().to_string(),
+        "-l",
+        "warn",
+        "--concurrency",
+        "1",
+        "--disable-hot-restart",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// `host:port` of a base URL.
+fn address(url: &str) -> String {
+    url.split_once("://")
+        .map_or(url, |(_, rest)| rest)
+        .to_owned()
+}

@@ -1,0 +1,201 @@
+//! pd-epp's flags: where it listens (ext_proc and gRPC health on `--port`, metrics and HTTP
+//! health on `--metrics-port`), what a request may cost, its key, and the fleet's and the
+//! placement's flags, the same as pd-proxy's ([`FleetArgs`], with `PD_EPP_*` environment
+//! fallbacks) and the same `--config` file.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use clap::{CommandFactory, Parser};
+use pd_router::backend::Backend;
+use pd_router::config::{parse_args, with_env_prefix, ConfigError, FleetArgs, RouterConfig};
+use pd_service::{parse_seconds_or_zero, LogFormat};
+
+/// The prefills when no `--prefill` flag is given: comma-separated `URL[ PORT]` entries.
+pub const PREFILL_ENV: &str = "PD_EPP_PREFILL";
+
+/// pd-epp: the Gateway API Inference Extension's endpoint picker for Envoy (ext_proc), placing
+/// each request with pd-bootstrap's routing.
+#[derive(Debug, Parser)]
+#[command(name = "pd-epp", version, about)]
+pub struct Args {
+    /// Address (IP or host name) to listen on.
+    #[arg(long, env = "PD_EPP_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port of the ext_proc service (and the gRPC health service beside it).
+    #[arg(long, env = "PD_EPP_PORT", default_value_t = 9002)]
+    pub port: u16,
+    /// Port of `GET /metrics`, `/health` and `/ready` (HTTP).
+    #[arg(long, env = "PD_EPP_METRICS_PORT", default_value_t = 9090)]
+    pub metrics_port: u16,
+    /// The engines, how they are found, checked and chosen. Without `--prefill` the engines
+    /// (`--decode`) serve whole requests, one picked for each.
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    /// The port Envoy sends a decode's requests to, on the decode's host, when it is not the
+    /// engine's own: the sidecar's (pd-proxy `--sidecar`) in each decode pod.
+    #[arg(long, env = "PD_EPP_DESTINATION_PORT")]
+    pub destination_port: Option<u16>,
+    /// Where Envoy sends one decode's requests: `ENGINE_URL=HOST:PORT` (its sidecar), for
+    /// decodes whose sidecars do not share one port. Repeatable; wins over
+    /// --destination-port.
+    #[arg(long = "destination", env = "PD_EPP_DESTINATIONS", value_delimiter = ',', value_parser = parse_destination)]
+    pub destinations: Vec<(String, String)>,
+    /// Key an operator must send as `Authorization: Bearer <key>` to drain an engine
+    /// (`POST /admin/drain` on the metrics port); without it that route is off.
+    #[arg(long, env = "PD_EPP_ADMIN_KEY", hide_env_values = true)]
+    pub admin_key: Option<String>,
+    /// Key requests must present as `Authorization: Bearer <key>`; others are answered 401.
+    #[arg(long, env = "PD_EPP_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// The largest request body buffered to place it, in bytes (413 above it).
+    #[arg(long, env = "PD_EPP_MAX_BODY_BYTES", default_value_t = 32 << 20, value_parser = clap::value_parser!(usize))]
+    pub max_body_bytes: usize,
+    /// Log format.
+    #[arg(long, env = "PD_EPP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Seconds between the first SIGTERM/SIGINT and the end of accepting: readiness fails
+    /// meanwhile (so the gateway stops sending), streams are served as usual.
+    #[arg(long, env = "PD_EPP_SHUTDOWN_DELAY", default_value = "0", value_parser = parse_seconds_or_zero)]
+    pub shutdown_delay: Duration,
+}
+
+/// Everything pd-epp needs, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The fleet and the placement.
+    pub router: RouterConfig,
+    /// Host to listen on.
+    pub host: String,
+    /// Port of the gRPC services (0 picks a free one).
+    pub port: u16,
+    /// Port of the HTTP metrics and health (0 picks a free one).
+    pub metrics_port: u16,
+    /// The key requests must present, if any.
+    pub api_key: Option<String>,
+    /// The largest request body buffered.
+    pub max_body_bytes: usize,
+    /// Where Envoy sends each decode's requests.
+    pub destinations: Destinations,
+    /// The key of the admin route, if it is on.
+    pub admin_key: Option<String>,
+}
+
+/// Where Envoy sends a decode's requests: the engine's own address, unless a sidecar stands in
+/// front of it.
+#[derive(Debug, Clone, Default)]
+pub struct Destinations {
+    /// Every decode's sidecar port, on the decode's host.
+    pub port: Option<u16>,
+    /// One decode's (by its URL) destination, `host:port`.
+    pub by_engine: HashMap<String, String>,
+}
+
+impl Destinations {
+    /// The `host:port` Envoy routes `decode`'s requests to.
+    pub fn of(&self, decode: &Backend) -> String {
+        if let Some(address) = self.by_engine.get(decode.url()) {
+            return address.clone();
+        }
+        let address = decode.address();
+        match (self.port, address.rsplit_once(':')) {
+            (Some(port), Some((host, _))) => format!("{host}:{port}"),
+            _ => address.to_owned(),
+        }
+    }
+}
+
+/// `ENGINE_URL=HOST:PORT`.
+fn parse_destination(text: &str) -> Result<(String, String), String> {
+    let (engine, address) = text
+        .rsplit_once('=')
+        .ok_or_else(|| format!("{text:?}: expected ENGINE_URL=HOST:PORT"))?;
+    let port = address
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse::<u16>().ok());
+    if port.is_none() {
+        return Err(format!("{address:?}: expected HOST:PORT"));
+    }
+    Ok((engine.trim_end_matches('/').to_owned(), address.to_owned()))
+}
+
+impl Config {
+    /// A configuration with the binary's defaults for everything but the engines, listening on
+    /// 127.0.0.1 with OS-chosen ports (for tests and benchmarks).
+    pub fn new(router: RouterConfig) -> Self {
+        Config {
+            router,
+            host: "127.0.0.1".to_owned(),
+            port: 0,
+            metrics_port: 0,
+            api_key: None,
+            max_body_bytes: 32 << 20,
+            destinations: Destinations::default(),
+            admin_key: None,
+        }
+    }
+}
+
+impl Args {
+    /// Parses a command line (with the flags of its `--config` file, the command line's
+    /// winning).
+    pub fn try_parse_args<I, T>(argv: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let command = || with_env_prefix(Args::command(), "PD_EPP_");
+        parse_args(argv, command, |args: &mut Args| &mut args.fleet)
+    }
+
+    /// Parses the process's command line, exiting with clap's message on an error.
+    pub fn parse_args() -> Self {
+        Self::try_parse_args(std::env::args_os()).unwrap_or_else(|err| err.exit())
+    }
+
+    /// Validates the flags into a configuration. `prefill_env` is the value of [`PREFILL_ENV`],
+    /// used only when no `--prefill` flag was given.
+    pub fn into_config(self, prefill_env: Option<&str>) -> Result<Config, ConfigError> {
+        Ok(Config {
+            router: self.fleet.into_config(prefill_env, false)?,
+            host: self.host,
+            port: self.port,
+            metrics_port: self.metrics_port,
+            api_key: self.api_key.filter(|key| !key.is_empty()),
+            max_body_bytes: self.max_body_bytes,
+            destinations: Destinations {
+                port: self.destination_port,
+                by_engine: self.destinations.into_iter().collect(),
+            },
+            admin_key: self.admin_key.filter(|key| !key.is_empty()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shared_flags_read_pd_epp_variables() {
+        let command = with_env_prefix(Args::command(), "PD_EPP_");
+        let env = |long: &str| {
+            let arg = command.get_arguments().find(|a| a.get_long() == Some(long));
+            arg.and_then(|a| a.get_env())
+                .map(|e| e.to_string_lossy().into_owned())
+        };
+        assert_eq!(env("decode").as_deref(), Some("PD_EPP_DECODE"));
+        assert_eq!(env("policy").as_deref(), Some("PD_EPP_POLICY"));
+        assert_eq!(env("port").as_deref(), Some("PD_EPP_PORT"));
+    }
+
+    #[test]
+    fn engines_without_prefills_make_an_aggregated_fleet() {
+        let args = Args::try_parse_args(["pd-epp", "--decode", "http://10.0.0.7:8000"]).unwrap();
+        let config = args.into_config(None).unwrap();
+        assert!(config.router.prefills.is_empty());
+        assert_eq!(config.router.decodes, ["http://10.0.0.7:8000"]);
+        let none = Args::try_parse_args(["pd-epp"]).unwrap().into_config(None);
+        assert!(matches!(none, Err(ConfigError::NoDecode)));
+    }
+}

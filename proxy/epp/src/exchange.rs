@@ -1,0 +1,260 @@
+//! One request as Envoy processes it: an ext_proc stream, from the request's headers to the end
+//! of its answer.
+//!
+//! The request phase: the headers are kept (nothing is answered yet), the body is buffered up to
+//! `--max-body-bytes` (413 past it), and when it is complete (its last chunk, its trailers, or a
+//! request without a body) the request is placed ([`crate::pick`]): the answer to its headers
+//! names the endpoint, then its body goes back in chunks. A request that cannot be placed gets an
+//! immediate answer and the stream ends. The response phase: the endpoint that served it is read
+//! back, its headers and any body chunks and trailers are let through unchanged. The request's
+//! calls are counted in flight until the stream ends (the prefill's until the answer begins),
+//! so the policies see the load pd-epp placed.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use envoy_types::pb::envoy::config::core::v3::HeaderMap as EnvoyHeaders;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    processing_request, ProcessingRequest, ProcessingResponse,
+};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use pd_router::metrics::CallOutcome;
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+use crate::pick::{self, Picked, Refused};
+use crate::protocol;
+use crate::service::Shared;
+
+/// Where the exchange stands.
+enum Phase {
+    /// Waiting for the request's body to end.
+    Request,
+    /// Routed: the answer's phase.
+    Routed(Box<Picked>),
+    /// Answered at once: nothing more to do.
+    Done,
+}
+
+/// One ext_proc stream.
+pub struct Exchange {
+    shared: Arc<Shared>,
+    out: mpsc::Sender<Result<ProcessingResponse, Status>>,
+    path: String,
+    headers: HeaderMap,
+    body: BytesMut,
+    subset: Option<Vec<String>>,
+    phase: Phase,
+    /// The answer's status, once its headers are seen.
+    status: Option<u16>,
+}
+
+impl Exchange {
+    /// An exchange answering on `out`.
+    pub fn new(shared: Arc<Shared>, out: mpsc::Sender<Result<ProcessingResponse, Status>>) -> Self {
+        Exchange {
+            shared,
+            out,
+            path: String::new(),
+            headers: HeaderMap::new(),
+            body: BytesMut::new(),
+            subset: None,
+            phase: Phase::Request,
+            status: None,
+        }
+    }
+
+    /// Runs the exchange until Envoy ends the stream (or an answer cannot be sent).
+    pub async fn run(mut self, mut inbound: Streaming<ProcessingRequest>) {
+        let exchanges = self.shared.metrics.exchanges().clone();
+        exchanges.inc();
+        while let Ok(Some(message)) = inbound.message().await {
+            if self.handle(message).await.is_err() {
+                break;
+            }
+        }
+        exchanges.dec();
+        if let Phase::Routed(picked) = self.phase {
+            let outcome = match self.status {
+                Some(status) if (200..300).contains(&status) => CallOutcome::Ok,
+                Some(_) => CallOutcome::HttpError,
+                None => CallOutcome::Cancelled,
+            };
+            picked.decode_call.finish(outcome);
+        }
+    }
+
+    /// Handles one message; an error means the stream is over.
+    async fn handle(&mut self, message: ProcessingRequest) -> Result<(), ()> {
+        let Some(request) = message.request else {
+            return Ok(());
+        };
+        if self.subset.is_none() {
+            self.subset = protocol::subset_hint(message.metadata_context.as_ref());
+        }
+        match request {
+            processing_request::Request::RequestHeaders(headers) => {
+                self.keep_headers(headers.headers.as_ref());
+                if let Some(refused) = self.unauthorized() {
+                    return self.refuse(refused).await;
+                }
+                if headers.end_of_stream {
+                    return self.route(false).await;
+                }
+                Ok(())
+            }
+            processing_request::Request::RequestBody(body) => {
+                if !matches!(self.phase, Phase::Request) {
+                    return Ok(());
+                }
+                if self.body.len() + body.body.len() > self.shared.max_body_bytes {
+                    let message = format!(
+                        "the request body is larger than {} bytes (--max-body-bytes)",
+                        self.shared.max_body_bytes
+                    );
+                    let refused = Refused::new(413, "invalid_request_error", &message, "too_large");
+                    return self.refuse(refused).await;
+                }
+                self.body.extend_from_slice(&body.body);
+                match body.end_of_stream {
+                    true => self.route(true).await,
+                    false => Ok(()),
+                }
+            }
+            processing_request::Request::RequestTrailers(_) => {
+                if matches!(self.phase, Phase::Request) {
+                    self.route(true).await?;
+                }
+                self.send(protocol::trailers_seen(false)).await
+            }
+            processing_request::Request::ResponseHeaders(headers) => {
+                self.status = status_of(headers.headers.as_ref());
+                self.answer_began(message.metadata_context.as_ref());
+                self.send(protocol::response_headers_seen()).await
+            }
+            processing_request::Request::ResponseBody(body) => {
+                let chunk = protocol::streamed_body(&body.body, body.end_of_stream, true);
+                self.send(chunk).await
+            }
+            processing_request::Request::ResponseTrailers(_) => {
+                self.send(protocol::trailers_seen(true)).await
+            }
+        }
+    }
+
+    /// Keeps the request's path and headers (the pseudo-headers' `:path` only).
+    fn keep_headers(&mut self, headers: Option<&EnvoyHeaders>) {
+        for header in headers.map(|h| h.headers.as_slice()).unwrap_or_default() {
+            let value = protocol::header_value(header);
+            if header.key == ":path" {
+                let path = String::from_utf8_lossy(value);
+                self.path = path.split('?').next().unwrap_or_default().to_owned();
+                continue;
+            }
+            if header.key.starts_with(':') {
+                continue;
+            }
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(header.key.as_bytes()),
+                HeaderValue::from_bytes(value),
+            ) {
+                self.headers.append(name, value);
+            }
+        }
+    }
+
+    /// 401 when a key is required and the request does not present it.
+    fn unauthorized(&self) -> Option<Refused> {
+        let key = self.shared.api_key.as_ref()?;
+        (!key.admits(&self.headers)).then(|| {
+            Refused::new(
+                401,
+                "invalid_request_error",
+                "Incorrect API key provided: send it as `Authorization: Bearer <key>`",
+                "unauthorized",
+            )
+        })
+    }
+
+    /// Places the request and answers its headers (then sends its body back when it has one).
+    async fn route(&mut self, with_body: bool) -> Result<(), ()> {
+        let started = Instant::now();
+        let body = std::mem::take(&mut self.body).freeze();
+        let picked = pick::pick(
+            &self.shared.router,
+            &self.shared.destinations,
+            pick::Request {
+                path: &self.path,
+                headers: &self.headers,
+                body: body.clone(),
+                subset: self.subset.as_deref(),
+            },
+            self.shared.adapter_timeout,
+        )
+        .await;
+        let mut picked = match picked {
+            Ok(picked) => picked,
+            Err(refused) => return self.refuse(refused).await,
+        };
+        self.shared
+            .metrics
+            .picked(picked.decision, started.elapsed());
+        let mutation = std::mem::take(&mut picked.mutation);
+        let sent_body: Bytes = picked.body.take().unwrap_or(body);
+        tracing::debug!(path = %self.path, endpoint = %picked.endpoint, decision = picked.decision.path_label(), "picked");
+        let headers = protocol::route_to(&picked.endpoint, mutation);
+        self.phase = Phase::Routed(Box::new(picked));
+        self.send(headers).await?;
+        if with_body {
+            for chunk in protocol::body_chunks(&sent_body) {
+                self.send(chunk).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The answer began: the prefill has answered (its call ends); where the gateway sent the
+    /// request is counted.
+    fn answer_began(
+        &mut self,
+        metadata: Option<&envoy_types::pb::envoy::config::core::v3::Metadata>,
+    ) {
+        let Phase::Routed(picked) = &mut self.phase else {
+            return;
+        };
+        if let Some((call, _work)) = picked.prefill.take() {
+            call.finish(CallOutcome::Ok);
+        }
+        let served = match protocol::served(metadata) {
+            Some(endpoint) if endpoint == picked.endpoint => "picked",
+            Some(_) => "elsewhere",
+            None => "unreported",
+        };
+        self.shared.metrics.served(served);
+    }
+
+    /// Answers at once with `refused`; the stream is then over.
+    async fn refuse(&mut self, refused: Refused) -> Result<(), ()> {
+        self.shared.metrics.refused(refused.reason);
+        tracing::debug!(path = %self.path, status = refused.status, reason = refused.reason, "refused");
+        self.phase = Phase::Done;
+        self.send(protocol::immediate(refused.status, &refused.body, &[]))
+            .await?;
+        Err(())
+    }
+
+    async fn send(&self, response: ProcessingResponse) -> Result<(), ()> {
+        self.out.send(Ok(response)).await.map_err(|_| ())
+    }
+}
+
+/// The `:status` of the answer's headers.
+fn status_of(headers: Option<&EnvoyHeaders>) -> Option<u16> {
+    let headers = headers?.headers.iter();
+    let status = headers.into_iter().find(|h| h.key == ":status")?;
+    std::str::from_utf8(protocol::header_value(status))
+        .ok()?
+        .parse()
+        .ok()
+}

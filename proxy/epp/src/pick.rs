@@ -1,0 +1,238 @@
+//! From a request Envoy holds (its path, headers and whole body) to where it goes: the
+//! router's placement, the endpoint Envoy routes to (the decode; the only engine in a fleet
+//! without prefills), and for a P/D request the prefill named for the decode's sidecar. A
+//! request that cannot be placed is refused with the status the protocol asks for, in
+//! OpenAI's error shape.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::ext_proc::v3::HeaderMutation;
+use http::header::AUTHORIZATION;
+use http::HeaderMap;
+use pd_router::backend::{Backend, Call};
+use pd_router::body::{raw_json, Body, Edit};
+use pd_router::prompt_tokens::PromptKind;
+use pd_router::routing::decision::Decision;
+use pd_router::routing::queued_work::Pending;
+use pd_router::routing::RequestInfo;
+use pd_router::{Facts, Router, Unplaceable, Unplaced};
+use serde_json::json;
+
+use crate::config::Destinations;
+use crate::protocol::{in_subset, set_header, PREFILLER, PREFILL_DP_RANK};
+
+/// Where a request goes, and what holds its place in the fleet's accounting while it runs.
+pub struct Picked {
+    /// The endpoint Envoy routes to (`ip:port`).
+    pub endpoint: String,
+    /// The headers to set or remove besides the destination.
+    pub mutation: HeaderMutation,
+    /// The body to send on when it changed (a model alias resolved).
+    pub body: Option<Bytes>,
+    /// Through P and D, or to one engine alone, and why.
+    pub decision: Decision,
+    /// The decode's call: counted in flight until the exchange ends.
+    pub decode_call: Call,
+    /// The prefill's call and the request's share of its queued work: until the answer begins
+    /// (by then P has answered).
+    pub prefill: Option<(Call, Option<Pending>)>,
+}
+
+/// A request refused: the status, the OpenAI-shaped body, and the metric label.
+#[derive(Debug)]
+pub struct Refused {
+    /// The HTTP status.
+    pub status: u16,
+    /// The JSON body.
+    pub body: String,
+    /// Why, as the `result` label.
+    pub reason: &'static str,
+}
+
+impl Refused {
+    /// A refusal with `status`, an error of `kind` saying `message`.
+    pub fn new(status: u16, kind: &str, message: &str, reason: &'static str) -> Self {
+        let body =
+            json!({"error": {"message": message, "type": kind, "param": null, "code": status}});
+        Refused {
+            status,
+            body: body.to_string(),
+            reason,
+        }
+    }
+}
+
+/// What a picker knows of a request when its body is complete.
+pub struct Request<'a> {
+    /// The request's path (without the query).
+    pub path: &'a str,
+    /// Its headers (pseudo-headers left out).
+    pub headers: &'a HeaderMap,
+    /// Its body (empty for a bodyless request).
+    pub body: Bytes,
+    /// The gateway's subset hint, when it sent one.
+    pub subset: Option<&'a [String]>,
+}
+
+/// Places `request` on `router`'s fleet, its decode reached at its `destinations`;
+/// `adapter_timeout` bounds an adapter load.
+pub async fn pick(
+    router: &Router,
+    destinations: &Destinations,
+    request: Request<'_>,
+    adapter_timeout: Duration,
+) -> Result<Picked, Refused> {
+    if request.subset.is_some_and(<[String]>::is_empty) {
+        return Err(no_endpoint("the gateway's endpoint subset is empty"));
+    }
+    let subset = request.subset;
+    let allowed =
+        |backend: &Backend| subset.is_none_or(|s| in_subset(s, &destinations.of(backend)));
+    let allowed: &(dyn Fn(&Backend) -> bool + Sync) = &allowed;
+    let empty = request.body.is_empty();
+    let parsed = match empty {
+        true => None,
+        false => Some(Body::parse(&request.body).map_err(|err| {
+            Refused::new(
+                400,
+                "invalid_request_error",
+                &err.to_string(),
+                "bad_request",
+            )
+        })?),
+    };
+    let asked = parsed
+        .as_ref()
+        .and_then(|body| model_asked(request.path, body));
+    let model = asked.as_deref().map(|m| router.models().canonical(m));
+    let rewritten = match (&parsed, &asked, model) {
+        (Some(body), Some(asked), Some(model)) if asked != model => {
+            let field = if body.get("model").is_some() {
+                "model"
+            } else {
+                "lora_path"
+            };
+            Some(Bytes::from(
+                body.render(&[Edit::Replace(field, &raw_json(&model))]),
+            ))
+        }
+        _ => None,
+    };
+    let bytes = rewritten.as_ref().unwrap_or(&request.body);
+    let reparsed = match &rewritten {
+        Some(bytes) => Some(Body::parse(bytes).map_err(|err| {
+            Refused::new(
+                400,
+                "invalid_request_error",
+                &err.to_string(),
+                "bad_request",
+            )
+        })?),
+        None => None,
+    };
+    let Some(body) = reparsed.as_ref().or(parsed.as_ref()) else {
+        // A bodyless request (a GET): any engine that takes requests.
+        let decode = router
+            .pick_decode_among(None, None, &RequestInfo::empty(), Some(allowed))
+            .ok_or_else(|| no_endpoint("no engine is ready"))?;
+        return Ok(Picked {
+            endpoint: destinations.of(&decode),
+            mutation: no_prefill(),
+            body: None,
+            decision: Decision::AGGREGATED,
+            decode_call: decode.call(),
+            prefill: None,
+        });
+    };
+    let kind = match request.path {
+        "/v1/chat/completions" => PromptKind::Chat,
+        _ => PromptKind::Completion,
+    };
+    let tokens = router.tokens(kind, bytes, body).await;
+    let adapter = model.filter(|model| tokens.is_some() && router.is_adapter(model));
+    let info = RequestInfo::new(body, request.headers)
+        .with_tokens(tokens.as_deref())
+        .with_adapter(adapter);
+    let placement = router
+        .place(&Facts {
+            request: &info,
+            model,
+            authorization: request.headers.get(AUTHORIZATION),
+            deadline: Instant::now() + adapter_timeout,
+            decodes: Some(allowed),
+        })
+        .await
+        .map_err(refusal)?;
+    let mut mutation = no_prefill();
+    let prefill = placement.prefill.as_ref().map(|pair| {
+        mutation = HeaderMutation {
+            set_headers: vec![
+                set_header(PREFILLER, pair.backend.address()),
+                set_header(PREFILL_DP_RANK, &pair.dp_rank.to_string()),
+            ],
+            remove_headers: Vec::new(),
+        };
+        (pair.call(), info.take_prefill_work())
+    });
+    Ok(Picked {
+        endpoint: destinations.of(&placement.decode),
+        mutation,
+        body: rewritten,
+        decision: placement.decision,
+        decode_call: placement.decode.call(),
+        prefill,
+    })
+}
+
+/// The model a request asks for: `model`, or for SGLang's `/generate` its `lora_path`.
+fn model_asked(path: &str, body: &Body<'_>) -> Option<String> {
+    let text = |name: &str| serde_json::from_str::<String>(body.get(name)?.get()).ok();
+    text("model").or_else(|| (path == "/generate").then(|| text("lora_path")).flatten())
+}
+
+/// The sidecar's headers removed: a request no prefill serves carries none a client sent.
+fn no_prefill() -> HeaderMutation {
+    HeaderMutation {
+        set_headers: Vec::new(),
+        remove_headers: vec![PREFILLER.to_owned(), PREFILL_DP_RANK.to_owned()],
+    }
+}
+
+/// 503: nothing eligible.
+fn no_endpoint(message: &str) -> Refused {
+    Refused::new(503, "service_unavailable", message, "unavailable")
+}
+
+/// What a request the router cannot place is told.
+fn refusal(Unplaced { why, .. }: Unplaced) -> Refused {
+    match why {
+        Unplaceable::ModelNotFound { model, served } => {
+            let served: Vec<&str> = served.iter().map(String::as_str).collect();
+            Refused::new(
+                404,
+                "invalid_request_error",
+                &format!(
+                    "The model `{model}` does not exist here. Served models: {}.",
+                    served.join(", ")
+                ),
+                "model_not_found",
+            )
+        }
+        Unplaceable::NoPrefill { .. } => no_endpoint("no prefill is ready"),
+        Unplaceable::NoDecode => no_endpoint("no decode is ready"),
+        Unplaceable::NotInFleet { address } => {
+            no_endpoint(&format!("{address} is not an engine of this fleet"))
+        }
+        Unplaceable::ModelUnavailable { model, side } => no_endpoint(&format!(
+            "model `{model}`: no {} serving it is ready",
+            side.as_str()
+        )),
+        Unplaceable::ModelMismatch { model, .. } => no_endpoint(&format!(
+            "no ready decode serves model `{model}` of the prefill picked"
+        )),
+        Unplaceable::AdapterNotLoaded { model, reason } => no_endpoint(&format!(
+            "model `{model}` is not loaded on a ready engine: {reason}"
+        )),
+    }
+}
