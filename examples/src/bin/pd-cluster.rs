@@ -310,7 +310,8 @@ async fn main() -> std::process::ExitCode {
         spec.gateway = Some(GatewaySpec {
             envoy,
             fail_open: false,
-            message_timeout: Duration::from_secs(30),
+            buffered: false,
+            picker_timeout: Duration::from_secs(5),
             epp_args: vec!["--policy".to_owned(), args.policy.clone()],
         });
     }

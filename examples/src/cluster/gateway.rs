@@ -5,7 +5,7 @@
 //!
 //! Envoy's configuration is `examples/gateway/envoy.yaml` with its `${...}` values filled in:
 //! the ports, whether a request goes on without the picker (`fail_open`), how long the picker
-//! may take per message, and the fallback endpoints (the sidecars).
+//! may leave Envoy without an answer, and the fallback endpoints (the sidecars).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -23,10 +23,16 @@ pub struct GatewaySpec {
     /// The Envoy binary (`examples/gateway/tools.sh` prints it).
     pub envoy: PathBuf,
     /// Requests go on (to the fallback: the sidecars in turn) when pd-epp fails or is down
-    /// (Envoy's `failure_mode_allow`); else they fail.
+    /// (Envoy's `failure_mode_allow`); else they fail. Envoy can do so for a request with a
+    /// body only when it keeps the body (`buffered`).
     pub fail_open: bool,
-    /// How long pd-epp may take to answer one message (Envoy's `message_timeout`).
-    pub message_timeout: Duration,
+    /// Envoy buffers request bodies and sends them whole (`BUFFERED`), instead of streaming
+    /// them to pd-epp full duplex (the protocol's mode).
+    pub buffered: bool,
+    /// How long pd-epp may leave Envoy without an answer: its `message_timeout`, and the
+    /// time a ping to pd-epp may go unanswered before its connection (and every request
+    /// waiting on it) is cut.
+    pub picker_timeout: Duration,
     /// Extra flags for pd-epp (its policy, say).
     pub epp_args: Vec<String>,
 }
@@ -43,13 +49,13 @@ pub struct Gateway {
     pub envoy_admin: String,
 }
 
-/// Envoy's configuration for the ports and choices given.
+/// Envoy's configuration: listening on `listen` (its admin on `admin`), asking the pd-epp at
+/// `epp` as `gateway` says, `fallback` its endpoints when failing open.
 pub fn envoy_config(
-    listen_port: u16,
-    admin_port: u16,
-    epp_port: u16,
-    fail_open: bool,
-    message_timeout: Duration,
+    gateway: &GatewaySpec,
+    listen: u16,
+    admin: u16,
+    epp: u16,
     fallback: &[String],
 ) -> String {
     let fallback: Vec<String> = (fallback.iter())
@@ -58,15 +64,20 @@ pub fn envoy_config(
             format!("{{endpoint: {{address: {{socket_address: {{address: {host}, port_value: {port}}}}}}}}}")
         })
         .collect();
+    let body_mode = match gateway.buffered {
+        true => "BUFFERED",
+        false => "FULL_DUPLEX_STREAMED",
+    };
     ENVOY_TEMPLATE
         .replace("${LISTEN_HOST}", "127.0.0.1")
-        .replace("${LISTEN_PORT}", &listen_port.to_string())
-        .replace("${ADMIN_PORT}", &admin_port.to_string())
-        .replace("${EPP_PORT}", &epp_port.to_string())
-        .replace("${FAILURE_MODE_ALLOW}", &fail_open.to_string())
+        .replace("${LISTEN_PORT}", &listen.to_string())
+        .replace("${ADMIN_PORT}", &admin.to_string())
+        .replace("${EPP_PORT}", &epp.to_string())
+        .replace("${FAILURE_MODE_ALLOW}", &gateway.fail_open.to_string())
+        .replace("${REQUEST_BODY_MODE}", body_mode)
         .replace(
-            "${MESSAGE_TIMEOUT}",
-            &format!("{}s", message_timeout.as_secs_f64()),
+            "${PICKER_TIMEOUT}",
+            &format!("{}s", gateway.picker_timeout.as_secs_f64()),
         )
         .replace("${ROUTE_TIMEOUT}", "600s")
         .replace("${FALLBACK_ENDPOINTS}", &fallback.join(", "))
@@ -127,14 +138,7 @@ pub(super) async fn start(
     };
     let admin_port = ports.take()?;
     let fallback: Vec<String> = sidecars.iter().map(|p| address(&p.url)).collect();
-    let config = envoy_config(
-        listen_port,
-        admin_port,
-        epp_port,
-        gateway.fail_open,
-        gateway.message_timeout,
-        &fallback,
-    );
+    let config = envoy_config(gateway, listen_port, admin_port, epp_port, &fallback);
     let config_path = spec.run_dir.join("envoy.yaml");
     std::fs::write(&config_path, config).map_err(|source| ClusterError::RunDir {
         path: config_path.clone(),

@@ -4,7 +4,9 @@
 //! The request phase: the headers are kept (nothing is answered yet), the body is buffered up to
 //! `--max-body-bytes` (413 past it), and when it is complete (its last chunk, its trailers, or a
 //! request without a body) the request is placed ([`crate::pick`]): the answer to its headers
-//! names the endpoint, then its body goes back in chunks. A request that cannot be placed gets an
+//! names the endpoint, then its body goes back in chunks. When Envoy buffers the body itself
+//! (`BUFFERED` mode) the headers are let through at once and the answer to the body names the
+//! endpoint. A request that cannot be placed gets an
 //! immediate answer and the stream ends. The response phase: the endpoint that served it is read
 //! back, its headers and any body chunks and trailers are let through unchanged. The request's
 //! calls are counted in flight until the stream ends (the prefill's until the answer begins),
@@ -15,6 +17,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::HeaderMap as EnvoyHeaders;
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request, ProcessingRequest, ProcessingResponse,
 };
@@ -48,6 +51,9 @@ pub struct Exchange {
     phase: Phase,
     /// The answer's status, once its headers are seen.
     status: Option<u16>,
+    /// Envoy buffers the body and sends it whole after the headers' answer (`BUFFERED`
+    /// mode), instead of streaming it full duplex.
+    buffered: bool,
 }
 
 impl Exchange {
@@ -62,6 +68,7 @@ impl Exchange {
             subset: None,
             phase: Phase::Request,
             status: None,
+            buffered: false,
         }
     }
 
@@ -93,16 +100,20 @@ impl Exchange {
         if self.subset.is_none() {
             self.subset = protocol::subset_hint(message.metadata_context.as_ref());
         }
+        if let Some(config) = &message.protocol_config {
+            self.buffered = config.request_body_mode == BodySendMode::Buffered as i32;
+        }
         match request {
             processing_request::Request::RequestHeaders(headers) => {
                 self.keep_headers(headers.headers.as_ref());
                 if let Some(refused) = self.unauthorized() {
                     return self.refuse(refused).await;
                 }
-                if headers.end_of_stream {
-                    return self.route(false).await;
+                match (headers.end_of_stream, self.buffered) {
+                    (true, _) => self.route(false).await,
+                    (false, true) => self.send(protocol::headers_seen()).await,
+                    (false, false) => Ok(()),
                 }
-                Ok(())
             }
             processing_request::Request::RequestBody(body) => {
                 if !matches!(self.phase, Phase::Request) {
@@ -201,12 +212,19 @@ impl Exchange {
             .metrics
             .picked(picked.decision, started.elapsed());
         let mutation = std::mem::take(&mut picked.mutation);
-        let sent_body: Bytes = picked.body.take().unwrap_or(body);
+        let sent_body: Bytes = picked.body.clone().unwrap_or(body);
         tracing::debug!(path = %self.path, endpoint = %picked.endpoint, decision = picked.decision.path_label(), "picked");
-        let headers = protocol::route_to(&picked.endpoint, mutation);
+        let changed = picked.body.is_some();
+        let buffered = self.buffered && with_body;
+        let answer = protocol::route_to(
+            &picked.endpoint,
+            mutation,
+            buffered,
+            changed.then_some(&sent_body[..]),
+        );
         self.phase = Phase::Routed(Box::new(picked));
-        self.send(headers).await?;
-        if with_body {
+        self.send(answer).await?;
+        if with_body && !buffered {
             for chunk in protocol::body_chunks(&sent_body) {
                 self.send(chunk).await?;
             }

@@ -12,8 +12,11 @@
 //! - In the response phase the gateway reports the endpoint that served the request in
 //!   `envoy.lb` / `x-gateway-destination-endpoint-served`.
 //!
-//! Bodies are exchanged in `FULL_DUPLEX_STREAMED` mode: the picker buffers the request's body,
-//! answers its headers once the body is complete, then sends the body back in chunks.
+//! Bodies are exchanged in `FULL_DUPLEX_STREAMED` mode, as the protocol asks: the picker
+//! buffers the request's body, answers its headers once the body is complete, then sends the
+//! body back in chunks. A gateway may send them `BUFFERED` instead (Envoy then keeps the body,
+//! so it can fail open and time the picker out): the headers are let through at once and the
+//! endpoint is named in the answer to the whole body.
 
 use std::collections::HashMap;
 
@@ -84,21 +87,51 @@ fn destination_metadata(endpoint: &str) -> Struct {
     }
 }
 
-/// The answer to the request's headers: route to `endpoint`, with `mutation`'s other headers
-/// set and removed.
-pub fn route_to(endpoint: &str, mut mutation: HeaderMutation) -> ProcessingResponse {
+/// The answer naming `endpoint`, with `mutation`'s other headers set and removed: to the
+/// request's headers (full-duplex bodies: sent once the body is complete), or, with `buffered`
+/// bodies, to the body (its headers were let through unchanged; they are changed now, before
+/// anything goes upstream), then carrying `body` when it changed.
+pub fn route_to(
+    endpoint: &str,
+    mut mutation: HeaderMutation,
+    buffered: bool,
+    body: Option<&[u8]>,
+) -> ProcessingResponse {
     mutation.set_headers.push(set_header(DESTINATION, endpoint));
+    let mut common = CommonResponse {
+        header_mutation: Some(mutation),
+        clear_route_cache: true,
+        ..Default::default()
+    };
+    let response = match buffered {
+        false => processing_response::Response::RequestHeaders(HeadersResponse {
+            response: Some(common),
+        }),
+        true => {
+            common.body_mutation = body.map(|body| BodyMutation {
+                mutation: Some(body_mutation::Mutation::Body(body.to_vec())),
+            });
+            processing_response::Response::RequestBody(BodyResponse {
+                response: Some(common),
+            })
+        }
+    };
+    ProcessingResponse {
+        response: Some(response),
+        dynamic_metadata: Some(destination_metadata(endpoint)),
+        ..Default::default()
+    }
+}
+
+/// The answer to the request's headers when the body comes buffered after it: go on, the
+/// endpoint is named with the body.
+pub fn headers_seen() -> ProcessingResponse {
     ProcessingResponse {
         response: Some(processing_response::Response::RequestHeaders(
             HeadersResponse {
-                response: Some(CommonResponse {
-                    header_mutation: Some(mutation),
-                    clear_route_cache: true,
-                    ..Default::default()
-                }),
+                response: Some(CommonResponse::default()),
             },
         )),
-        dynamic_metadata: Some(destination_metadata(endpoint)),
         ..Default::default()
     }
 }
@@ -303,7 +336,7 @@ mod tests {
 
     #[test]
     fn the_destination_is_in_the_header_and_the_metadata_alike() {
-        let answer = route_to("10.0.0.1:8000", HeaderMutation::default());
+        let answer = route_to("10.0.0.1:8000", HeaderMutation::default(), false, None);
         let metadata = answer.dynamic_metadata.unwrap();
         let Some(Kind::StructValue(lb)) = &metadata.fields[LB_NAMESPACE].kind else {
             panic!("no envoy.lb struct");
