@@ -68,7 +68,7 @@ pub(crate) fn backend_states<T>(
 }
 
 /// `GET /admin/backends`: the pool's backends, then those that left it with calls in flight.
-pub async fn backends(State(state): State<AppState>) -> Json<Backends> {
+pub(crate) async fn backends(State(state): State<AppState>) -> Json<Backends> {
     let (prefills, decodes) = backend_states(&state, |_, backend| backend);
     Json(Backends { prefills, decodes })
 }
@@ -76,7 +76,7 @@ pub async fn backends(State(state): State<AppState>) -> Json<Backends> {
 /// `POST /admin/drain` body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DrainRequest {
+pub(crate) struct DrainRequest {
     /// The backend's URL, as configured.
     pub url: String,
     /// Drain it (the default) or lift the mark.
@@ -90,7 +90,7 @@ fn yes() -> bool {
 
 /// `POST /admin/drain`: drains a prefill or decode at this proxy (no new requests; those in
 /// flight finish), or lifts that; answers the backend's state.
-pub async fn drain(
+pub(crate) async fn drain(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Result<Json<DrainRequest>, JsonRejection>,
@@ -143,7 +143,7 @@ fn admitted(state: &AppState, headers: &HeaderMap, what: &str) -> Result<(), Api
 
 /// `GET /admin/kv-index` (with `--admin-key`): the KV-event index, per engine: blocks held,
 /// the last sequence applied, gaps and rebuilds.
-pub async fn kv_index(
+pub(crate) async fn kv_index(
     State(state): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<pd_router::kv_events::KvIndexReport>, ApiError> {
@@ -154,7 +154,7 @@ pub async fn kv_index(
 
 /// One engine's share of a prompt, in the answer of `POST /admin/kv-index/match`.
 #[derive(Debug, Serialize)]
-pub struct EngineMatch {
+pub(crate) struct EngineMatch {
     /// `prefill` or `decode`.
     pub role: &'static str,
     /// The backend's URL.
@@ -167,7 +167,7 @@ pub struct EngineMatch {
 
 /// The answer of `POST /admin/kv-index/match`.
 #[derive(Debug, Serialize)]
-pub struct PromptMatch {
+pub(crate) struct PromptMatch {
     /// The prompt's tokens.
     pub prompt_tokens: usize,
     /// Their ids, as the proxy computed them (to compare with the engine's `/tokenize`).
@@ -179,7 +179,7 @@ pub struct PromptMatch {
 /// `POST /admin/kv-index/match` (with `--admin-key`): a completion's or chat's body (its
 /// `prompt` or `messages`, and `cache_salt`), tokenized as for routing, and how much of it each
 /// followed engine holds.
-pub async fn kv_match(
+pub(crate) async fn kv_match(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: axum::body::Bytes,

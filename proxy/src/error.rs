@@ -9,7 +9,7 @@ use serde::Serialize;
 
 /// An error answer made by the proxy.
 #[derive(Debug, Clone)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     /// The HTTP status.
     pub status: StatusCode,
     /// The OpenAI error type, e.g. `invalid_request_error`.
@@ -46,7 +46,7 @@ enum Code<'a> {
 
 impl ApiError {
     /// An error with the given status, type and message.
-    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
             kind,
@@ -57,7 +57,7 @@ impl ApiError {
     }
 
     /// The same error with OpenAI's `code` as a word.
-    pub fn with_code(self, code: &'static str) -> Self {
+    pub(crate) fn with_code(self, code: &'static str) -> Self {
         ApiError {
             code: Some(code),
             ..self
@@ -65,20 +65,15 @@ impl ApiError {
     }
 
     /// The same error naming the request field at fault.
-    pub fn with_param(self, param: &'static str) -> Self {
+    pub(crate) fn with_param(self, param: &'static str) -> Self {
         ApiError {
             param: Some(param),
             ..self
         }
     }
 
-    /// 400: the client's body is unusable.
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
-    }
-
     /// 503: nothing to send the request to.
-    pub fn unavailable(message: impl Into<String>) -> Self {
+    pub(crate) fn unavailable(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "service_unavailable",
@@ -87,17 +82,17 @@ impl ApiError {
     }
 
     /// 502: a backend failed.
-    pub fn bad_gateway(message: impl Into<String>) -> Self {
+    pub(crate) fn bad_gateway(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_GATEWAY, "upstream_error", message)
     }
 
     /// 504: a backend did not answer in time.
-    pub fn gateway_timeout(message: impl Into<String>) -> Self {
+    pub(crate) fn gateway_timeout(message: impl Into<String>) -> Self {
         Self::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message)
     }
 
     /// The JSON body.
-    pub fn to_json(&self) -> Vec<u8> {
+    pub(crate) fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(&Envelope {
             error: Inner {
                 message: &self.message,
@@ -113,7 +108,7 @@ impl ApiError {
     }
 
     /// The error as the last events of an SSE stream: `data: {"error": ...}` then `data: [DONE]`.
-    pub fn to_sse(&self) -> Bytes {
+    pub(crate) fn to_sse(&self) -> Bytes {
         let mut out = b"data: ".to_vec();
         out.extend_from_slice(&self.to_json());
         out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
@@ -123,7 +118,7 @@ impl ApiError {
 
 /// The body of the errors hyper answers before any route sees the request (400 malformed,
 /// 414, 431), in OpenAI's shape (wired in through `pd_service::ServeLimits::wire_error_body`).
-pub fn wire_error_body(code: u16, reason: &str) -> Vec<u8> {
+pub(crate) fn wire_error_body(code: u16, reason: &str) -> Vec<u8> {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
     let message = match code {
         400 => "the request is not valid HTTP/1.1 (a malformed request line or header)".to_owned(),

@@ -20,7 +20,7 @@ use pd_router::routing::decision::X_PD_ROUTE;
 
 /// `POST /v1/completions`, `POST /v1/chat/completions` and `POST /generate`: the route is the
 /// request's path. The request is taken whole, so its headers are read where they are.
-pub async fn proxied(State(state): State<AppState>, request: Request) -> Response {
+pub(crate) async fn proxied(State(state): State<AppState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let route = Route::at(parts.uri.path()).unwrap_or(Route::Completions);
     let request_id = match parts.extensions.get::<RequestId>() {

@@ -7,11 +7,11 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use uuid::Uuid;
 
 /// `X-Request-Id`: kept from the client or made up, sent to P and D and back to the client.
-pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Random version-4 UUIDs (`Uuid::new_v4` asks the OS every time): SipHash, keyed once from the
 /// OS, over a counter.
-pub struct Ids {
+pub(crate) struct Ids {
     key: RandomState,
     counter: AtomicU64,
 }
@@ -27,7 +27,7 @@ impl Default for Ids {
 
 impl Ids {
     /// The next id.
-    pub fn next(&self) -> Uuid {
+    pub(crate) fn next(&self) -> Uuid {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         let high = u128::from(self.key.hash_one((n, 0u8)));
         let low = u128::from(self.key.hash_one((n, 1u8)));
@@ -35,7 +35,7 @@ impl Ids {
     }
 
     /// The request's id: the client's non-empty `X-Request-Id`, or a new one.
-    pub fn request_id(&self, headers: &HeaderMap) -> HeaderValue {
+    pub(crate) fn request_id(&self, headers: &HeaderMap) -> HeaderValue {
         headers
             .get(&X_REQUEST_ID)
             .filter(|value| !value.is_empty())

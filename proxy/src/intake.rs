@@ -17,7 +17,7 @@ const UNIT: usize = 1024;
 
 /// Why a body could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum IntakeError {
+pub(crate) enum IntakeError {
     /// Over the size limit.
     #[error("the request body is larger than {limit} bytes")]
     TooLarge {
@@ -33,7 +33,7 @@ pub enum IntakeError {
 }
 
 /// A body read whole, holding its share of the memory budget until dropped.
-pub struct Intaken {
+pub(crate) struct Intaken {
     /// The bytes.
     pub bytes: Bytes,
     _budget: Option<OwnedSemaphorePermit>,
@@ -42,13 +42,13 @@ pub struct Intaken {
 impl Intaken {
     /// The bytes, with their share of the budget given back: the budget bounds what slow
     /// clients hold while their bodies arrive, and this one has arrived.
-    pub fn release(self) -> Bytes {
+    pub(crate) fn release(self) -> Bytes {
         self.bytes
     }
 }
 
 /// The reader of request bodies.
-pub struct Intake {
+pub(crate) struct Intake {
     budget: Arc<Semaphore>,
     max_bytes: usize,
     deadline: Duration,
@@ -56,7 +56,7 @@ pub struct Intake {
 
 impl Intake {
     /// A reader with `limits`.
-    pub fn new(limits: &ClientLimits) -> Self {
+    pub(crate) fn new(limits: &ClientLimits) -> Self {
         Intake {
             budget: Arc::new(Semaphore::new(limits.body_memory_bytes.div_ceil(UNIT))),
             max_bytes: limits.max_body_bytes,
@@ -65,7 +65,7 @@ impl Intake {
     }
 
     /// Reads `body` whole.
-    pub async fn read(&self, body: Body) -> Result<Intaken, IntakeError> {
+    pub(crate) async fn read(&self, body: Body) -> Result<Intaken, IntakeError> {
         match tokio::time::timeout(self.deadline, self.read_all(body)).await {
             Ok(read) => read,
             Err(_) => Err(IntakeError::Timeout(self.deadline)),

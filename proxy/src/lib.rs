@@ -1,39 +1,44 @@
 //! pd-proxy: the OpenAI-compatible front door of prefill/decode (P/D) disaggregated serving.
+//! Each completion request goes to a prefill server (P) and a decode server (D) at the same
+//! time; D pulls the KV cache P computes and streams the answer, which the proxy relays.
 //!
-//! Each completion request goes to a prefill server (P) and a decode server (D) at the same time;
-//! D pulls the KV cache P computes and streams the answer, which the proxy relays to the client.
+//! Where each request goes is the routing core's ([`pd_router`]: the fleet and the placement);
+//! this crate is the HTTP front door around it, as a stack:
 //!
-//! A request's path, outside in: [`server`] accepts it (`pd_service::serve`); [`routes`] hands
-//! it to the [`layers`] (its `X-Request-Id`, its tracker for the metrics, the `--api-key` check),
-//! then to [`handler`], which runs the [`flow`]: the [`routing`] policies choose a (prefill, dp
-//! rank) pair and a decode from the [`backend`] pool, [`body`] makes P's and D's bodies, the
-//! flow calls both through [`upstream`] (concurrently, or P first), retries D once elsewhere,
-//! and [`relay`] streams D's answer back while P is still watched. Failures become OpenAI-shaped
-//! errors ([`error`]).
+//! - `server` binds, starts the router's fleet and serves; `routes` is the router of
+//!   paths: the proxied routes behind the `layers` (request id, tracker, `--api-key`), and
+//!   `/health`, `/ready` (`readiness`), `/metrics` (`metrics`), `/v1/models`
+//!   (`models`), `/admin/*` (`admin`) and the live page (`ui`);
+//! - `handler` runs a request's `flow`, in named stages: intake (the body read under the
+//!   client limits of `intake`, parsed, its model found), placement (the router's), dispatch
+//!   (P and D called through `upstream`, one file per mode), then `relay` streams D's
+//!   answer back while P is still watched;
+//! - failures become OpenAI-shaped errors (`error`); `trace` follows a request over OTLP;
+//!   `ids` makes request and transfer ids; `state` is the wiring the handlers share.
 //!
-//! Beside the request path: [`config`] (flags into a [`Config`]), [`discovery`] (each P's dp
-//! ranks and engine ids from its bootstrap server, followed through its watch), [`health`]
-//! (active checks), [`metrics`], [`models`] (`/v1/models`), [`state`] (what handlers share),
-//! [`ids`], [`endpoint`].
+//! Its public API is the configuration ([`config`], [`Config`]) and the server ([`Proxy`],
+//! [`ProxyHandle`]); everything else is the crate's own.
 
-pub mod admin;
+#![warn(unreachable_pub)]
+
+mod admin;
 pub mod config;
-pub mod error;
-pub mod flow;
-pub mod handler;
-pub mod ids;
-pub mod intake;
-pub mod layers;
-pub mod metrics;
-pub mod models;
-pub mod readiness;
-pub mod relay;
-pub mod routes;
-pub mod server;
-pub mod state;
-pub mod trace;
-pub mod ui;
-pub mod upstream;
+mod error;
+mod flow;
+mod handler;
+mod ids;
+mod intake;
+mod layers;
+mod metrics;
+mod models;
+mod readiness;
+mod relay;
+mod routes;
+mod server;
+mod state;
+mod trace;
+mod ui;
+mod upstream;
 
 pub use config::Config;
 pub use server::{Proxy, ProxyError, ProxyHandle};

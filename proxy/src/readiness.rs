@@ -10,7 +10,7 @@ use crate::state::AppState;
 
 /// One prefill in `GET /ready`.
 #[derive(Debug, Serialize)]
-pub struct PrefillReadiness {
+pub(crate) struct PrefillReadiness {
     /// Its URL.
     pub url: String,
     /// Its bootstrap server (none: used on its `/health` alone).
@@ -27,7 +27,7 @@ pub struct PrefillReadiness {
 
 /// One decode in `GET /ready`.
 #[derive(Debug, Serialize)]
-pub struct DecodeReadiness {
+pub(crate) struct DecodeReadiness {
     /// Its URL.
     pub url: String,
     /// Whether it passes its health checks.
@@ -39,7 +39,7 @@ pub struct DecodeReadiness {
 
 /// The answer of `GET /ready` (200 when ready, 503 otherwise).
 #[derive(Debug, Serialize)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     /// `ready` or `not_ready`.
     pub status: &'static str,
     /// (prefill, dp rank) pairs requests can go to.
@@ -56,7 +56,7 @@ pub struct Readiness {
 }
 
 /// What `GET /ready` answers.
-pub fn readiness(state: &AppState) -> Readiness {
+pub(crate) fn readiness(state: &AppState) -> Readiness {
     let pool = state.pool();
     let pairs = pool.pairs();
     let prefills: Vec<PrefillReadiness> = pool

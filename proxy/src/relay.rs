@@ -19,15 +19,15 @@ use crate::upstream::{Answer, DecodeStart, UpstreamError};
 use pd_router::backend::Call;
 
 /// How a request failed: what the client is told, and how it is counted.
-pub type Failure = (ApiError, Outcome);
+pub(crate) type Failure = (ApiError, Outcome);
 
 /// P's call: its whole answer, or the failure it means for the request.
-pub type PrefillCall = BoxFuture<'static, Result<Bytes, Failure>>;
+pub(crate) type PrefillCall = BoxFuture<'static, Result<Bytes, Failure>>;
 
 /// Lets P's call, still running when D's answer is complete, finish in the background (bounded
 /// by the prefill timeout) instead of cutting it: D has the KV, so P's answer no longer matters,
 /// and cutting the call would also throw its kept-alive connection away.
-pub fn detach(prefill: PrefillCall) {
+pub(crate) fn detach(prefill: PrefillCall) {
     tokio::spawn(async move {
         let _ = prefill.await;
     });
@@ -35,7 +35,7 @@ pub fn detach(prefill: PrefillCall) {
 
 /// Counts one client request from its arrival to its end; dropped unfinished, it counts as
 /// `client_disconnected`.
-pub struct Tracker {
+pub(crate) struct Tracker {
     metrics: Arc<RouteMetrics>,
     start: Instant,
     done: bool,
@@ -45,7 +45,7 @@ pub struct Tracker {
 
 impl Tracker {
     /// Starts counting a request that arrived at `start`.
-    pub fn new(metrics: Arc<RouteMetrics>, start: Instant) -> Self {
+    pub(crate) fn new(metrics: Arc<RouteMetrics>, start: Instant) -> Self {
         metrics.start();
         Tracker {
             metrics,
@@ -56,32 +56,32 @@ impl Tracker {
     }
 
     /// Traces the request (traces are on).
-    pub fn traced(&mut self, trace: RequestTrace) {
+    pub(crate) fn traced(&mut self, trace: RequestTrace) {
         self.trace = Some(Box::new(trace));
     }
 
     /// The request's trace, with traces on.
-    pub fn trace(&self) -> Option<&RequestTrace> {
+    pub(crate) fn trace(&self) -> Option<&RequestTrace> {
         self.trace.as_deref()
     }
 
     /// The request's trace, with traces on.
-    pub fn trace_mut(&mut self) -> Option<&mut RequestTrace> {
+    pub(crate) fn trace_mut(&mut self) -> Option<&mut RequestTrace> {
         self.trace.as_deref_mut()
     }
 
     /// When the request arrived.
-    pub fn started(&self) -> Instant {
+    pub(crate) fn started(&self) -> Instant {
         self.start
     }
 
     /// The route's metrics.
-    pub fn metrics(&self) -> &RouteMetrics {
+    pub(crate) fn metrics(&self) -> &RouteMetrics {
         &self.metrics
     }
 
     /// Moves the request to other labels (its model's, once its body named it).
-    pub fn retarget(&mut self, metrics: Arc<RouteMetrics>) {
+    pub(crate) fn retarget(&mut self, metrics: Arc<RouteMetrics>) {
         if !self.done && !Arc::ptr_eq(&self.metrics, &metrics) {
             self.metrics.leave();
             metrics.start();
@@ -90,7 +90,7 @@ impl Tracker {
     }
 
     /// Counts the request as ended with `outcome` (only the first call counts).
-    pub fn finish(&mut self, outcome: Outcome) {
+    pub(crate) fn finish(&mut self, outcome: Outcome) {
         if !self.done {
             self.done = true;
             self.metrics.finish(outcome, self.start.elapsed());
@@ -108,7 +108,7 @@ impl Drop for Tracker {
 }
 
 /// The body stream of a relayed answer.
-pub struct Relay {
+pub(crate) struct Relay {
     first: Option<Bytes>,
     decode: Option<(Answer, Call)>,
     prefill: Option<PrefillCall>,
@@ -119,12 +119,12 @@ pub struct Relay {
 /// The error a broken non-SSE body ends with (the client sees the connection cut).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct RelayError(String);
+pub(crate) struct RelayError(String);
 
 impl Relay {
     /// Relays `decode`'s answer, of D's `call`; `prefill` is P's call when it has not ended
     /// yet. `sse` says the answer is an event stream, where errors can be told in-band.
-    pub fn new(
+    pub(crate) fn new(
         decode: DecodeStart,
         call: Call,
         prefill: Option<PrefillCall>,

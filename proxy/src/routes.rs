@@ -18,7 +18,7 @@ use crate::{admin, handler, models, ui};
 
 /// Builds the router: the proxied routes behind their layers (see [`crate::layers`]), the
 /// operational ones open.
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     let completions = Router::new()
         .route("/v1/completions", post(handler::proxied))
         .route("/v1/chat/completions", post(handler::proxied))

@@ -95,6 +95,9 @@ impl Proxy {
         );
         // Streams may run for minutes: at shutdown they get a bounded grace, then are cut.
         let limits = ServeLimits {
+            header_read_timeout: config.clients.header_read_timeout,
+            max_connections: Some(config.clients.max_connections),
+            wire_error_body: Some(crate::error::wire_error_body),
             shutdown_grace: config.shutdown_grace,
             draining: Some(state.draining.clone()),
             ..ServeLimits::default()

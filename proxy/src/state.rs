@@ -16,11 +16,11 @@ use crate::models::{ModelHandles, ModelLabels};
 use crate::upstream::Upstream;
 
 /// The state every handler receives.
-pub type AppState = Arc<Shared>;
+pub(crate) type AppState = Arc<Shared>;
 
 /// The proxied routes (in the order [`crate::models::ModelHandles`] keeps them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
+pub(crate) enum Route {
     /// `POST /v1/completions`.
     Completions = 0,
     /// `POST /v1/chat/completions`.
@@ -31,14 +31,14 @@ pub enum Route {
 
 impl Route {
     /// The route served at `path`, if it is a proxied one.
-    pub fn at(path: &str) -> Option<Route> {
+    pub(crate) fn at(path: &str) -> Option<Route> {
         [Route::Completions, Route::ChatCompletions, Route::Generate]
             .into_iter()
             .find(|route| route.path() == path)
     }
 
     /// Its path.
-    pub fn path(self) -> &'static str {
+    pub(crate) fn path(self) -> &'static str {
         match self {
             Route::Completions => "/v1/completions",
             Route::ChatCompletions => "/v1/chat/completions",
@@ -47,7 +47,7 @@ impl Route {
     }
 
     /// The name of its requests' spans.
-    pub fn span_name(self) -> &'static str {
+    pub(crate) fn span_name(self) -> &'static str {
         match self {
             Route::Completions => "POST /v1/completions",
             Route::ChatCompletions => "POST /v1/chat/completions",
@@ -56,7 +56,7 @@ impl Route {
     }
 
     /// The prompt its bodies carry.
-    pub fn prompt_kind(self) -> PromptKind {
+    pub(crate) fn prompt_kind(self) -> PromptKind {
         match self {
             Route::ChatCompletions => PromptKind::Chat,
             Route::Completions | Route::Generate => PromptKind::Completion,
@@ -64,7 +64,7 @@ impl Route {
     }
 
     /// The same route on `backend`.
-    pub fn endpoint(self, backend: &Backend) -> &Endpoint {
+    pub(crate) fn endpoint(self, backend: &Backend) -> &Endpoint {
         match self {
             Route::Completions => &backend.completions_url,
             Route::ChatCompletions => &backend.chat_completions_url,
@@ -74,7 +74,7 @@ impl Route {
 }
 
 /// Everything the handlers share: the routing core, and what the HTTP front door adds to it.
-pub struct Shared {
+pub(crate) struct Shared {
     /// The fleet and the placement.
     pub router: Router,
     /// Calls to backends.
@@ -102,7 +102,7 @@ pub struct Shared {
 
 impl Shared {
     /// The shared state for `config`; fails only on a tokenizer that cannot be loaded.
-    pub fn new(
+    pub(crate) fn new(
         config: &Config,
         upstream: Upstream,
         metrics: Arc<Metrics>,
@@ -128,17 +128,17 @@ impl Shared {
     }
 
     /// The backends.
-    pub fn pool(&self) -> &Arc<Pool> {
+    pub(crate) fn pool(&self) -> &Arc<Pool> {
         self.router.pool()
     }
 
     /// The metrics of `route` for requests not yet known to name a model.
-    pub fn route_metrics(&self, route: Route) -> &Arc<RouteMetrics> {
+    pub(crate) fn route_metrics(&self, route: Route) -> &Arc<RouteMetrics> {
         self.labels.none().route(route)
     }
 
     /// The metrics of requests for `model` (none: they name none).
-    pub fn model_metrics(&self, model: Option<&str>) -> Arc<ModelHandles> {
+    pub(crate) fn model_metrics(&self, model: Option<&str>) -> Arc<ModelHandles> {
         match model {
             None => self.labels.none().clone(),
             Some(model) => self.labels.of(model, || self.router.knows_model(model)),

@@ -24,7 +24,7 @@ use crate::state::Route;
 use pd_router::routing::decision::Decision;
 
 /// Copies the client's `traceparent` and `tracestate` (if any) into `to`, as they came.
-pub fn pass_through(from: &HeaderMap, to: &mut HeaderMap) {
+pub(crate) fn pass_through(from: &HeaderMap, to: &mut HeaderMap) {
     for name in [TRACEPARENT, TRACESTATE] {
         if let Some(value) = from.get(&name) {
             to.insert(name, value.clone());
@@ -36,7 +36,7 @@ const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// The trace of one request: its span, in a context its phases are children of.
-pub struct RequestTrace {
+pub(crate) struct RequestTrace {
     tracer: BoxedTracer,
     context: Context,
     relay: Option<Context>,
@@ -44,7 +44,7 @@ pub struct RequestTrace {
 
 impl RequestTrace {
     /// Starts the request's span, child of the context `headers` carry (if any).
-    pub fn start(headers: &HeaderMap, route: Route) -> Self {
+    pub(crate) fn start(headers: &HeaderMap, route: Route) -> Self {
         let parent = pd_service::traces::extract(headers);
         let tracer = pd_service::traces::tracer();
         let span = tracer
@@ -63,7 +63,7 @@ impl RequestTrace {
     }
 
     /// Records the pick (begun at `started`) and its result on the request.
-    pub fn picked(
+    pub(crate) fn picked(
         &self,
         started: SystemTime,
         decision: Decision,
@@ -96,13 +96,13 @@ impl RequestTrace {
     }
 
     /// Records the transfer id P and D share.
-    pub fn transfer(&self, transfer_id: &str) {
+    pub(crate) fn transfer(&self, transfer_id: &str) {
         let id = KeyValue::new("pd.transfer_id", transfer_id.to_owned());
         self.context.span().set_attribute(id);
     }
 
     /// Starts a phase's span (`prefill`, `decode`) calling `backend`.
-    pub fn phase(&self, name: &'static str, backend: &str) -> Phase {
+    pub(crate) fn phase(&self, name: &'static str, backend: &str) -> Phase {
         let tracer = &self.tracer;
         let span = tracer
             .span_builder(name)
@@ -113,14 +113,14 @@ impl RequestTrace {
     }
 
     /// D's answer began: the relay to the client starts.
-    pub fn relaying(&mut self) {
+    pub(crate) fn relaying(&mut self) {
         let tracer = &self.tracer;
         let span = tracer.start_with_context("relay", &self.context);
         self.relay = Some(self.context.with_span(span));
     }
 
     /// Ends the relay (if any) and the request with `outcome`.
-    pub fn finish(&mut self, outcome: Outcome) {
+    pub(crate) fn finish(&mut self, outcome: Outcome) {
         let failed = !matches!(outcome, Outcome::Ok);
         if let Some(relay) = self.relay.take() {
             if failed {
@@ -138,16 +138,16 @@ impl RequestTrace {
 }
 
 /// One phase's span, whose context the backend it calls is given.
-pub struct Phase(Context);
+pub(crate) struct Phase(Context);
 
 impl Phase {
     /// Writes the phase's `traceparent` into the headers of its call.
-    pub fn inject(&self, headers: &mut HeaderMap) {
+    pub(crate) fn inject(&self, headers: &mut HeaderMap) {
         pd_service::traces::inject(&self.0, headers);
     }
 
     /// Ends the phase: `error` says why it failed, if it did.
-    pub fn end(self, error: Option<Cow<'static, str>>) {
+    pub(crate) fn end(self, error: Option<Cow<'static, str>>) {
         let span = self.0.span();
         if let Some(error) = error {
             span.set_status(Status::Error { description: error });

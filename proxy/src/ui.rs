@@ -25,7 +25,7 @@ const APP_JS: &str = include_str!("ui.js");
 const EVERY: Duration = Duration::from_secs(1);
 
 /// The page's routes.
-pub fn routes() -> Router<AppState> {
+pub(crate) fn routes() -> Router<AppState> {
     pd_service::live_page::assets("pd-proxy", APP_JS)
         .route("/ui/state", get(state))
         .route("/ui/events", get(events))

@@ -233,3 +233,62 @@ async fn the_api_key_scheme_is_case_insensitive_and_errors_have_a_stable_shape()
     assert_eq!(error["error"]["code"], 401);
     assert!(error["error"]["message"].is_string());
 }
+
+/// `--header-read-timeout`, `--max-connections` and the JSON of hyper's own refusals reach the
+/// server: headers that never end are cut at the limit, a connection past the cap waits until
+/// one closes, and a malformed request line gets a 400 in OpenAI's shape.
+#[tokio::test]
+async fn the_client_limits_hold_on_the_serving_port() {
+    let cluster = Cluster::start(1, &[(0, "engine-0")], |config| {
+        config.clients.header_read_timeout = Duration::from_millis(500);
+        config.clients.max_connections = 2;
+    })
+    .await;
+    let addr = cluster.proxy.addr().to_string();
+    let (took, malformed) = tokio::task::spawn_blocking(move || {
+        let read_all = |mut stream: std::net::TcpStream| {
+            stream
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            let mut answer = Vec::new();
+            let _ = stream.read_to_end(&mut answer);
+            String::from_utf8_lossy(&answer).into_owned()
+        };
+        let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+        slow.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
+            .unwrap();
+        let started = Instant::now();
+        read_all(slow);
+        let took = started.elapsed();
+        let mut broken = std::net::TcpStream::connect(&addr).unwrap();
+        broken.write_all(b"NOT HTTP AT ALL\r\n\r\n").unwrap();
+        (took, read_all(broken))
+    })
+    .await
+    .unwrap();
+    assert!(
+        took < Duration::from_millis(1500),
+        "headers cut after {took:?}"
+    );
+    assert!(malformed.starts_with("HTTP/1.1 400"), "{malformed}");
+    assert!(malformed.contains("invalid_request_error"), "{malformed}");
+    // Two idle connections hold both slots; a third waits until one of them closes.
+    let idle: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| std::net::TcpStream::connect(cluster.proxy.addr()).unwrap())
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiting = cluster.client.get(cluster.url("/health")).send();
+    let first = tokio::time::timeout(Duration::from_millis(300), waiting).await;
+    assert!(
+        first.is_err(),
+        "a third connection was served past the cap of two"
+    );
+    drop(idle);
+    let served = cluster
+        .client
+        .get(cluster.url("/health"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(served.status(), 200);
+}

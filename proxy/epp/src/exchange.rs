@@ -41,7 +41,7 @@ enum Phase {
 }
 
 /// One ext_proc stream.
-pub struct Exchange {
+pub(crate) struct Exchange {
     shared: Arc<Shared>,
     out: mpsc::Sender<Result<ProcessingResponse, Status>>,
     path: String,
@@ -58,7 +58,10 @@ pub struct Exchange {
 
 impl Exchange {
     /// An exchange answering on `out`.
-    pub fn new(shared: Arc<Shared>, out: mpsc::Sender<Result<ProcessingResponse, Status>>) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        out: mpsc::Sender<Result<ProcessingResponse, Status>>,
+    ) -> Self {
         Exchange {
             shared,
             out,
@@ -73,7 +76,7 @@ impl Exchange {
     }
 
     /// Runs the exchange until Envoy ends the stream (or an answer cannot be sent).
-    pub async fn run(mut self, mut inbound: Streaming<ProcessingRequest>) {
+    pub(crate) async fn run(mut self, mut inbound: Streaming<ProcessingRequest>) {
         let exchanges = self.shared.metrics.exchanges().clone();
         exchanges.inc();
         while let Ok(Some(message)) = inbound.message().await {

@@ -24,7 +24,7 @@ struct Http {
 }
 
 /// The routes.
-pub fn router(shared: Arc<Shared>, draining: Draining) -> axum::Router {
+pub(crate) fn router(shared: Arc<Shared>, draining: Draining) -> axum::Router {
     axum::Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(|| async { "ok" }))

@@ -9,10 +9,12 @@
 //! sidecar (pd-proxy `--sidecar`) in llm-d's `x-prefiller-host-port` header, with its dp rank;
 //! in a fleet without prefills it is one engine, picked the same way.
 //!
-//! A request's path: [`service`] takes each ext_proc stream, an [`exchange`] buffers the
+//! A request's path: `service` takes each ext_proc stream, an `exchange` buffers the
 //! request's body and asks [`pick`] for its endpoint, answered in the protocol's messages
-//! ([`protocol`]). Beside it: [`config`] (flags), [`metrics`], [`http`] (`/metrics`, `/ready`),
-//! [`server`] (the lifecycle).
+//! ([`protocol`]). Beside it: [`config`] (flags), [`metrics`], `http` (`/metrics`, `/ready`),
+//! `server` (the lifecycle).
+
+#![warn(unreachable_pub)]
 
 pub mod config;
 mod exchange;

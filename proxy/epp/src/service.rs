@@ -23,7 +23,7 @@ use crate::exchange::Exchange;
 use crate::metrics::Metrics;
 
 /// What every exchange shares.
-pub struct Shared {
+pub(crate) struct Shared {
     /// The fleet and the placement.
     pub router: Router,
     /// The metrics.
@@ -42,7 +42,7 @@ pub struct Shared {
 
 impl Shared {
     /// Whether a request can be placed now.
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         let pool = self.router.pool();
         let decode = pool.decodes().iter().any(|d| d.takes_requests(None));
         let prefill =
@@ -52,7 +52,7 @@ impl Shared {
 }
 
 /// The ext_proc service.
-pub struct Picker(pub Arc<Shared>);
+pub(crate) struct Picker(pub Arc<Shared>);
 
 /// Messages an exchange may have waiting for Envoy (its body chunks among them).
 const OUTBOUND: usize = 64;
@@ -76,7 +76,7 @@ const READINESS: [&str; 2] = ["readiness", "envoy.service.ext_proc.v3.ExternalPr
 
 /// Keeps `reporter`'s statuses true: `liveness` and the overall status serving, readiness
 /// following [`Shared::is_ready`] (checked every `every`) until `draining` says not.
-pub async fn report_health(
+pub(crate) async fn report_health(
     reporter: HealthReporter,
     shared: Arc<Shared>,
     draining: pd_service::Draining,
@@ -107,7 +107,7 @@ pub async fn report_health(
 }
 
 /// The ext_proc server of `shared`, taking request bodies up to its limit in one message.
-pub fn ext_proc(shared: Arc<Shared>) -> ExternalProcessorServer<Picker> {
+pub(crate) fn ext_proc(shared: Arc<Shared>) -> ExternalProcessorServer<Picker> {
     let largest = shared.max_body_bytes.saturating_add(64 * 1024);
     ExternalProcessorServer::new(Picker(shared)).max_decoding_message_size(largest)
 }

@@ -11,7 +11,7 @@ use crate::upstream::UpstreamError;
 use pd_router::backend::{Backend, Pair};
 
 /// A request that ended before D's answer could be relayed: the answer and how it is counted.
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// What the client gets.
     pub response: Box<Response>,
     /// How the request is counted.
@@ -28,7 +28,7 @@ impl From<Failure> for Refusal {
 }
 
 /// What P's failure means for the client.
-pub fn prefill_failure(pair: &Pair, err: &UpstreamError) -> Failure {
+pub(super) fn prefill_failure(pair: &Pair, err: &UpstreamError) -> Failure {
     let who = format!("prefill {} (dp rank {})", pair.backend.url(), pair.dp_rank);
     match err {
         UpstreamError::Timeout(limit) | UpstreamError::FirstByteTimeout(limit) => (
@@ -55,7 +55,7 @@ pub fn prefill_failure(pair: &Pair, err: &UpstreamError) -> Failure {
 }
 
 /// What D's failure means for the client: its own error answer is relayed as is.
-pub fn decode_refusal(decode: &Backend, err: UpstreamError) -> Refusal {
+pub(super) fn decode_refusal(decode: &Backend, err: UpstreamError) -> Refusal {
     match err {
         UpstreamError::Status {
             status,
@@ -98,12 +98,12 @@ pub fn decode_refusal(decode: &Backend, err: UpstreamError) -> Refusal {
 }
 
 /// 503: no backend to send the request to.
-pub fn unavailable(message: &str) -> Refusal {
+pub(super) fn unavailable(message: &str) -> Refusal {
     Refusal::from((ApiError::unavailable(message), Outcome::Unavailable))
 }
 
 /// A refusal with `status` and an OpenAI-shaped error of `kind`.
-pub fn refused(
+pub(super) fn refused(
     status: StatusCode,
     kind: &'static str,
     message: String,
@@ -113,12 +113,12 @@ pub fn refused(
 }
 
 /// No decode can take the request.
-pub fn no_decode() -> Refusal {
+pub(super) fn no_decode() -> Refusal {
     unavailable("no decode is ready: every decode is failing its health checks (see GET /ready)")
 }
 
 /// No prefill can take the request (`none_discovered`: none has been discovered at all).
-pub fn no_prefill(none_discovered: bool) -> Refusal {
+pub(super) fn no_prefill(none_discovered: bool) -> Refusal {
     unavailable(if none_discovered {
         "no prefill is ready: no (prefill, dp rank) pair has been discovered yet \
          (waiting for each prefill's /health and its bootstrap server's /query; see GET /ready)"

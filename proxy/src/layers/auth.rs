@@ -13,11 +13,11 @@ use crate::state::AppState;
 
 /// Lets a request through when it carries the key (or none is configured).
 #[derive(Clone)]
-pub struct RequireApiKey(pub AppState);
+pub(crate) struct RequireApiKey(pub AppState);
 
 impl RequireApiKey {
     /// The layer checking the key in front of a route.
-    pub fn layer(state: &AppState) -> GateLayer<Self> {
+    pub(crate) fn layer(state: &AppState) -> GateLayer<Self> {
         GateLayer(RequireApiKey(state.clone()))
     }
 }

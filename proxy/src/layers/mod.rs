@@ -2,6 +2,6 @@
 //! carries the request's `X-Request-Id`), [`track`] (the request is counted from arrival to
 //! the end of its streamed answer), [`auth`] (the `--api-key` check).
 
-pub mod auth;
-pub mod request_id;
-pub mod track;
+pub(crate) mod auth;
+pub(crate) mod request_id;
+pub(crate) mod track;

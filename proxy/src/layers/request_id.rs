@@ -16,11 +16,11 @@ use crate::state::AppState;
 
 /// The id of the request being served.
 #[derive(Clone)]
-pub struct RequestId(pub HeaderValue);
+pub(crate) struct RequestId(pub HeaderValue);
 
 /// Layer: assigns each request its id and puts it on the answer.
 #[derive(Clone)]
-pub struct AssignRequestIdLayer(pub AppState);
+pub(crate) struct AssignRequestIdLayer(pub AppState);
 
 impl<S> Layer<S> for AssignRequestIdLayer {
     type Service = AssignRequestId<S>;
@@ -35,7 +35,7 @@ impl<S> Layer<S> for AssignRequestIdLayer {
 
 /// The service of [`AssignRequestIdLayer`].
 #[derive(Clone)]
-pub struct AssignRequestId<S> {
+pub(crate) struct AssignRequestId<S> {
     inner: S,
     state: AppState,
 }

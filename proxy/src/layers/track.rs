@@ -17,18 +17,18 @@ use pd_router::sync::lock;
 
 /// The request's tracker, until someone takes it to finish it.
 #[derive(Clone)]
-pub struct TrackerSlot(Arc<Mutex<Option<Tracker>>>);
+pub(crate) struct TrackerSlot(Arc<Mutex<Option<Tracker>>>);
 
 impl TrackerSlot {
     /// Takes the tracker (only the first caller gets it).
-    pub fn take(&self) -> Option<Tracker> {
+    pub(crate) fn take(&self) -> Option<Tracker> {
         lock(&self.0).take()
     }
 }
 
 /// Layer: starts counting each request to a proxied route.
 #[derive(Clone)]
-pub struct TrackLayer(pub AppState);
+pub(crate) struct TrackLayer(pub AppState);
 
 impl<S> Layer<S> for TrackLayer {
     type Service = Track<S>;
@@ -43,7 +43,7 @@ impl<S> Layer<S> for TrackLayer {
 
 /// The service of [`TrackLayer`].
 #[derive(Clone)]
-pub struct Track<S> {
+pub(crate) struct Track<S> {
     inner: S,
     state: AppState,
 }

@@ -7,16 +7,16 @@
 mod outcome;
 mod route;
 
-pub use outcome::Outcome;
-pub use pd_router::metrics::{CallOutcome, FleetMetrics};
-pub use route::{DecisionMetrics, RouteMetrics};
+pub(crate) use outcome::Outcome;
+pub(crate) use pd_router::metrics::{CallOutcome, FleetMetrics};
+pub(crate) use route::{DecisionMetrics, RouteMetrics};
 
 use route::RouteFamilies;
 
 use prometheus::{Encoder, TextEncoder};
 
 /// Every metric the proxy exports, in its own registry.
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: prometheus::Registry,
     fleet: FleetMetrics,
     routes: RouteFamilies,
@@ -30,7 +30,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Creates and registers every metric.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let registry = prometheus::Registry::new_custom(Some("pd_proxy".to_owned()), None)
             .expect("a valid metric prefix");
         let fleet = FleetMetrics::new(&registry);
@@ -43,25 +43,25 @@ impl Metrics {
     }
 
     /// The fleet's metrics (backends, discovery, KV events, tokenization, adapters, DNS).
-    pub fn fleet(&self) -> &FleetMetrics {
+    pub(crate) fn fleet(&self) -> &FleetMetrics {
         &self.fleet
     }
 
     /// The routing decision counters of requests for `model` (a label value: see
     /// [`crate::models::ModelLabels`]).
-    pub fn decisions(&self, model: &str) -> DecisionMetrics {
+    pub(crate) fn decisions(&self, model: &str) -> DecisionMetrics {
         self.routes.decisions(model)
     }
 
     /// The handles of one route, for requests for `model` (a label value: see
     /// [`crate::models::ModelLabels`]).
-    pub fn route(&self, route: &str, model: &str) -> RouteMetrics {
+    pub(crate) fn route(&self, route: &str, model: &str) -> RouteMetrics {
         self.routes.route(route, model)
     }
 
     /// The counter `family`'s values summed by the `labels` given (over every other label),
     /// the largest first: e.g. the routing decisions by decision and reason, for the live page.
-    pub fn totals_by(&self, family: &str, labels: &[&str]) -> Vec<(Vec<String>, u64)> {
+    pub(crate) fn totals_by(&self, family: &str, labels: &[&str]) -> Vec<(Vec<String>, u64)> {
         let mut totals: std::collections::BTreeMap<Vec<String>, f64> = Default::default();
         let gathered = self.registry.gather();
         for metric in gathered
@@ -86,7 +86,7 @@ impl Metrics {
     }
 
     /// Renders every metric in the Prometheus text format.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)

@@ -2,7 +2,7 @@
 
 /// How a client request ended (the `outcome` label of `pd_proxy_requests_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// D's answer was relayed to its end with a 2xx status.
     Ok,
     /// The body was not a JSON object, or too large.
@@ -35,7 +35,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 14] = [
+    pub(crate) const ALL: [Outcome; 14] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::ClientTimeout,
@@ -53,7 +53,7 @@ impl Outcome {
     ];
 
     /// The label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
             Outcome::BadRequest => "bad_request",

@@ -22,7 +22,7 @@ const OVERHEAD_BUCKETS: &[f64] = &[
 
 /// The metric handles of one client-facing route, for one model label.
 #[derive(Clone)]
-pub struct RouteMetrics {
+pub(crate) struct RouteMetrics {
     outcomes: [IntCounter; Outcome::ALL.len()],
     duration: Histogram,
     ttft: Histogram,
@@ -36,61 +36,61 @@ pub struct RouteMetrics {
 
 impl RouteMetrics {
     /// Counts a request as started.
-    pub fn start(&self) {
+    pub(crate) fn start(&self) {
         self.in_flight.inc();
     }
 
     /// Counts a started request as no longer in flight under these labels (it moves to its
     /// model's, see [`crate::relay::Tracker::retarget`]).
-    pub fn leave(&self) {
+    pub(crate) fn leave(&self) {
         self.in_flight.dec();
     }
 
     /// Counts a request as finished.
-    pub fn finish(&self, outcome: Outcome, elapsed: Duration) {
+    pub(crate) fn finish(&self, outcome: Outcome, elapsed: Duration) {
         self.in_flight.dec();
         self.outcomes[outcome as usize].inc();
         self.duration.observe(elapsed.as_secs_f64());
     }
 
     /// Records the time from the request's arrival to D's first byte.
-    pub fn first_byte(&self, elapsed: Duration) {
+    pub(crate) fn first_byte(&self, elapsed: Duration) {
         self.ttft.observe(elapsed.as_secs_f64());
     }
 
     /// Records the proxy's own time on a request (see the metric's help).
-    pub fn overhead(&self, elapsed: Duration) {
+    pub(crate) fn overhead(&self, elapsed: Duration) {
         self.overhead.observe(elapsed.as_secs_f64());
     }
 
     /// Counts one retry of D on another decode.
-    pub fn retry(&self) {
+    pub(crate) fn retry(&self) {
         self.retries.inc();
     }
 
     /// Counts one call of D made again with the new engine id of a re-registered prefill.
-    pub fn engine_reroute(&self) {
+    pub(crate) fn engine_reroute(&self) {
         self.engine_reroutes.inc();
     }
 
     /// Records how long P took to answer (its whole call).
-    pub fn prefill_answered(&self, elapsed: Duration) {
+    pub(crate) fn prefill_answered(&self, elapsed: Duration) {
         self.prefill.observe(elapsed.as_secs_f64());
     }
 
     /// Records the time from D's call being issued to its first byte.
-    pub fn decode_first_byte(&self, elapsed: Duration) {
+    pub(crate) fn decode_first_byte(&self, elapsed: Duration) {
         self.decode_first_byte.observe(elapsed.as_secs_f64());
     }
 }
 
 /// The routing decision counters of one model label, one per possible decision.
 #[derive(Clone)]
-pub struct DecisionMetrics([IntCounter; Decision::ALL.len()]);
+pub(crate) struct DecisionMetrics([IntCounter; Decision::ALL.len()]);
 
 impl DecisionMetrics {
     /// Counts one decision.
-    pub fn count(&self, decision: Decision) {
+    pub(crate) fn count(&self, decision: Decision) {
         self.0[decision.slot()].inc();
     }
 }

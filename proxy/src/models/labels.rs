@@ -9,14 +9,14 @@ use crate::metrics::{DecisionMetrics, Metrics, RouteMetrics};
 use crate::state::Route;
 
 /// The label of requests that name no model.
-pub const NO_MODEL: &str = "none";
+pub(super) const NO_MODEL: &str = "none";
 /// The label of requests for a model not served here, or past [`MAX_LABELS`].
-pub const OTHER_MODEL: &str = "other";
+pub(super) const OTHER_MODEL: &str = "other";
 /// The most model labels the metrics take; later models are counted as `other`.
-pub const MAX_LABELS: usize = 64;
+pub(super) const MAX_LABELS: usize = 64;
 
 /// The handles of one model label.
-pub struct ModelHandles {
+pub(crate) struct ModelHandles {
     routes: [Arc<RouteMetrics>; 3],
     /// Its routing decision counters.
     pub decisions: DecisionMetrics,
@@ -24,13 +24,13 @@ pub struct ModelHandles {
 
 impl ModelHandles {
     /// The handles of `route`.
-    pub fn route(&self, route: Route) -> &Arc<RouteMetrics> {
+    pub(crate) fn route(&self, route: Route) -> &Arc<RouteMetrics> {
         &self.routes[route as usize]
     }
 }
 
 /// The handles of every model label, made on first use.
-pub struct ModelLabels {
+pub(crate) struct ModelLabels {
     metrics: Arc<Metrics>,
     labels: RwLock<HashMap<Box<str>, Arc<ModelHandles>>>,
     none: Arc<ModelHandles>,
@@ -39,7 +39,7 @@ pub struct ModelLabels {
 
 impl ModelLabels {
     /// The labels of `metrics`' families.
-    pub fn new(metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(metrics: Arc<Metrics>) -> Self {
         let handles = |label: &str| Arc::new(make(&metrics, label));
         ModelLabels {
             none: handles(NO_MODEL),
@@ -50,13 +50,13 @@ impl ModelLabels {
     }
 
     /// The handles of requests that name no model.
-    pub fn none(&self) -> &Arc<ModelHandles> {
+    pub(crate) fn none(&self) -> &Arc<ModelHandles> {
         &self.none
     }
 
     /// The handles of `model`: its own when it has them, or when `served` says it is served
     /// here (asked only then) and the labels are not all taken; else `other`'s.
-    pub fn of(&self, model: &str, served: impl FnOnce() -> bool) -> Arc<ModelHandles> {
+    pub(crate) fn of(&self, model: &str, served: impl FnOnce() -> bool) -> Arc<ModelHandles> {
         if model == NO_MODEL || model == OTHER_MODEL {
             return self.other.clone();
         }

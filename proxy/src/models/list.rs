@@ -14,7 +14,7 @@ use super::ModelCard;
 use crate::state::AppState;
 
 /// `GET /v1/models`: the union of the healthy engines' models.
-pub async fn models(State(state): State<AppState>) -> Json<Value> {
+pub(crate) async fn models(State(state): State<AppState>) -> Json<Value> {
     let pool = state.pool();
     let mut cards: BTreeMap<String, Value> = BTreeMap::new();
     for backend in pool.backends() {

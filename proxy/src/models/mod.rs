@@ -7,9 +7,9 @@
 mod labels;
 mod list;
 
-pub use labels::{ModelHandles, ModelLabels};
-pub use list::models;
-pub use pd_router::models::*;
+pub(crate) use labels::{ModelHandles, ModelLabels};
+pub(crate) use list::models;
+pub(crate) use pd_router::models::*;
 
 use std::collections::BTreeSet;
 
@@ -18,7 +18,7 @@ use axum::http::StatusCode;
 use crate::error::ApiError;
 
 /// 404 `model_not_found`, in OpenAI's shape, naming `model` and what is served.
-pub fn not_found(model: &str, served: &BTreeSet<String>) -> ApiError {
+pub(crate) fn not_found(model: &str, served: &BTreeSet<String>) -> ApiError {
     let list: Vec<&str> = served.iter().map(String::as_str).collect();
     ApiError::new(
         StatusCode::NOT_FOUND,
@@ -37,7 +37,7 @@ pub fn not_found(model: &str, served: &BTreeSet<String>) -> ApiError {
 }
 
 /// 503: `model` is served here, but none of its engines can take a request now.
-pub fn unavailable(model: &str, side: &str) -> ApiError {
+pub(crate) fn unavailable(model: &str, side: &str) -> ApiError {
     ApiError::unavailable(format!(
         "model `{model}`: no {side} serving it is ready (every one is failing its health \
          checks, drained, or not discovered yet; see GET /ready)"

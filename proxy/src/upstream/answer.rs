@@ -17,7 +17,7 @@ use super::connections::PooledBody;
 use super::error::{UpstreamError, MAX_ERROR_BODY};
 
 /// The body of a backend's answer, read under the call's time limit.
-pub struct Answer {
+pub(crate) struct Answer {
     pub(super) source: Source,
     pub(super) deadline: Pin<Box<Sleep>>,
     pub(super) timeout: Duration,

@@ -15,7 +15,7 @@ pub(super) const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// How a call to a backend failed.
 #[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
+pub(crate) enum UpstreamError {
     /// No connection could be made.
     #[error("cannot connect: {0}")]
     Connect(String),
@@ -52,7 +52,7 @@ impl UpstreamError {
     }
 
     /// The metric outcome.
-    pub fn outcome(&self) -> CallOutcome {
+    pub(crate) fn outcome(&self) -> CallOutcome {
         match self {
             UpstreamError::Connect(_) => CallOutcome::ConnectError,
             UpstreamError::Timeout(_) | UpstreamError::FirstByteTimeout(_) => CallOutcome::Timeout,
@@ -64,7 +64,7 @@ impl UpstreamError {
     /// Whether trying another decode may help: no connection, a broken answer, or a status
     /// that says "busy or broken" (408, 429, 5xx). A timeout is never retried: a call that
     /// already took all the time it had is not made again.
-    pub fn retryable(&self) -> bool {
+    pub(crate) fn retryable(&self) -> bool {
         match self {
             UpstreamError::Connect(_) | UpstreamError::Broken(_) => true,
             UpstreamError::Timeout(_) | UpstreamError::FirstByteTimeout(_) => false,
@@ -82,7 +82,7 @@ impl UpstreamError {
     /// carrying that error (streamed answers, see [`UpstreamError::from_stream_start`]);
     /// earlier releases said `remote engine_id X not found from bootstrap server Y`. An
     /// overloaded D's 503 or 429 is not asked about.
-    pub fn may_be_unknown_engine(&self) -> bool {
+    pub(crate) fn may_be_unknown_engine(&self) -> bool {
         match self {
             UpstreamError::Status { status, .. } => {
                 *status == StatusCode::NOT_FOUND || *status == StatusCode::INTERNAL_SERVER_ERROR
@@ -96,7 +96,7 @@ impl UpstreamError {
     /// after its stream began but before it produced anything (a failed KV load among
     /// others). Nothing has reached the client yet, so it is a failure like a 500 answer:
     /// retried, and relayed as OpenAI's JSON error with the event's code as status.
-    pub fn from_stream_start(first: &[u8]) -> Option<Self> {
+    pub(crate) fn from_stream_start(first: &[u8]) -> Option<Self> {
         let event = first.strip_prefix(b"data:")?.trim_ascii_start();
         if !event.starts_with(br#"{"error""#) {
             return None;
@@ -119,7 +119,7 @@ impl UpstreamError {
 
     /// The message in a backend's error body: OpenAI's `error.message`, FastAPI's `detail`, or
     /// the text itself.
-    pub fn backend_message(&self) -> String {
+    pub(crate) fn backend_message(&self) -> String {
         match self {
             UpstreamError::Status { status, body, .. } => {
                 let message = serde_json::from_slice::<serde_json::Value>(body)

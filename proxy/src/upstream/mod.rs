@@ -16,10 +16,10 @@ use hyper::{Method, Request};
 use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE, HOST};
 use reqwest::StatusCode;
 
-pub use self::answer::Answer;
+pub(crate) use self::answer::Answer;
 use self::answer::{Head, Source};
 use self::connections::Connections;
-pub use self::error::UpstreamError;
+pub(crate) use self::error::UpstreamError;
 use crate::config::Config;
 use crate::metrics::CallOutcome;
 use pd_router::backend::Call;
@@ -29,7 +29,7 @@ use pd_router::endpoint::Endpoint;
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A decode's answer whose status and first bytes arrived.
-pub struct DecodeStart {
+pub(crate) struct DecodeStart {
     /// D's status (2xx).
     pub status: StatusCode,
     /// D's content type.
@@ -46,7 +46,7 @@ pub struct DecodeStart {
 
 /// The shared clients and the time limits.
 #[derive(Clone)]
-pub struct Upstream {
+pub(crate) struct Upstream {
     /// The pooled HTTP client of health checks, discovery, `/v1/models` and HTTPS backends.
     pub client: reqwest::Client,
     /// The kept-alive connections of plain-HTTP calls to P and D.
@@ -63,7 +63,7 @@ impl Upstream {
     /// Builds the clients: pooled keep-alive connections (idle ones closed after 60 s),
     /// TCP_NODELAY, the connect timeout, no system proxy. Starts the task that closes idle
     /// connections (it ends when the last clone of this is dropped).
-    pub fn new(config: &Config) -> reqwest::Result<Self> {
+    pub(crate) fn new(config: &Config) -> reqwest::Result<Self> {
         let client = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(config.connect_timeout)
@@ -150,7 +150,7 @@ impl Upstream {
 
     /// Sends P its body and reads the whole answer, which must be 2xx, within the prefill
     /// timeout and before the request's `deadline`.
-    pub async fn prefill(
+    pub(crate) async fn prefill(
         &self,
         call: Call,
         endpoint: &Endpoint,
@@ -190,7 +190,7 @@ impl Upstream {
     /// Sends D its body and waits for the status and the first chunk of a 2xx answer (a non-2xx
     /// answer is read whole, up to 64 KiB, into the error), all of it, the rest of the body
     /// included, before the request's `deadline`.
-    pub async fn decode(
+    pub(crate) async fn decode(
         &self,
         endpoint: &Endpoint,
         headers: HeaderMap,

@@ -22,7 +22,7 @@ use pd_router::backend::{Backend, Call, Pair};
 use pd_router::routing::RequestInfo;
 
 /// One request's call to D: what D is sent, and what it races.
-pub struct DecodeCall<'a> {
+pub(super) struct DecodeCall<'a> {
     /// What the handlers share.
     pub state: &'a Shared,
     /// The route called.
@@ -57,7 +57,7 @@ pub struct DecodeCall<'a> {
 }
 
 /// D's answer has begun.
-pub struct Decoding {
+pub(super) struct Decoding {
     /// D's status and first bytes.
     pub answer: DecodeStart,
     /// D's call, to be finished when its answer ends.
@@ -68,7 +68,7 @@ pub struct Decoding {
 
 /// Sends the body to the decode (and once more to another decode if that fails retryably
 /// before its first byte), racing P's call when it runs.
-pub async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decoding, Refusal> {
+pub(super) async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decoding, Refusal> {
     let state = call.state;
     let mut decode = call.decode.clone();
     let (mut retried, mut rerouted) = (false, false);
