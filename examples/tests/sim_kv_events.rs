@@ -242,3 +242,81 @@ async fn tokenize_answers_pd_tokenize_s_ids_and_names_a_bad_field() {
         .unwrap();
     assert_eq!(sources.status(), 404);
 }
+
+/// vLLM's own decoder (its `KVEventBatch` msgspec struct, from the pinned vLLM CPU environment
+/// of `examples/vllm/cpu/venv.sh`) reads sim-engine's live stream: stores and removals of a
+/// small cache, every field vLLM requires present. What llm-d's KV cache manager or Dynamo's
+/// router, reading vLLM's events with vLLM's classes, would see.
+#[tokio::test]
+async fn vllms_own_classes_decode_the_sims_events() {
+    let python = pd_examples::vllm::cpu_python()
+        .await
+        .expect("the vLLM CPU environment (examples/vllm/cpu/venv.sh)");
+    let (engine, _dir) =
+        engine(&["--prefix-cache-blocks", "4", "--kv-events-config", EVENTS]).await;
+    let endpoint = source(&engine, "0").await["endpoint"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/vllm/decode_kv_events.py");
+    let mut decoder = tokio::process::Command::new(&python)
+        .args([script, &endpoint, "kv", "6"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(decoder.stdout.take().unwrap());
+    let mut ready = String::new();
+    let read = tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut ready);
+    tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ready.trim(), "ready");
+    // The subscription takes a moment to reach the publisher; prompts go on until the script
+    // has its batches (stores, and removals once the 4 blocks are full).
+    let sending = async {
+        for i in 0.. {
+            complete(&engine, &text(&format!("vllm decodes {i} "), 64)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let mut out = String::new();
+    let reading = tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out);
+    tokio::select! {
+        read = reading => { read.unwrap(); }
+        () = sending => unreachable!("the prompts never end"),
+        () = tokio::time::sleep(Duration::from_secs(60)) => panic!("no decoded batches in 60 s"),
+    };
+    let finished = decoder.wait_with_output().await.unwrap();
+    assert!(
+        finished.status.success(),
+        "vLLM's decoder refused sim-engine's events: {}{out}",
+        String::from_utf8_lossy(&finished.stderr)
+    );
+    let batches: Vec<Value> = (out.lines())
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(batches.len(), 6, "{out}");
+    let types: Vec<&str> = (batches.iter())
+        .flat_map(|b| b["types"].as_array().unwrap())
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert!(
+        types.contains(&"BlockStored") && types.contains(&"BlockRemoved"),
+        "{types:?}"
+    );
+    let stored = (batches.iter())
+        .find(|b| b["types"][0] == "BlockStored")
+        .unwrap();
+    for field in [
+        "block_hashes",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+    ] {
+        assert!(stored["first"].get(field).is_some(), "no {field}: {stored}");
+    }
+}

@@ -1,10 +1,13 @@
-//! Writing a payload as vLLM 0.32 does (events as maps with a `type` key).
+//! Writing a payload as vLLM 0.32 does (events as maps with a `type` key). vLLM's events are
+//! msgspec structs with `omit_defaults`: a field without a default (`BlockStored`'s `lora_id`,
+//! `medium`, `lora_name`; `BlockRemoved`'s `medium`) is always written, `nil` when unset, and
+//! vLLM's own decoder refuses a payload without it; fields with defaults are left out unset.
 
 use super::{BlockHash, EventBatch, ExtraValue, KvEvent};
 
 impl EventBatch {
-    /// Encodes the batch as vLLM 0.32 does: events as maps with a `type` key, `None` fields
-    /// left out.
+    /// Encodes the batch as vLLM 0.32 does: events as maps with a `type` key, required fields
+    /// always (`nil` when unset), defaulted ones only when set.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + 16 * self.events.len());
         let w = &mut out;
@@ -33,6 +36,13 @@ fn write<T, E: std::fmt::Debug>(result: Result<T, E>) {
 
 fn encode_str(w: &mut Vec<u8>, s: &str) {
     write(rmp::encode::write_str(w, s));
+}
+
+fn encode_opt_str(w: &mut Vec<u8>, s: Option<&str>) {
+    match s {
+        Some(s) => encode_str(w, s),
+        None => write(rmp::encode::write_nil(w)),
+    }
 }
 
 fn encode_int(w: &mut Vec<u8>, n: i128) {
@@ -71,14 +81,8 @@ fn encode_value(w: &mut Vec<u8>, value: &ExtraValue) {
 fn encode_event(w: &mut Vec<u8>, event: &KvEvent) {
     match event {
         KvEvent::BlockStored(s) => {
-            let optional = [
-                s.lora_id.is_some(),
-                s.medium.is_some(),
-                s.lora_name.is_some(),
-                !s.extra_keys.is_empty(),
-                s.group_idx.is_some(),
-            ];
-            let fields = 5 + optional.iter().filter(|f| **f).count() as u32;
+            let optional = [!s.extra_keys.is_empty(), s.group_idx.is_some()];
+            let fields = 8 + optional.iter().filter(|f| **f).count() as u32;
             write(rmp::encode::write_map_len(w, fields));
             encode_str(w, "type");
             encode_str(w, "BlockStored");
@@ -94,18 +98,15 @@ fn encode_event(w: &mut Vec<u8>, event: &KvEvent) {
             s.token_ids.iter().for_each(|t| encode_int(w, (*t).into()));
             encode_str(w, "block_size");
             encode_int(w, s.block_size.into());
-            if let Some(id) = s.lora_id {
-                encode_str(w, "lora_id");
-                encode_int(w, id.into());
+            encode_str(w, "lora_id");
+            match s.lora_id {
+                Some(id) => encode_int(w, id.into()),
+                None => write(rmp::encode::write_nil(w)),
             }
-            if let Some(medium) = &s.medium {
-                encode_str(w, "medium");
-                encode_str(w, medium);
-            }
-            if let Some(name) = &s.lora_name {
-                encode_str(w, "lora_name");
-                encode_str(w, name);
-            }
+            encode_str(w, "medium");
+            encode_opt_str(w, s.medium.as_deref());
+            encode_str(w, "lora_name");
+            encode_opt_str(w, s.lora_name.as_deref());
             if !s.extra_keys.is_empty() {
                 encode_str(w, "extra_keys");
                 write(rmp::encode::write_array_len(w, s.extra_keys.len() as u32));
@@ -122,16 +123,14 @@ fn encode_event(w: &mut Vec<u8>, event: &KvEvent) {
             }
         }
         KvEvent::BlockRemoved(r) => {
-            let fields = 2 + u32::from(r.medium.is_some()) + u32::from(r.group_idx.is_some());
+            let fields = 3 + u32::from(r.group_idx.is_some());
             write(rmp::encode::write_map_len(w, fields));
             encode_str(w, "type");
             encode_str(w, "BlockRemoved");
             encode_str(w, "block_hashes");
             encode_hashes(w, &r.block_hashes);
-            if let Some(medium) = &r.medium {
-                encode_str(w, "medium");
-                encode_str(w, medium);
-            }
+            encode_str(w, "medium");
+            encode_opt_str(w, r.medium.as_deref());
             if let Some(group) = r.group_idx {
                 encode_str(w, "group_idx");
                 encode_int(w, group.into());
