@@ -4,6 +4,7 @@
 pub mod bootstrap;
 pub mod bootstrap_scale;
 pub mod chart;
+pub mod epp;
 pub mod kv_index;
 pub mod loadgen;
 pub mod mock_events;

@@ -38,6 +38,14 @@ pub enum Suite {
     },
     /// Completions through the proxy (and the peers) to instant mocks, against D directly.
     Proxy,
+    /// pd-epp, the endpoint picker: picks per second over ext_proc and the decision's latency
+    /// (P/D and engines alone), pd-epp's CPU per pick; completions through Envoy with pd-epp
+    /// against Envoy alone.
+    Epp {
+        /// The Envoy binary (default: what examples/gateway/tools.sh installs).
+        #[arg(long)]
+        envoy: Option<PathBuf>,
+    },
     /// TTFT with simulated engines: the proxy's concurrent fan-out against sequential P-then-D.
     Ttft {
         /// Streamed requests per mode and concurrency.

@@ -12,8 +12,9 @@ use pd_examples::bench::proxy::{self, ProxyCommand};
 use pd_examples::bench::report::Row;
 use pd_examples::bench::suite::Suite;
 use pd_examples::bench::{
-    kv_index, proxy_scale, real_vllm, routing, sglang, tokenize, transfer, watch,
+    epp, kv_index, proxy_scale, real_vllm, routing, sglang, tokenize, transfer, watch,
 };
+use pd_examples::cluster::gateway::envoy_binary;
 
 /// Measure the bootstrap server (and, with the peers installed, the proxy against them).
 #[derive(Debug, Parser)]
@@ -185,6 +186,28 @@ async fn run(args: &Args, settings: &Settings, machine: &str) -> Result<Output, 
             "Proxy, to instant mock backends",
             &proxy_rows(settings, args.peers_venv.as_deref()).await?,
         )?;
+    }
+    if wants(|s| matches!(s, Suite::Epp { .. })) {
+        heading(&mut out, all, "pd-epp, the endpoint picker");
+        let envoy = match &args.suite {
+            Suite::Epp { envoy: Some(envoy) } => envoy.clone(),
+            _ => envoy_binary().map_err(|e| e.to_string())?,
+        };
+        let epp_settings = proxy::Settings {
+            run_dir: settings.work_dir.clone(),
+            duration: settings.duration,
+            concurrency: settings.concurrency.clone(),
+        };
+        let picks = epp::pick_rows(&settings.bin_dir, &epp_settings).await?;
+        out.rows("epp-picks", "pd-epp picks over ext_proc", &picks)?;
+        out.text(
+            "
+Completions through Envoy, with pd-epp and alone (one instant engine):
+
+",
+        );
+        let through = epp::envoy_rows(&settings.bin_dir, &envoy, &epp_settings).await?;
+        out.rows("epp-envoy", "Envoy with pd-epp and alone", &through)?;
     }
     if wants(|s| matches!(s, Suite::Ttft { .. })) {
         heading(

@@ -22,7 +22,10 @@ use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::Value;
 use tonic::transport::Channel;
 
-pub use exchange::{Exchange, ExchangeError};
+pub use exchange::{connect, Exchange, ExchangeError};
+
+/// A client of a picker's ext_proc service.
+pub type Client = ExternalProcessorClient<Channel>;
 
 /// The header and `envoy.lb` key of the picked endpoint.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
