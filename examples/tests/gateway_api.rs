@@ -8,7 +8,9 @@
 //! and a sidecar that relays to no prefill outside its fleet.
 
 use std::path::PathBuf;
+
 use std::time::{Duration, Instant};
+use tokio::process::Command;
 
 use pd_examples::cluster::gateway::{envoy_args, envoy_binary, envoy_config};
 use pd_examples::cluster::{Cluster, ClusterSpec, GatewaySpec};
@@ -265,19 +267,43 @@ async fn precise_prefix_picks_are_seen_through_envoy() {
     cluster.shutdown().await;
 }
 
-/// A decode drained at pd-epp gets no new request through Envoy; lifted, it gets them again.
+/// A decode drained at pd-epp, as a rollout drains it (`worker-client drain --backend URL
+/// --wait-idle EPP`), gets no new request through Envoy; lifted, it gets them again.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_drained_decode_is_avoided() {
     let (cluster, _dir) = gateway("gateway-drain-", Dialect::Vllm, "round_robin", false).await;
     let gateway = cluster.gateway.as_ref().unwrap();
-    let drain = |draining: bool| {
-        client()
-            .post(format!("{}/admin/drain", gateway.epp.url))
-            .bearer_auth(ADMIN_KEY)
-            .json(&json!({"url": cluster.decodes[0].url, "draining": draining}))
-            .send()
-    };
-    assert_eq!(drain(true).await.unwrap().status(), 200);
+    let decode = &cluster.decodes[0].url;
+    let drained = Command::new(bin_dir().join("worker-client"))
+        .args([
+            "drain",
+            "--backend",
+            decode,
+            "--wait-idle",
+            &gateway.epp.url,
+        ])
+        .args(["--admin-key", ADMIN_KEY, "--idle-timeout", "10"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        drained.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drained.stderr)
+    );
+    let backends: Value = client()
+        .get(format!("{}/admin/backends", gateway.epp.url))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let listed = (backends["decodes"].as_array().unwrap().iter())
+        .find(|d| d["url"] == decode.as_str())
+        .unwrap();
+    assert_eq!(listed["drained"], true, "{backends}");
     let kept = address(&gateway.sidecars[1]);
     for i in 0..6 {
         let answer = send(
@@ -292,7 +318,14 @@ async fn a_drained_decode_is_avoided() {
             "request {i} went to the drained decode"
         );
     }
-    assert_eq!(drain(false).await.unwrap().status(), 200);
+    let lift = client()
+        .post(format!("{}/admin/drain", gateway.epp.url))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({"url": decode, "draining": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lift.status(), 200);
     let mut seen = std::collections::BTreeSet::new();
     for i in 0..4 {
         let answer = send(
@@ -306,7 +339,7 @@ async fn a_drained_decode_is_avoided() {
     assert_eq!(seen.len(), 2, "the decode is back once the mark is lifted");
     let unauthorized = client()
         .post(format!("{}/admin/drain", gateway.epp.url))
-        .json(&json!({"url": cluster.decodes[0].url}))
+        .json(&json!({"url": decode}))
         .send()
         .await
         .unwrap();

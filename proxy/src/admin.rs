@@ -10,82 +10,20 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use pd_protocol::proxy_admin::{BackendState, Backends, RankState};
+use pd_protocol::proxy_admin::{BackendState, Backends, DrainRequest};
 use pd_protocol::Rank;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use pd_router::backend::{Backend, Prefill};
+use pd_router::backend::states::{find, state_of, states};
 use pd_router::prompt_tokens::PromptKind;
 use pd_router::routing::RequestInfo;
 
-/// A backend's state, with its dp ranks if it is a prefill.
-fn state_of(backend: &Backend, dp_ranks: Vec<RankState>, leaving: bool) -> BackendState {
-    let in_flight = backend.outstanding();
-    BackendState {
-        role: backend.role().as_str().to_owned(),
-        url: backend.url().to_owned(),
-        healthy: backend.is_healthy(),
-        drained: backend.is_drained(),
-        in_flight,
-        idle: in_flight == 0,
-        leaving,
-        dp_ranks,
-    }
-}
-
-/// A prefill's state; the dp ranks of one `leaving` the pool take no new requests either.
-fn prefill_state(prefill: &Prefill, leaving: bool) -> BackendState {
-    let ranks = (prefill.pairs().iter())
-        .map(|pair| RankState {
-            dp_rank: pair.dp_rank,
-            engine_id: pair.engine_id.as_deref().map(str::to_owned),
-            draining: leaving || pair.is_draining(),
-            in_flight: pair.outstanding(),
-        })
-        .collect();
-    state_of(&prefill.backend, ranks, leaving)
-}
-
-/// Every backend's state, the pool's then those that left it with calls in flight, each
-/// passed with its backend through `view`: (prefills, decodes). What `GET /admin/backends`
-/// answers and the live page shows.
-pub(crate) fn backend_states<T>(
-    state: &AppState,
-    view: impl Fn(&Backend, BackendState) -> T,
-) -> (Vec<T>, Vec<T>) {
-    let departed = state.pool().departed();
-    let prefills = (state.pool().prefills().iter().map(|p| (p, false)))
-        .chain(departed.prefills.iter().map(|p| (p, true)))
-        .map(|(p, leaving)| view(&p.backend, prefill_state(p, leaving)))
-        .collect();
-    let decodes = (state.pool().decodes().iter().map(|d| (d, false)))
-        .chain(departed.decodes.iter().map(|d| (d, true)))
-        .map(|(d, leaving)| view(d, state_of(d, Vec::new(), leaving)))
-        .collect();
-    (prefills, decodes)
-}
-
 /// `GET /admin/backends`: the pool's backends, then those that left it with calls in flight.
 pub(crate) async fn backends(State(state): State<AppState>) -> Json<Backends> {
-    let (prefills, decodes) = backend_states(&state, |_, backend| backend);
+    let (prefills, decodes) = states(state.pool(), |_, backend| backend);
     Json(Backends { prefills, decodes })
-}
-
-/// `POST /admin/drain` body.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct DrainRequest {
-    /// The backend's URL, as configured.
-    pub url: String,
-    /// Drain it (the default) or lift the mark.
-    #[serde(default = "yes")]
-    pub draining: bool,
-}
-
-fn yes() -> bool {
-    true
 }
 
 /// `POST /admin/drain`: drains a prefill or decode at this proxy (no new requests; those in
@@ -104,20 +42,15 @@ pub(crate) async fn drain(
         )
     })?;
     let url = request.url.trim_end_matches('/');
-    let backends = state.pool().backends();
-    let backend = (backends.iter())
-        .find(|backend| backend.url() == url)
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found_error",
-                format!(
-                    "`url`: no prefill or decode {url:?} is configured (see GET /admin/backends)"
-                ),
-            )
-        })?;
+    let backend = find(state.pool(), url).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            format!("`url`: no prefill or decode {url:?} is configured (see GET /admin/backends)"),
+        )
+    })?;
     backend.set_drained(request.draining);
-    Ok(Json(state_of(backend, Vec::new(), false)))
+    Ok(Json(state_of(&backend, Vec::new(), false)))
 }
 
 /// Whether `headers` carry the admin key (`what` names the action in the refusal).

@@ -13,9 +13,9 @@ use axum::{Json, Router};
 use pd_protocol::proxy_admin::BackendState;
 use serde::Serialize;
 
-use crate::admin::backend_states;
 use crate::readiness::readiness;
 use crate::state::AppState;
+use pd_router::backend::states::states;
 use pd_router::backend::Backend;
 
 /// The page's script.
@@ -101,7 +101,7 @@ fn view(backend: &Backend, state: BackendState) -> BackendView {
 
 fn snapshot(state: &AppState) -> Snapshot {
     let ready = readiness(state);
-    let (prefills, decodes) = backend_states(state, view);
+    let (prefills, decodes) = states(state.pool(), view);
     let metrics = &state.metrics;
     let decisions = (metrics.totals_by("pd_proxy_route_decisions_total", &["decision", "reason"]))
         .into_iter()

@@ -1,16 +1,21 @@
 //! The HTTP side, on `--metrics-port`: `GET /metrics` (Prometheus), `GET /health` (the process
 //! answers), `GET /ready` (a request can be placed, and pd-epp is not on its way out) and, with
-//! `--admin-key`, `POST /admin/drain` (`{"url": ENGINE_URL, "draining": true|false}`: no new
-//! request is placed on that engine; those in flight finish), the same as pd-proxy's.
+//! `--admin-key`, pd-proxy's operator routes: `GET /admin/backends` and `POST /admin/drain`
+//! (`{"url": ENGINE_URL, "draining": true|false}`: no new request is placed on that engine;
+//! those running finish), so `worker-client drain --backend URL --wait-idle EPP_URL` drains
+//! an engine at pd-epp as at a pd-proxy.
 
 use std::sync::Arc;
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Json;
 use http::HeaderMap;
+use pd_protocol::proxy_admin::{BackendState, Backends, DrainRequest};
+use pd_router::backend::states::{find, state_of, states};
 use pd_service::Draining;
 use serde_json::{json, Value};
 
@@ -29,6 +34,7 @@ pub(crate) fn router(shared: Arc<Shared>, draining: Draining) -> axum::Router {
         .route("/metrics", get(metrics))
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(ready))
+        .route("/admin/backends", get(backends))
         .route("/admin/drain", post(drain))
         .with_state(Http { shared, draining })
 }
@@ -53,58 +59,52 @@ async fn ready(State(http): State<Http>) -> impl IntoResponse {
     }
 }
 
-/// An error of the admin route, in OpenAI's shape.
+/// An error of the admin routes, in OpenAI's shape.
 fn admin_error(status: StatusCode, message: &str) -> (StatusCode, Json<Value>) {
     let body = json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": status.as_u16()}});
     (status, Json(body))
 }
 
+/// Whether `headers` carry the admin key.
+fn admitted(http: &Http, headers: &HeaderMap) -> Result<(), (StatusCode, Json<Value>)> {
+    let Some(key) = &http.shared.admin_key else {
+        let message = "the admin routes are off: start pd-epp with --admin-key";
+        return Err(admin_error(StatusCode::FORBIDDEN, message));
+    };
+    match key.admits(headers) {
+        true => Ok(()),
+        false => Err(admin_error(
+            StatusCode::UNAUTHORIZED,
+            "the admin routes need the header Authorization: Bearer <key> with --admin-key",
+        )),
+    }
+}
+
+/// `GET /admin/backends`: every engine, its health, drain marks and the requests pd-epp
+/// placed on it still running (what `worker-client drain --wait-idle` reads).
+async fn backends(
+    State(http): State<Http>,
+    headers: HeaderMap,
+) -> Result<Json<Backends>, (StatusCode, Json<Value>)> {
+    admitted(&http, &headers)?;
+    let (prefills, decodes) = states(http.shared.router.pool(), |_, backend| backend);
+    Ok(Json(Backends { prefills, decodes }))
+}
+
+/// `POST /admin/drain`: no new request is placed on the engine (those running finish), or
+/// the mark is lifted; answers the engine's state.
 async fn drain(
     State(http): State<Http>,
     headers: HeaderMap,
-    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
-) -> Result<Json<Value>, (StatusCode, Json<Value>)> {
-    let Some(key) = &http.shared.admin_key else {
-        let message = "the admin route is off: start pd-epp with --admin-key to drain engines";
-        return Err(admin_error(StatusCode::FORBIDDEN, message));
-    };
-    if !key.admits(&headers) {
-        let message = "draining needs the header Authorization: Bearer <key> with --admin-key";
-        return Err(admin_error(StatusCode::UNAUTHORIZED, message));
-    }
-    let Json(body) = body.map_err(|err| admin_error(StatusCode::BAD_REQUEST, &err.body_text()))?;
-    let Some(url) = body.get("url").and_then(Value::as_str) else {
-        return Err(admin_error(
-            StatusCode::BAD_REQUEST,
-            "`url`: the engine's URL is required",
-        ));
-    };
-    let draining = match body.get("draining") {
-        None => true,
-        Some(Value::Bool(draining)) => *draining,
-        Some(_) => {
-            return Err(admin_error(
-                StatusCode::BAD_REQUEST,
-                "`draining`: expected true or false",
-            ));
-        }
-    };
-    let url = url.trim_end_matches('/');
-    let backends = http.shared.router.pool().backends();
-    let backend = backends
-        .iter()
-        .find(|backend| backend.url() == url)
-        .ok_or_else(|| {
-            admin_error(
-                StatusCode::NOT_FOUND,
-                &format!("`url`: no engine {url:?} is configured"),
-            )
-        })?;
-    backend.set_drained(draining);
-    Ok(Json(json!({
-        "url": backend.url(),
-        "role": backend.role().as_str(),
-        "draining": backend.is_drained(),
-        "in_flight": backend.outstanding(),
-    })))
+    body: Result<Json<DrainRequest>, JsonRejection>,
+) -> Result<Json<BackendState>, (StatusCode, Json<Value>)> {
+    admitted(&http, &headers)?;
+    let Json(request) =
+        body.map_err(|err| admin_error(StatusCode::BAD_REQUEST, &err.body_text()))?;
+    let backend = find(http.shared.router.pool(), &request.url).ok_or_else(|| {
+        let message = format!("`url`: no engine {:?} is configured", request.url);
+        admin_error(StatusCode::NOT_FOUND, &message)
+    })?;
+    backend.set_drained(request.draining);
+    Ok(Json(state_of(&backend, Vec::new(), false)))
 }

@@ -1,6 +1,7 @@
-//! pd-proxy's `GET /admin/backends`: every backend this proxy sends to, with its health, its
-//! drain marks and the requests in flight through this proxy. The proxy answers it;
-//! `worker-client drain --wait-idle` reads it to know when a drained engine is idle.
+//! The front doors' operator routes (pd-proxy's, and pd-epp's on its metrics port):
+//! `GET /admin/backends`, every backend it sends to, with its health, its drain marks and the
+//! requests in flight through it, which `worker-client drain --wait-idle` reads to know when a
+//! drained engine is idle; and `POST /admin/drain`'s body.
 
 use serde::{Deserialize, Serialize};
 
@@ -50,4 +51,19 @@ pub struct RankState {
     pub draining: bool,
     /// P calls to it in flight through this proxy.
     pub in_flight: usize,
+}
+
+/// The body of `POST /admin/drain`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    /// The backend's URL, as configured.
+    pub url: String,
+    /// Drain it (the default) or lift the mark.
+    #[serde(default = "drain_by_default")]
+    pub draining: bool,
+}
+
+fn drain_by_default() -> bool {
+    true
 }

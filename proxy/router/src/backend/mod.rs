@@ -10,6 +10,7 @@ mod card;
 mod pair;
 mod pool;
 mod prefill;
+pub mod states;
 
 pub use card::{read_cards, ModelCard};
 pub use pair::{pair_id, DiscoveredRank, Pair};
