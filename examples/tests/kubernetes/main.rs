@@ -26,7 +26,11 @@ const KUBERNETES_VERSIONS: &[&str] = &["1.33.0", "1.37.0"];
 
 /// Kinds that are not Kubernetes' own (so not in its schemas), each validated instead against
 /// a schema of its own under `examples/kubernetes/schemas`.
-const CUSTOM_KINDS: &[(&str, &str)] = &[("ServiceMonitor", "schemas/servicemonitor.json")];
+const CUSTOM_KINDS: &[(&str, &str)] = &[
+    ("ServiceMonitor", "schemas/servicemonitor.json"),
+    ("InferencePool", "schemas/inferencepool.json"),
+    ("HTTPRoute", "schemas/httproute.json"),
+];
 
 /// Validates one document against a JSON schema (argv[1]) read as JSON on stdin; prints why not.
 const VALIDATE_SCHEMA: &str = "import json, sys, jsonschema
@@ -77,7 +81,11 @@ fn every_kustomization_renders_and_validates_strictly() {
             }
         }
     }
-    assert!(custom_validated > 0, "no ServiceMonitor was rendered");
+    // Every ServiceMonitor, and the gateway overlay's InferencePool and HTTPRoute.
+    assert!(
+        custom_validated > 2,
+        "{custom_validated} custom documents validated"
+    );
 }
 
 #[test]
@@ -100,6 +108,16 @@ fn the_validators_refuse_what_kubernetes_would() {
         verdict.contains("interval") && verdict.contains("pathh"),
         "{verdict}"
     );
+    // An InferencePool with a misspelled field, a port out of range, a failure mode v1 does
+    // not have, and a Service picker without its port.
+    let pool = json!({"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": "p"}, "spec": {"selector": {"matchLabels": {"app": "d"}},
+        "targetPortz": [{"number": 8000}], "targetPorts": [{"number": 70000}],
+        "endpointPickerRef": {"name": "epp", "failureMode": "FailSoft"}}});
+    let verdict = schema_validate(CUSTOM_KINDS[1].1, &pool);
+    for wrong in ["targetPortz", "70000", "FailSoft", "port"] {
+        assert!(verdict.contains(wrong), "{wrong} passed: {verdict}");
+    }
 }
 
 /// `binary --help`, and for worker-client the help of the subcommand `args` run.
@@ -184,7 +202,9 @@ fn expected_routes() -> BTreeMap<&'static str, BTreeSet<String>> {
 async fn probes_and_scrapes_hit_routes_the_binaries_serve() {
     let routes = expected_routes();
     assert!(
-        routes.contains_key("bootstrap-server") && routes.contains_key("pd-proxy"),
+        ["bootstrap-server", "pd-proxy", "pd-epp"]
+            .iter()
+            .all(|binary| routes.contains_key(binary)),
         "{routes:?}"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -192,7 +212,15 @@ async fn probes_and_scrapes_hit_routes_the_binaries_serve() {
         let port = free_port();
         let data = dir.path().join("data").display().to_string();
         let mut args = vec!["--host", "127.0.0.1"];
-        // The least each needs to start; pd-proxy's backends need not exist.
+        // The least each needs to start; the proxies' backends need not exist. pd-epp serves
+        // HTTP on its --metrics-port (its --port is gRPC).
+        let (grpc, port_flag) = (
+            free_port().to_string(),
+            match *binary {
+                "pd-epp" => "--metrics-port",
+                _ => "--port",
+            },
+        );
         match *binary {
             "bootstrap-server" => args.extend(["--data-dir", &data]),
             "pd-proxy" => args.extend([
@@ -201,10 +229,11 @@ async fn probes_and_scrapes_hit_routes_the_binaries_serve() {
                 "--decode",
                 "http://127.0.0.1:9",
             ]),
+            "pd-epp" => args.extend(["--decode", "http://127.0.0.1:9", "--port", &grpc]),
             other => panic!("{other} serves nothing here"),
         }
         let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
-        let args = [args, vec!["--port".into(), port.to_string()]].concat();
+        let args = [args, vec![port_flag.into(), port.to_string()]].concat();
         let url = format!("http://127.0.0.1:{port}");
         let program = binary_path(binary);
         let mut process = spawn(dir.path(), binary, &program, &args, url.clone()).unwrap();
@@ -403,4 +432,85 @@ fn each_overlay_runs_the_proxy_in_the_mode_its_engines_need() {
         assert_eq!(after("--mode", 1), [mode], "{name}");
         assert_eq!(after("--prefill", 2), [dns, bootstrap], "{name}");
     }
+}
+
+/// The gateway overlay's pieces agree: the InferencePool selects the decode pods and targets
+/// the port their sidecar (pd-proxy --sidecar) serves, its picker is the Service of pd-epp at
+/// its gRPC port, pd-epp sends each decode's requests to that port, and the HTTPRoute leads to
+/// the pool.
+#[test]
+fn the_gateway_overlay_routes_through_the_picker_to_the_sidecars() {
+    let rendered = all()
+        .iter()
+        .find(|r| r.name == "overlays/gateway-api")
+        .unwrap();
+    let docs = &rendered.docs;
+    let pool = of_kind(docs, "InferencePool")
+        .next()
+        .expect("an InferencePool");
+    let target = pool["spec"]["targetPorts"][0]["number"].as_u64().unwrap();
+    let decode = of_kind(docs, "Deployment")
+        .find(|d| str_at(d, "/metadata/name") == "decode")
+        .unwrap();
+    let labels = &decode["spec"]["template"]["metadata"]["labels"];
+    for (key, value) in pool["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(
+            &labels[key], value,
+            "the pool does not select the decode pods"
+        );
+    }
+    let pod = &decode["spec"]["template"]["spec"];
+    let sidecar = (array_at(pod, "/initContainers").iter())
+        .find(|c| manifest::argv(c).contains(&"--sidecar".to_owned()))
+        .expect("a pd-proxy --sidecar in the decode pods");
+    let argv = manifest::argv(sidecar);
+    let port = argv
+        .iter()
+        .position(|a| a == "--port")
+        .map(|i| argv[i + 1].clone());
+    assert_eq!(
+        port.as_deref(),
+        Some(target.to_string().as_str()),
+        "{argv:?}"
+    );
+    let picker = &pool["spec"]["endpointPickerRef"];
+    let service = of_kind(docs, "Service")
+        .find(|s| s["metadata"]["name"] == picker["name"])
+        .expect("the picker's Service");
+    let grpc = (array_at(service, "/spec/ports").iter())
+        .find(|p| p["port"] == picker["port"]["number"])
+        .expect("the picker's port on its Service");
+    assert_eq!(grpc["appProtocol"], "kubernetes.io/h2c");
+    let epp = of_kind(docs, "Deployment")
+        .find(|d| str_at(d, "/metadata/name") == "pd-epp")
+        .unwrap();
+    let argv = manifest::argv(&array_at(epp, "/spec/template/spec/containers")[0]);
+    let after = |flag: &str| {
+        argv.iter()
+            .position(|a| a == flag)
+            .map(|i| argv[i + 1].clone())
+    };
+    assert_eq!(after("--destination-port"), Some(target.to_string()));
+    assert_eq!(
+        after("--port"),
+        Some(grpc["targetPort"].as_str().map_or_else(
+            || grpc["targetPort"].to_string(),
+            |name| {
+                let container = &array_at(epp, "/spec/template/spec/containers")[0];
+                let declared = array_at(container, "/ports")
+                    .iter()
+                    .find(|p| p["name"] == name)
+                    .unwrap();
+                declared["containerPort"].to_string()
+            },
+        ))
+    );
+    let route = of_kind(docs, "HTTPRoute").next().expect("an HTTPRoute");
+    let backend = &route["spec"]["rules"][0]["backendRefs"][0];
+    assert_eq!(backend["kind"], "InferencePool");
+    assert_eq!(backend["name"], pool["metadata"]["name"]);
+    assert!(
+        of_kind(docs, "Deployment").all(|d| str_at(d, "/metadata/name") != "pd-proxy"),
+        "the standalone proxy is gone"
+    );
 }

@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 /// This project's binaries, as the manifests run them.
-pub const BINARIES: &[&str] = &["bootstrap-server", "pd-proxy", "worker-client"];
+pub const BINARIES: &[&str] = &["bootstrap-server", "pd-epp", "pd-proxy", "worker-client"];
 
 /// `kind/name`, for messages.
 pub fn id(doc: &Value) -> String {

@@ -17,6 +17,7 @@ const KUSTOMIZATIONS: &[&str] = &[
     "overlays/sglang",
     "overlays/vllm-multinode",
     "overlays/vllm-multinode-etcd",
+    "overlays/gateway-api",
     "dashboards",
 ];
 
@@ -61,6 +62,8 @@ pub fn binary(name: &str) -> PathBuf {
                 "bootstrap-server",
                 "-p",
                 "pd-proxy",
+                "-p",
+                "pd-epp",
             ]);
             cargo
                 .args(["-p", "worker-client"])
