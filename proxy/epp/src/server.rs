@@ -10,6 +10,7 @@ use pd_router::{Router, RouterError};
 use pd_service::{bind, serve, Background, BearerToken, BindError, Draining, ServeLimits};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -138,10 +139,19 @@ impl Epp {
             },
             ServeLimits::default(),
         ));
+        // Small ext_proc messages go out at once: without TCP_NODELAY a picker's answer can
+        // wait for the peer's delayed ACK (40 ms).
+        let incoming = TcpListenerStream::new(grpc).map(|accepted| {
+            accepted.inspect(|stream| {
+                if let Err(err) = stream.set_nodelay(true) {
+                    tracing::debug!(error = %err, "TCP_NODELAY not set");
+                }
+            })
+        });
         let served = tonic::transport::Server::builder()
             .add_service(health)
             .add_service(service::ext_proc(shared))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), shutdown)
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         let _ = stop_http.send(());
         let _ = http_server.await;
