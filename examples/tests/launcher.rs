@@ -156,6 +156,42 @@ fn sigterm_stops_everything_in_order_within_two_seconds() {
     eprintln!("SIGTERM to exit: {took:?}");
 }
 
+/// The one command behind Envoy (`--gateway envoy --once`): the demo's requests answered
+/// through Envoy, pd-epp and the sidecars, everything stopped after, nothing left behind.
+#[test]
+fn the_gateway_demo_answers_through_envoy_and_leaves_nothing() {
+    let envoy = pd_examples::cluster::gateway::envoy_binary().expect("Envoy");
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = launcher(dir.path(), &["--port", "0", "--once", "--gateway", "envoy"])
+        .arg("--envoy")
+        .arg(&envoy)
+        .spawn()
+        .unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}\n{out}");
+    assert!(out.contains("gateway: Envoy at http://127.0.0.1:"), "{out}");
+    assert!(
+        out.contains("endpoint picker: pd-epp at 127.0.0.1:"),
+        "{out}"
+    );
+    assert_eq!(out.matches("TTFT").count(), 4, "{out}");
+    // Envoy (its configuration in the run folder) and the rest are gone.
+    let run_dir = dir.path().to_string_lossy().into_owned();
+    let left: Vec<String> = (std::fs::read_dir("/proc").unwrap().flatten())
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            (cmdline.contains(&run_dir) && alive(pid)).then_some(cmdline)
+        })
+        .collect();
+    assert!(left.is_empty(), "left running: {left:?}");
+    let access = std::fs::read_to_string(dir.path().join("envoy.log")).unwrap();
+    assert!(access.matches("\"POST /v1/").count() >= 4, "{access}");
+}
+
 /// A decode sim-engine on a free port, with `extra` flags; killed on drop.
 struct Decode(Child, String);
 

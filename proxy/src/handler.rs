@@ -15,7 +15,8 @@ use crate::layers::request_id::RequestId;
 use crate::layers::track::TrackerSlot;
 use crate::metrics::{CallOutcome, Outcome};
 use crate::relay::{detach, Relay, Tracker};
-use crate::state::{AppState, Route};
+use crate::route::Route;
+use crate::state::AppState;
 use pd_router::routing::decision::X_PD_ROUTE;
 
 /// `POST /v1/completions`, `POST /v1/chat/completions` and `POST /generate`: the route is the

@@ -8,7 +8,7 @@
 //! - `server` binds, starts the router's fleet and serves; `routes` is the router of
 //!   paths: the proxied routes behind the `layers` (request id, tracker, `--api-key`), and
 //!   `/health`, `/ready` (`readiness`), `/metrics` (`metrics`), `/v1/models`
-//!   (`models`), `/admin/*` (`admin`) and the live page (`ui`);
+//!   (`model_list`), `/admin/*` (`admin`) and the live page (`ui`);
 //! - `handler` runs a request's `flow`, in named stages: intake (the body read under the
 //!   client limits of `intake`, parsed, its model found), placement (the router's), dispatch
 //!   (P and D called through `upstream`, one file per mode), then `relay` streams D's
@@ -30,9 +30,11 @@ mod ids;
 mod intake;
 mod layers;
 mod metrics;
+mod model_list;
 mod models;
 mod readiness;
 mod relay;
+mod route;
 mod routes;
 mod server;
 mod state;

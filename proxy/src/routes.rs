@@ -14,7 +14,7 @@ use crate::layers::request_id::AssignRequestIdLayer;
 use crate::layers::track::TrackLayer;
 use crate::readiness::readiness;
 use crate::state::AppState;
-use crate::{admin, handler, models, ui};
+use crate::{admin, handler, model_list, ui};
 
 /// Builds the router: the proxied routes behind their layers (see [`crate::layers`]), the
 /// operational ones open.
@@ -31,7 +31,7 @@ pub(crate) fn router(state: AppState) -> Router {
                 .layer(RequireApiKey::layer(&state)),
         );
     let models = Router::new()
-        .route("/v1/models", get(models::models))
+        .route("/v1/models", get(model_list::models))
         .route_layer(RequireApiKey::layer(&state));
     completions
         .merge(models)

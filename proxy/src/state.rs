@@ -1,10 +1,9 @@
-//! What every handler and layer shares: the backends, the clients, the metrics, the policies.
+//! What every handler and layer shares: the router (the fleet and the placement), the calls to
+//! backends, the metrics, the keys, the ids and the client limits.
 
 use std::sync::Arc;
 
-use pd_router::backend::{Backend, Pool};
-use pd_router::endpoint::Endpoint;
-use pd_router::prompt_tokens::PromptKind;
+use pd_router::backend::Pool;
 use pd_router::{Router, RouterError};
 use pd_service::{BearerToken, Draining};
 
@@ -13,65 +12,11 @@ use crate::ids::Ids;
 use crate::intake::Intake;
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::models::{ModelHandles, ModelLabels};
+use crate::route::Route;
 use crate::upstream::Upstream;
 
 /// The state every handler receives.
 pub(crate) type AppState = Arc<Shared>;
-
-/// The proxied routes (in the order [`crate::models::ModelHandles`] keeps them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Route {
-    /// `POST /v1/completions`.
-    Completions = 0,
-    /// `POST /v1/chat/completions`.
-    ChatCompletions = 1,
-    /// `POST /generate` (SGLang's native API).
-    Generate = 2,
-}
-
-impl Route {
-    /// The route served at `path`, if it is a proxied one.
-    pub(crate) fn at(path: &str) -> Option<Route> {
-        [Route::Completions, Route::ChatCompletions, Route::Generate]
-            .into_iter()
-            .find(|route| route.path() == path)
-    }
-
-    /// Its path.
-    pub(crate) fn path(self) -> &'static str {
-        match self {
-            Route::Completions => "/v1/completions",
-            Route::ChatCompletions => "/v1/chat/completions",
-            Route::Generate => "/generate",
-        }
-    }
-
-    /// The name of its requests' spans.
-    pub(crate) fn span_name(self) -> &'static str {
-        match self {
-            Route::Completions => "POST /v1/completions",
-            Route::ChatCompletions => "POST /v1/chat/completions",
-            Route::Generate => "POST /generate",
-        }
-    }
-
-    /// The prompt its bodies carry.
-    pub(crate) fn prompt_kind(self) -> PromptKind {
-        match self {
-            Route::ChatCompletions => PromptKind::Chat,
-            Route::Completions | Route::Generate => PromptKind::Completion,
-        }
-    }
-
-    /// The same route on `backend`.
-    pub(crate) fn endpoint(self, backend: &Backend) -> &Endpoint {
-        match self {
-            Route::Completions => &backend.completions_url,
-            Route::ChatCompletions => &backend.chat_completions_url,
-            Route::Generate => &backend.generate_url,
-        }
-    }
-}
 
 /// Everything the handlers share: the routing core, and what the HTTP front door adds to it.
 pub(crate) struct Shared {

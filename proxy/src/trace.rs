@@ -20,7 +20,7 @@ use opentelemetry::{Context, KeyValue};
 use pd_protocol::Rank;
 
 use crate::metrics::Outcome;
-use crate::state::Route;
+use crate::route::Route;
 use pd_router::routing::decision::Decision;
 
 /// Copies the client's `traceparent` and `tracestate` (if any) into `to`, as they came.

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
 use pd_router::backend::Backend;
-use pd_router::config::{parse_args, with_env_prefix, ConfigError, FleetArgs, RouterConfig};
+use pd_router::config::{ConfigError, RouterConfig};
+use pd_router::flags::{parse_args, with_env_prefix, FleetArgs};
 use pd_service::{parse_seconds_or_zero, LogFormat};
 
 /// The prefills when no `--prefill` flag is given: comma-separated `URL[ PORT]` entries.

@@ -28,7 +28,7 @@ use tonic::{Status, Streaming};
 
 use crate::pick::{self, Picked, Refused};
 use crate::protocol;
-use crate::service::Shared;
+use crate::state::Shared;
 
 /// Where the exchange stands.
 enum Phase {

@@ -19,7 +19,7 @@ use pd_router::backend::states::{find, state_of, states};
 use pd_service::Draining;
 use serde_json::{json, Value};
 
-use crate::service::Shared;
+use crate::state::Shared;
 
 /// What the handlers read.
 #[derive(Clone)]

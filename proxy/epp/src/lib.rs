@@ -11,8 +11,8 @@
 //!
 //! A request's path: `service` takes each ext_proc stream, an `exchange` buffers the
 //! request's body and asks [`pick`] for its endpoint, answered in the protocol's messages
-//! ([`protocol`]). Beside it: [`config`] (flags), [`metrics`], `http` (`/metrics`, `/ready`),
-//! `server` (the lifecycle).
+//! ([`protocol`]). Beside it: [`config`] (flags), [`metrics`], `http` (`/metrics`, `/ready`,
+//! the operator routes), `state` (what they share), `server` (the lifecycle).
 
 #![warn(unreachable_pub)]
 
@@ -24,6 +24,7 @@ pub mod pick;
 pub mod protocol;
 mod server;
 mod service;
+mod state;
 
 pub use config::{Args, Config};
 pub use server::{Epp, EppError, EppHandle};

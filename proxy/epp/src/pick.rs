@@ -11,7 +11,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::HeaderMutation;
 use http::header::AUTHORIZATION;
 use http::HeaderMap;
 use pd_router::backend::{Backend, Call};
-use pd_router::body::{raw_json, Body, Edit};
+use pd_router::body::Body;
+use pd_router::models;
 use pd_router::prompt_tokens::PromptKind;
 use pd_router::routing::decision::Decision;
 use pd_router::routing::queued_work::Pending;
@@ -90,45 +91,26 @@ pub async fn pick(
     let allowed =
         |backend: &Backend| subset.is_none_or(|s| in_subset(s, &destinations.of(backend)));
     let allowed: &(dyn Fn(&Backend) -> bool + Sync) = &allowed;
-    let empty = request.body.is_empty();
-    let parsed = match empty {
+    let unusable = |err: pd_router::body::BodyError| {
+        Refused::new(
+            400,
+            "invalid_request_error",
+            &err.to_string(),
+            "bad_request",
+        )
+    };
+    let parsed = match request.body.is_empty() {
         true => None,
-        false => Some(Body::parse(&request.body).map_err(|err| {
-            Refused::new(
-                400,
-                "invalid_request_error",
-                &err.to_string(),
-                "bad_request",
-            )
-        })?),
+        false => Some(Body::parse(&request.body).map_err(unusable)?),
     };
-    let asked = parsed
-        .as_ref()
-        .and_then(|body| model_asked(request.path, body));
+    let by_lora_path = request.path == "/generate";
+    let asked = (parsed.as_ref()).and_then(|body| models::requested(body, by_lora_path));
     let model = asked.as_deref().map(|m| router.models().canonical(m));
-    let rewritten = match (&parsed, &asked, model) {
-        (Some(body), Some(asked), Some(model)) if asked != model => {
-            let field = if body.get("model").is_some() {
-                "model"
-            } else {
-                "lora_path"
-            };
-            Some(Bytes::from(
-                body.render(&[Edit::Replace(field, &raw_json(&model))]),
-            ))
-        }
-        _ => None,
-    };
+    let rewritten =
+        (parsed.as_ref()).and_then(|body| models::aliased(body, asked.as_deref(), model));
     let bytes = rewritten.as_ref().unwrap_or(&request.body);
     let reparsed = match &rewritten {
-        Some(bytes) => Some(Body::parse(bytes).map_err(|err| {
-            Refused::new(
-                400,
-                "invalid_request_error",
-                &err.to_string(),
-                "bad_request",
-            )
-        })?),
+        Some(bytes) => Some(Body::parse(bytes).map_err(unusable)?),
         None => None,
     };
     let Some(body) = reparsed.as_ref().or(parsed.as_ref()) else {
@@ -183,12 +165,6 @@ pub async fn pick(
         decode_call: placement.decode.call(),
         prefill,
     })
-}
-
-/// The model a request asks for: `model`, or for SGLang's `/generate` its `lora_path`.
-fn model_asked(path: &str, body: &Body<'_>) -> Option<String> {
-    let text = |name: &str| serde_json::from_str::<String>(body.get(name)?.get()).ok();
-    text("model").or_else(|| (path == "/generate").then(|| text("lora_path")).flatten())
 }
 
 /// The sidecar's headers removed: a request no prefill serves carries none a client sent.

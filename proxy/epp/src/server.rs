@@ -14,7 +14,8 @@ use tokio_stream::StreamExt;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::service::{self, Shared};
+use crate::service;
+use crate::state::Shared;
 
 /// Why pd-epp could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,7 @@
 //! The gRPC services: Envoy's `ExternalProcessor` (each stream an [`Exchange`] on a task of
 //! its own) and the gRPC health protocol, whose `readiness` and ext_proc service turn serving
-//! once a request can be placed (a decode ready, and a prefill too where the fleet has them),
-//! `liveness` as soon as the process answers.
+//! once a request can be placed ([`Shared::is_ready`]), `liveness` as soon as the process
+//! answers.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,46 +10,14 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
 };
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
-use pd_router::Router;
-use pd_service::BearerToken;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use crate::config::Destinations;
 use crate::exchange::Exchange;
-use crate::metrics::Metrics;
-
-/// What every exchange shares.
-pub(crate) struct Shared {
-    /// The fleet and the placement.
-    pub router: Router,
-    /// The metrics.
-    pub metrics: Arc<Metrics>,
-    /// The key requests must present, if any.
-    pub api_key: Option<BearerToken>,
-    /// The largest request body buffered.
-    pub max_body_bytes: usize,
-    /// How long an adapter load may take.
-    pub adapter_timeout: Duration,
-    /// Where Envoy sends each decode's requests.
-    pub destinations: Destinations,
-    /// The key of the admin route, if it is on.
-    pub admin_key: Option<BearerToken>,
-}
-
-impl Shared {
-    /// Whether a request can be placed now.
-    pub(crate) fn is_ready(&self) -> bool {
-        let pool = self.router.pool();
-        let decode = pool.decodes().iter().any(|d| d.takes_requests(None));
-        let prefill =
-            self.router.is_aggregated() || pool.pairs().iter().any(|p| p.takes_requests());
-        decode && prefill
-    }
-}
+use crate::state::Shared;
 
 /// The ext_proc service.
 pub(crate) struct Picker(pub Arc<Shared>);

@@ -3,7 +3,7 @@
 //! It serves no HTTP: a front door hands it a request's facts and gets a placement back.
 //!
 //! **The fleet**: the [`backend`]s (prefills with their dp ranks, decodes) in a [`backend::Pool`],
-//! and their lives ([`members`]): given by the flags ([`config`]), found through each prefill's
+//! and their lives ([`members`]): given by the flags ([`flags`], validated into [`config`]), found through each prefill's
 //! bootstrap server ([`discovery`]) and through DNS names ([`dns`]); checked ([`health`]),
 //! measured ([`engine_load`]), the models and LoRA adapters each serves ([`models`]), drained by
 //! an operator or by their registry.
@@ -29,6 +29,7 @@ pub mod discovery;
 pub mod dns;
 pub mod endpoint;
 pub mod engine_load;
+pub mod flags;
 pub mod health;
 pub mod kv_events;
 pub mod kv_index;

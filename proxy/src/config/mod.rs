@@ -13,6 +13,7 @@ use pd_service::{parse_seconds, parse_seconds_or_zero, LogFormat};
 
 pub use self::settings::{ClientLimits, Config};
 pub use pd_router::config::*;
+pub use pd_router::flags::*;
 
 /// The pd-proxy: an OpenAI-compatible front door that sends each request to a prefill and a
 /// decode server at the same time.

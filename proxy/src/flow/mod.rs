@@ -1,8 +1,8 @@
 //! The per-request flow of the proxied routes, from the client's body to D's answer beginning,
 //! in three named stages:
 //!
-//! 1. [`intake`]: the body read under the client limits, parsed (top level only), its model
-//!    found and its alias resolved;
+//! 1. [`intake`]: the body read under the client limits and parsed (top level only); its model
+//!    found and its alias resolved (`pd_router::models`);
 //! 2. [`placement`]: the prompt tokenized where a policy needs it, the router's placement
 //!    (a (prefill, dp rank) pair and a decode, or a decode alone), its decision counted, traced
 //!    and told in `x-pd-route` when asked;
@@ -22,12 +22,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderValue};
+use pd_router::models;
 
 pub(crate) use failure::Refusal;
 
 use crate::metrics::RouteMetrics;
 use crate::relay::{PrefillCall, Tracker};
-use crate::state::{AppState, Route};
+use crate::route::Route;
+use crate::state::AppState;
 use crate::upstream::DecodeStart;
 
 /// D answered; its body can be relayed.
@@ -73,9 +75,9 @@ pub(crate) async fn start(
     let arrived = intake::read(state, body).await?;
     // The parsed body borrows from these bytes.
     let parsed = intake::parse(&arrived)?;
-    let asked = intake::requested(route, &parsed);
+    let asked = models::requested(&parsed, route == Route::Generate);
     let model = asked.as_deref().map(|m| state.router.models().canonical(m));
-    let aliased = intake::aliased(&parsed, asked.as_deref(), model);
+    let aliased = models::aliased(&parsed, asked.as_deref(), model);
     let bytes = aliased.as_ref().unwrap_or(&arrived);
     let body = match &aliased {
         Some(rewritten) => intake::parse(rewritten)?,

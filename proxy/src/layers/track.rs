@@ -11,7 +11,8 @@ use axum::extract::Request;
 use tower::{Layer, Service};
 
 use crate::relay::Tracker;
-use crate::state::{AppState, Route};
+use crate::route::Route;
+use crate::state::AppState;
 use crate::trace::RequestTrace;
 use pd_router::sync::lock;
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::metrics::{DecisionMetrics, Metrics, RouteMetrics};
-use crate::state::Route;
+use crate::route::Route;
 
 /// The label of requests that name no model.
 pub(super) const NO_MODEL: &str = "none";

@@ -1,15 +1,12 @@
-//! Many models behind one proxy, as clients see them: `GET /v1/models` answers the union of
-//! what the fleet serves ([`list`]); a model nobody serves is a 404 `model_not_found` naming
-//! the served ones, a model whose engines are all down or drained a 503 naming it; the metrics
-//! label requests by model, within bounds ([`labels`]). Which engine serves which model is the
+//! Many models behind one proxy, as clients see them (`GET /v1/models` is `model_list.rs`'s): a
+//! model nobody serves is a 404 `model_not_found` naming the served ones, a model whose engines
+//! are all down or drained a 503 naming it; the metrics label requests by model, within bounds
+//! (`labels.rs`). Which engine serves which model is the
 //! router's ([`pd_router::models`]).
 
 mod labels;
-mod list;
 
 pub(crate) use labels::{ModelHandles, ModelLabels};
-pub(crate) use list::models;
-pub(crate) use pd_router::models::*;
 
 use std::collections::BTreeSet;
 

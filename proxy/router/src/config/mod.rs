@@ -1,22 +1,48 @@
-//! The fleet's and the placement's settings: where the backends are (`--prefill`, `--decode`,
-//! `dns://` names; [`targets`]), how they are checked and discovered, and why a set of flags
-//! cannot make a configuration ([`ConfigError`]). The front doors parse their flags into these.
+//! The fleet's and the placement's settings, plain data: where the backends are (`--prefill`,
+//! `--decode`, `dns://` names; `targets.rs`), how they are called ([`Mode`]), checked and
+//! discovered, and why a set of flags cannot make a configuration ([`ConfigError`]). The front
+//! doors' flags ([`crate::flags`]) are validated into these.
 
-mod args;
-mod file;
 mod targets;
 
 use std::time::Duration;
 
-pub use self::args::{parse_args, with_env_prefix, FleetArgs, Mode};
-pub use self::file::{ConfigFile, FileError, FileModels};
+use clap::ValueEnum;
+
 pub use self::targets::{
     base_url, parse_backend_url, parse_dns, parse_prefill, parse_prefill_entry, parse_prefill_env,
     DnsBootstrap, DnsTarget, PrefillEntry, PrefillTarget, DEFAULT_BOOTSTRAP_PORT, PREFILL_ENV,
 };
-pub use crate::kv_events::{KvEventsArgs, KvEventsConfig};
-pub use crate::models::settings::{AdapterSource, ModelPolicies, ModelsArgs, ModelsConfig};
-pub use crate::routing::settings::{Fallback, Policy, RoutingArgs, RoutingConfig};
+pub use crate::kv_events::config::KvEventsConfig;
+pub use crate::models::settings::{AdapterSource, ModelPolicies, ModelsConfig};
+pub use crate::routing::settings::{Fallback, Policy, RoutingConfig};
+
+/// How P and D are called, which also says how prefills are discovered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Mode {
+    /// Send to P and D at the same time (Mooncake connector): D pulls the KV through the
+    /// bootstrap server as soon as P has it.
+    #[default]
+    Concurrent,
+    /// Await P's answer and hand the `kv_transfer_params` it returns to D (NIXL connector).
+    Sequential,
+    /// SGLang's P/D: the same body to P and D at the same time, with `bootstrap_host`,
+    /// `bootstrap_port` and `bootstrap_room` added; prefills are discovered through their
+    /// bootstrap server's `GET /route`.
+    Sglang,
+}
+
+impl Mode {
+    /// The bootstrap port of a `--prefill` given without one (or with `none`): vLLM's 8998 where
+    /// D finds P's KV through a bootstrap server; none in sequential mode, where D gets what P
+    /// answered and a NIXL prefill runs no bootstrap server.
+    pub fn default_bootstrap_port(self) -> Option<u16> {
+        match self {
+            Mode::Sequential => None,
+            Mode::Concurrent | Mode::Sglang => Some(DEFAULT_BOOTSTRAP_PORT),
+        }
+    }
+}
 
 /// Backends found through DNS names (`dns://` in `--prefill` and `--decode`).
 #[derive(Debug, Clone)]

@@ -4,7 +4,7 @@
 //! holds which prefix blocks. An engine that restarts, leaves a gap replay cannot fill, or
 //! fails its health checks leaves the index at once; `GET /admin/kv-index` shows it all.
 
-mod config;
+pub mod config;
 mod holders;
 mod report;
 mod sources;

@@ -17,7 +17,10 @@ pub use settings::{AdapterSource, ModelPolicies, ModelsArgs, ModelsConfig};
 
 use std::collections::BTreeSet;
 
+use bytes::Bytes;
+
 use crate::backend::{Pair, Pool};
+use crate::body::{raw_json, Body, Edit};
 
 /// Whether any backend (healthy or not) lists `model`, or a prefill's engine registered it.
 pub fn anyone_serves(pool: &Pool, pairs: &[std::sync::Arc<Pair>], model: &str) -> bool {
@@ -49,4 +52,28 @@ pub fn served_names(pool: &Pool, pairs: &[std::sync::Arc<Pair>]) -> BTreeSet<Str
             .filter_map(|pair| pair.model.as_deref().map(str::to_owned)),
     );
     names
+}
+
+/// The model a request's body asks for: its `model`, or for SGLang's `/generate`
+/// (`by_lora_path`: it has no `model`) its `lora_path` when it is a name.
+pub fn requested(body: &Body<'_>, by_lora_path: bool) -> Option<String> {
+    let text = |name: &str| serde_json::from_str::<String>(body.get(name)?.get()).ok();
+    text("model").or_else(|| by_lora_path.then(|| text("lora_path")).flatten())
+}
+
+/// The body naming `model` in place of `asked`, its alias (in `model`, or `lora_path` when
+/// the body has no `model`); `None` when no alias was used.
+pub fn aliased(body: &Body<'_>, asked: Option<&str>, model: Option<&str>) -> Option<Bytes> {
+    match (asked, model) {
+        (Some(asked), Some(model)) if asked != model => {
+            let field = match body.get("model") {
+                Some(_) => "model",
+                None => "lora_path",
+            };
+            Some(Bytes::from(
+                body.render(&[Edit::Replace(field, &raw_json(&model))]),
+            ))
+        }
+        _ => None,
+    }
 }

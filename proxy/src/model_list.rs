@@ -10,8 +10,8 @@ use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::ModelCard;
 use crate::state::AppState;
+use pd_router::models::ModelCard;
 
 /// `GET /v1/models`: the union of the healthy engines' models.
 pub(crate) async fn models(State(state): State<AppState>) -> Json<Value> {

@@ -1,7 +1,7 @@
 //! The flags of the fleet and the placement, the same in every front door (each with an
-//! environment fallback) and read from the same `--config` file ([`super::file`]):
-//! [`FleetArgs`], flattened into a front door's own flags, and [`parse_args`], which reads a
-//! command line with its `--config` file.
+//! environment fallback) and read from the same `--config` file ([`file`]): [`FleetArgs`],
+//! flattened into a front door's own flags and validated into a [`RouterConfig`], and
+//! [`parse_args`], which reads a command line with its `--config` file.
 //!
 //! The prefill and decode flags are vLLM's Mooncake proxy's: `--prefill URL [BOOTSTRAP_PORT|none]`
 //! (repeatable; `none` or no port means 8998, or no bootstrap server in sequential mode; the
@@ -11,43 +11,19 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Args, Command, FromArgMatches, ValueEnum};
+mod file;
+
+use clap::{ArgAction, Args, Command, FromArgMatches};
 use pd_service::parse_seconds;
 
-use super::file::{ConfigFile, FileModels};
-use super::targets::{base_url, parse_backend_url, parse_dns, parse_prefill_entry};
-use super::targets::{parse_prefill_env, PrefillEntry, DEFAULT_BOOTSTRAP_PORT};
-use super::{ConfigError, DiscoveryConfig, DnsConfig, HealthConfig, RouterConfig};
-use crate::kv_events::KvEventsArgs;
-use crate::models::settings::ModelsArgs;
-use crate::routing::settings::{Policy, RoutingArgs};
-
-/// How P and D are called, which also says how prefills are discovered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum Mode {
-    /// Send to P and D at the same time (Mooncake connector): D pulls the KV through the
-    /// bootstrap server as soon as P has it.
-    #[default]
-    Concurrent,
-    /// Await P's answer and hand the `kv_transfer_params` it returns to D (NIXL connector).
-    Sequential,
-    /// SGLang's P/D: the same body to P and D at the same time, with `bootstrap_host`,
-    /// `bootstrap_port` and `bootstrap_room` added; prefills are discovered through their
-    /// bootstrap server's `GET /route`.
-    Sglang,
-}
-
-impl Mode {
-    /// The bootstrap port of a `--prefill` given without one (or with `none`): vLLM's 8998 where
-    /// D finds P's KV through a bootstrap server; none in sequential mode, where D gets what P
-    /// answered and a NIXL prefill runs no bootstrap server.
-    pub fn default_bootstrap_port(self) -> Option<u16> {
-        match self {
-            Mode::Sequential => None,
-            Mode::Concurrent | Mode::Sglang => Some(DEFAULT_BOOTSTRAP_PORT),
-        }
-    }
-}
+pub use self::file::{ConfigFile, FileError, FileModels};
+use crate::config::{base_url, parse_backend_url, parse_dns, parse_prefill_entry};
+use crate::config::{parse_prefill_env, PrefillEntry};
+use crate::config::{ConfigError, DiscoveryConfig, DnsConfig, HealthConfig, Mode, RouterConfig};
+pub use crate::kv_events::config::KvEventsArgs;
+pub use crate::models::settings::ModelsArgs;
+use crate::routing::settings::Policy;
+pub use crate::routing::settings::RoutingArgs;
 
 /// The fleet's and the placement's flags.
 #[derive(Debug, Args)]
