@@ -49,6 +49,9 @@ async fn gateway(
     fail_open: bool,
 ) -> (Cluster, tempfile::TempDir) {
     let run_dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    // pd-epp resolves an alias (the body rewritten before Envoy sends it on).
+    let config = run_dir.path().join("epp.toml");
+    std::fs::write(&config, "[aliases]\n\"short\" = \"sim-model\"\n").unwrap();
     let mut spec = ClusterSpec::demo(bin_dir(), run_dir.path().to_path_buf());
     spec.dialect = dialect;
     spec.kv_events = policy == "precise_prefix";

@@ -118,7 +118,12 @@ pub(crate) fn readiness(state: &AppState) -> Readiness {
         .iter()
         .filter(|pair| pair.backend.is_healthy())
         .count();
-    let detail = if healthy_pairs == 0 {
+    let detail = if state.sidecar {
+        // Beside a decode, the gateway's picker chooses the prefills: the sidecar can take
+        // requests while its decode can (a decode alone when no prefill is ready).
+        (healthy_decodes == 0)
+            .then(|| "the decode beside this sidecar is failing its health checks".to_owned())
+    } else if healthy_pairs == 0 {
         Some("no (prefill, dp rank) pair is ready: discovery has not succeeded yet or every prefill is unhealthy".to_owned())
     } else if healthy_decodes == 0 {
         Some("every decode is failing its health checks".to_owned())

@@ -1,7 +1,6 @@
 //! The cluster behind a gateway (`spec.gateway`), as the Gateway API Inference Extension runs
 //! it: Envoy is the front door, pd-epp its endpoint picker (ext_proc), and beside each decode a
-//! pd-proxy `--sidecar` that runs the P/D flow through the prefill pd-epp named. In a fleet
-//! without P/D pairs (no prefill serving), pd-epp picks among the decodes alone.
+//! pd-proxy `--sidecar` that runs the P/D flow through the prefill pd-epp named.
 //!
 //! Envoy's configuration is `examples/gateway/envoy.yaml` with its `${...}` values filled in:
 //! the ports, whether a request goes on without the picker (`fail_open`), how long the picker
@@ -167,9 +166,18 @@ pub(super) async fn start(
         source,
     })?;
     let envoy_args = envoy_args(&config_path);
-    let url = format!("http://127.0.0.1:{listen_port}");
-    let mut envoy = spawn(&spec.run_dir, "envoy", &gateway.envoy, &envoy_args, url)?;
+    // Ready once its admin says so and a request goes through (a GET, placed by pd-epp).
+    let admin = format!("http://127.0.0.1:{admin_port}");
+    let mut envoy = spawn(&spec.run_dir, "envoy", &gateway.envoy, &envoy_args, admin)?;
     wait_for(&mut envoy, "/ready", READY_TIMEOUT).await?;
+    envoy.url = format!("http://127.0.0.1:{listen_port}");
+    if !gateway
+        .epp_args
+        .iter()
+        .any(|arg| arg.starts_with("--api-key"))
+    {
+        wait_for(&mut envoy, "/ready", READY_TIMEOUT).await?;
+    }
     let parts = Gateway {
         epp,
         epp_grpc: format!("127.0.0.1:{epp_port}"),

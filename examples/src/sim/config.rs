@@ -55,7 +55,7 @@ impl std::fmt::Display for Dialect {
 /// A stand-in for a vLLM or SGLang engine in P/D mode: real registration, real lookups, real KV
 /// transfers, simulated model.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "sim-engine", version, about)]
+#[command(name = "sim-engine", version, about, args_override_self = true)]
 pub struct SimArgs {
     /// Prefill or decode.
     #[arg(long, env = "SIM_ROLE", value_enum)]
@@ -104,9 +104,24 @@ pub struct SimArgs {
     /// served, as prompts queue for a GPU's compute. 0: no limit (every prompt at full speed).
     #[arg(long, env = "SIM_PREFILL_CONCURRENCY", default_value_t = 0)]
     pub prefill_concurrency: usize,
-    /// Decode time per generated token, in milliseconds.
+    /// Decode time per generated token, in milliseconds (with one request running; see
+    /// --batch-slowdown).
     #[arg(long, default_value_t = 10)]
     pub decode_ms_per_token: u64,
+    /// Requests in the running batch at once (vLLM's --max-num-seqs, SGLang's
+    /// --max-running-requests); the others wait their turn, first come first served, reported
+    /// as waiting on /metrics. 0: no limit.
+    #[arg(long, env = "SIM_MAX_NUM_SEQS", default_value_t = 0)]
+    pub max_num_seqs: usize,
+    /// KV cache blocks of 16 tokens; a request holds those of its prompt and max_tokens from
+    /// admission to its end, and waits while they are not free (a request needing more than
+    /// all of them is refused with a 400, as vLLM refuses one over its context). 0: no limit.
+    #[arg(long, env = "SIM_KV_CACHE_BLOCKS", default_value_t = 0)]
+    pub kv_cache_blocks: usize,
+    /// How much each other request in the running batch slows a token: a token takes
+    /// --decode-ms-per-token × (1 + this × the others running). 0: the batch costs nothing.
+    #[arg(long, env = "SIM_BATCH_SLOWDOWN", default_value_t = 0.0)]
+    pub batch_slowdown: f64,
     /// KV bytes per prompt token (split over the tp x pp workers).
     #[arg(long, default_value_t = 16 * 1024)]
     pub kv_bytes_per_token: usize,

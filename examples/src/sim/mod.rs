@@ -11,6 +11,7 @@ pub mod kv;
 pub mod kv_events;
 pub mod lora;
 pub mod prefix_cache;
+pub mod scheduler;
 pub mod tokens;
 
 pub use config::{Dialect, Role, SimArgs};

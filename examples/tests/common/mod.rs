@@ -1,6 +1,9 @@
 //! What the sim-engine tests share: a real sim-engine on 127.0.0.1, JSON requests, and a
 //! subscriber to its KV cache events (decoded with `pd_protocol::kv_events`).
 
+// Each test binary that includes this module uses a part of it.
+#![allow(dead_code)]
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -30,6 +30,17 @@ use crate::pick::{self, Picked, Refused};
 use crate::protocol;
 use crate::state::Shared;
 
+/// How the request's body stands when it is placed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Body {
+    /// It has none (its headers ended the stream).
+    None,
+    /// It is complete, and nothing follows it.
+    Ends,
+    /// It is complete, and trailers follow it.
+    TrailersFollow,
+}
+
 /// Where the exchange stands.
 enum Phase {
     /// Waiting for the request's body to end.
@@ -54,6 +65,8 @@ pub(crate) struct Exchange {
     /// Envoy buffers the body and sends it whole after the headers' answer (`BUFFERED`
     /// mode), instead of streaming it full duplex.
     buffered: bool,
+    /// The answer's body comes full duplex (each chunk echoed), not as chunks to let through.
+    duplex_answer: bool,
 }
 
 impl Exchange {
@@ -72,6 +85,7 @@ impl Exchange {
             phase: Phase::Request,
             status: None,
             buffered: false,
+            duplex_answer: true,
         }
     }
 
@@ -105,6 +119,8 @@ impl Exchange {
         }
         if let Some(config) = &message.protocol_config {
             self.buffered = config.request_body_mode == BodySendMode::Buffered as i32;
+            self.duplex_answer =
+                config.response_body_mode == BodySendMode::FullDuplexStreamed as i32;
         }
         match request {
             processing_request::Request::RequestHeaders(headers) => {
@@ -113,7 +129,7 @@ impl Exchange {
                     return self.refuse(refused).await;
                 }
                 match (headers.end_of_stream, self.buffered) {
-                    (true, _) => self.route(false).await,
+                    (true, _) => self.route(Body::None).await,
                     (false, true) => self.send(protocol::headers_seen()).await,
                     (false, false) => Ok(()),
                 }
@@ -131,14 +147,16 @@ impl Exchange {
                     return self.refuse(refused).await;
                 }
                 self.body.extend_from_slice(&body.body);
-                match body.end_of_stream {
-                    true => self.route(true).await,
+                // A buffered body comes whole in one message (trailers, if any, after the
+                // answer to it); a full-duplex one ends with its end of stream.
+                match body.end_of_stream || self.buffered {
+                    true => self.route(Body::Ends).await,
                     false => Ok(()),
                 }
             }
             processing_request::Request::RequestTrailers(_) => {
                 if matches!(self.phase, Phase::Request) {
-                    self.route(true).await?;
+                    self.route(Body::TrailersFollow).await?;
                 }
                 self.send(protocol::trailers_seen(false)).await
             }
@@ -147,10 +165,13 @@ impl Exchange {
                 self.answer_began(message.metadata_context.as_ref());
                 self.send(protocol::response_headers_seen()).await
             }
-            processing_request::Request::ResponseBody(body) => {
-                let chunk = protocol::streamed_body(&body.body, body.end_of_stream, true);
-                self.send(chunk).await
-            }
+            processing_request::Request::ResponseBody(body) => match self.duplex_answer {
+                true => {
+                    let chunk = protocol::streamed_body(&body.body, body.end_of_stream, true);
+                    self.send(chunk).await
+                }
+                false => self.send(protocol::body_seen(true)).await,
+            },
             processing_request::Request::ResponseTrailers(_) => {
                 self.send(protocol::trailers_seen(true)).await
             }
@@ -192,7 +213,8 @@ impl Exchange {
     }
 
     /// Places the request and answers its headers (then sends its body back when it has one).
-    async fn route(&mut self, with_body: bool) -> Result<(), ()> {
+    async fn route(&mut self, body_is: Body) -> Result<(), ()> {
+        let with_body = body_is != Body::None;
         let started = Instant::now();
         let body = std::mem::take(&mut self.body).freeze();
         let picked = pick::pick(
@@ -219,6 +241,15 @@ impl Exchange {
         tracing::debug!(path = %self.path, endpoint = %picked.endpoint, decision = picked.decision.path_label(), "picked");
         let changed = picked.body.is_some();
         let buffered = self.buffered && with_body;
+        let mut mutation = mutation;
+        if buffered && changed {
+            // Envoy still holds the headers: they carry the replaced body's length, as GIE's
+            // reference picker sets it (Envoy 1.40 also fixes it up itself; others may not).
+            let length = sent_body.len().to_string();
+            mutation
+                .set_headers
+                .push(protocol::set_header("content-length", &length));
+        }
         let answer = protocol::route_to(
             &picked.endpoint,
             mutation,
@@ -228,7 +259,8 @@ impl Exchange {
         self.phase = Phase::Routed(Box::new(picked));
         self.send(answer).await?;
         if with_body && !buffered {
-            for chunk in protocol::body_chunks(&sent_body) {
+            let ends = body_is == Body::Ends;
+            for chunk in protocol::body_chunks(&sent_body, ends) {
                 self.send(chunk).await?;
             }
         }

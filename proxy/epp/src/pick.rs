@@ -185,6 +185,10 @@ fn refusal(Unplaced { why, .. }: Unplaced) -> Refused {
     match why {
         Unplaceable::ModelNotFound { model, served } => {
             let served: Vec<&str> = served.iter().map(String::as_str).collect();
+            let served = match served.is_empty() {
+                true => vec!["none yet"],
+                false => served,
+            };
             Refused::new(
                 404,
                 "invalid_request_error",

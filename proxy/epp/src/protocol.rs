@@ -136,16 +136,16 @@ pub fn headers_seen() -> ProcessingResponse {
     }
 }
 
-/// The request's body sent back in chunks, the last one ending the stream (one empty message
-/// for an empty body).
-pub fn body_chunks(body: &[u8]) -> Vec<ProcessingResponse> {
+/// The request's body sent back in chunks, the last one ending the stream unless trailers
+/// follow (`ends`: they do not); one empty message for an empty body.
+pub fn body_chunks(body: &[u8], ends: bool) -> Vec<ProcessingResponse> {
     let chunks: Vec<&[u8]> = match body.is_empty() {
         true => vec![&[]],
         false => body.chunks(BODY_CHUNK).collect(),
     };
     let last = chunks.len() - 1;
     (chunks.into_iter().enumerate())
-        .map(|(i, chunk)| streamed_body(chunk, i == last, false))
+        .map(|(i, chunk)| streamed_body(chunk, ends && i == last, false))
         .collect()
 }
 
@@ -164,6 +164,21 @@ pub fn streamed_body(chunk: &[u8], end_of_stream: bool, response: bool) -> Proce
             }),
             ..Default::default()
         }),
+    };
+    let response = match response {
+        true => processing_response::Response::ResponseBody(body),
+        false => processing_response::Response::RequestBody(body),
+    };
+    ProcessingResponse {
+        response: Some(response),
+        ..Default::default()
+    }
+}
+
+/// The answer to a body chunk let through unchanged (a body not sent full duplex).
+pub fn body_seen(response: bool) -> ProcessingResponse {
+    let body = BodyResponse {
+        response: Some(CommonResponse::default()),
     };
     let response = match response {
         true => processing_response::Response::ResponseBody(body),
@@ -310,7 +325,7 @@ mod tests {
     #[test]
     fn a_large_body_goes_back_in_chunks_ending_the_stream_once() {
         let body = vec![b'x'; BODY_CHUNK * 2 + 5];
-        let chunks = body_chunks(&body);
+        let chunks = body_chunks(&body, true);
         assert_eq!(chunks.len(), 3);
         let ends: Vec<bool> = chunks
             .iter()
@@ -331,7 +346,16 @@ mod tests {
             })
             .collect();
         assert_eq!(ends, [false, false, true]);
-        assert_eq!(body_chunks(b"").len(), 1);
+        // Trailers follow: no chunk ends the stream, they do.
+        let before_trailers = body_chunks(&body, false);
+        assert!(before_trailers.iter().all(|chunk| match &chunk.response {
+            Some(processing_response::Response::RequestBody(body)) => !matches!(
+                body.response.as_ref().and_then(|r| r.body_mutation.as_ref()),
+                Some(BodyMutation { mutation: Some(body_mutation::Mutation::StreamedResponse(s)) }) if s.end_of_stream
+            ),
+            _ => false,
+        }));
+        assert_eq!(body_chunks(b"", true).len(), 1);
     }
 
     #[test]

@@ -234,8 +234,15 @@ impl Router {
             .filter(|pair| pair.backend.address() == address)
             .collect();
         if named.is_empty() {
-            return Err(decided(Unplaceable::NotInFleet {
-                address: address.to_owned(),
+            // A prefill of the fleet whose dp ranks are not discovered yet is not ready (503),
+            // unlike an address that is no prefill of the fleet (403).
+            let prefills = self.pool.prefills();
+            let known = prefills.iter().any(|p| p.backend.address() == address);
+            return Err(decided(match known {
+                true => Unplaceable::NoPrefill { none_known: true },
+                false => Unplaceable::NotInFleet {
+                    address: address.to_owned(),
+                },
             }));
         }
         let pair = (named.into_iter())

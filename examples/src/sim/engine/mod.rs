@@ -23,6 +23,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures_util::StreamExt;
 use pd_service::{serve, ServeLimits};
 use pd_tokenize::Tokenizer;
 use pd_transfer::{ExportConfig, KvExporter, KvPuller, TransferError};
@@ -36,6 +37,7 @@ use super::kv::{kv_bytes, shard_len, token, Shard};
 use super::kv_events::Publisher;
 use super::lora::Adapters;
 use super::prefix_cache::PrefixCache;
+use super::scheduler::Scheduler;
 use super::tokens;
 
 /// How long a decode engine keeps retrying a remote bootstrap server's `GET /query`.
@@ -105,6 +107,8 @@ struct Engine {
     adapters: Adapters,
     /// vLLM: adapters may be loaded and unloaded at run time (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`).
     runtime_lora: bool,
+    /// The running batch and the KV cache (`--max-num-seqs`, `--kv-cache-blocks`).
+    scheduler: Arc<Scheduler>,
 }
 
 /// A bound, registered engine, ready to serve.
@@ -171,6 +175,11 @@ impl SimEngine {
             },
             adapters,
             runtime_lora,
+            scheduler: Arc::new(Scheduler::new(
+                args.max_num_seqs,
+                args.kv_cache_blocks,
+                args.batch_slowdown,
+            )),
             args,
         };
         if engine.is_prefill() {
@@ -296,15 +305,29 @@ impl Engine {
             Ok(prompt) => prompt,
             Err(message) => return Failure::bad_request(message).into_response(),
         };
-        match self.args.dialect {
-            Dialect::Vllm => {
-                if let Err(failure) = self.check_model(&mut prompt).await {
-                    return failure.into_response();
-                }
-                self.handle_vllm(api, headers, prompt, &body).await
+        if self.args.dialect == Dialect::Vllm {
+            if let Err(failure) = self.check_model(&mut prompt).await {
+                return failure.into_response();
             }
-            Dialect::Sglang => self.handle_sglang(api, prompt, &body).await,
         }
+        // The request runs in the batch, holding its KV blocks, until its answer has been sent
+        // (or its client went away): the admission is kept by the answer's body.
+        let tokens = prompt.token_count() as usize + prompt.max_tokens as usize;
+        let admitted = match self.scheduler.admit(Scheduler::blocks_for(tokens)).await {
+            Ok(admitted) => admitted,
+            Err(too_long) => return Failure::bad_request(too_long.to_string()).into_response(),
+        };
+        let response = match self.args.dialect {
+            Dialect::Vllm => self.handle_vllm(api, headers, prompt, &body).await,
+            Dialect::Sglang => self.handle_sglang(api, prompt, &body).await,
+        };
+        response.map(|answer| {
+            let held = answer.into_data_stream().map(move |chunk| {
+                let _running = &admitted;
+                chunk
+            });
+            axum::body::Body::from_stream(held)
+        })
     }
 
     /// A request that is not part of a P/D pair: compute the prompt and generate here.
@@ -355,9 +378,12 @@ impl Engine {
         let total = prompt.max_tokens;
         if !prompt.stream {
             let text: String = (0..total).map(|i| token(&prompt.tokens, i)).collect();
-            tokio::time::sleep(per_token * total).await;
+            for _ in 0..total {
+                tokio::time::sleep(self.scheduler.per_token(per_token)).await;
+            }
             return Json(meta.full(&text, prompt_tokens, total, kv_params)).into_response();
         }
+        let scheduler = self.scheduler.clone();
         let include_usage = prompt.include_usage && api != Api::Generate;
         // Steps: one event per token, then (OpenAI only) the closing chunk and optional usage,
         // then [DONE]. SGLang's events carry the whole text so far and end on the last token.
@@ -365,10 +391,11 @@ impl Engine {
         let events = futures_util::stream::unfold((0u32, String::new()), move |(step, so_far)| {
             let meta = meta.clone();
             let tokens = tokens.clone();
+            let pause = scheduler.per_token(per_token);
             async move {
                 let mut so_far = so_far;
                 let event = if step < total {
-                    tokio::time::sleep(per_token).await;
+                    tokio::time::sleep(pause).await;
                     let piece = token(&tokens, step);
                     if api == Api::Generate {
                         so_far.push_str(&piece);

@@ -1,5 +1,5 @@
 //! What the engine reports about itself: `GET /stats` (its counters as JSON) and `GET
-//! /metrics` (vLLM's names, in Prometheus' text format).
+//! /metrics` (vLLM's names, or SGLang's for its dialect, in Prometheus' text format).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,9 +10,11 @@ use pd_transfer::KvExporter;
 use serde_json::{json, Value};
 
 use super::Engine;
+use crate::sim::config::Dialect;
 
-/// vLLM's metrics this engine can report, in Prometheus' text format: requests running and
-/// waiting (the load a router may read) and the prefix caches' queried and hit tokens; and the
+/// The engine's metrics in Prometheus' text format: its scheduler's requests running and
+/// waiting and its KV cache's usage under vLLM's names (SGLang's for its dialect: what a router
+/// reads for load and saturation), the prefix caches' queried and hit tokens; and the
 /// simulator's own: KV event batches published and dropped.
 pub(super) async fn metrics(State(engine): State<Arc<Engine>>) -> String {
     let registry = prometheus::Registry::new();
@@ -23,25 +25,58 @@ pub(super) async fn metrics(State(engine): State<Arc<Engine>>) -> String {
         gauge.set(i64::try_from(value).unwrap_or(i64::MAX));
         registry.register(Box::new(gauge)).expect("unique names");
     };
+    let float_gauge = |name: &str, help: &str, value: f64| {
+        let opts = prometheus::Opts::new(name, help).const_labels(labels.iter().cloned().collect());
+        let gauge = prometheus::Gauge::with_opts(opts).expect("a valid metric");
+        gauge.set(value);
+        registry.register(Box::new(gauge)).expect("unique names");
+    };
     let counter = |name: &str, help: &str, value: u64| {
         let opts = prometheus::Opts::new(name, help).const_labels(labels.iter().cloned().collect());
         let counter = prometheus::IntCounter::with_opts(opts).expect("a valid metric");
         counter.inc_by(value);
         registry.register(Box::new(counter)).expect("unique names");
     };
-    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let (queries, hits) = engine.prefix_cache_counts();
     let (published, dropped) = engine.kv_event_counts();
-    gauge(
-        "vllm:num_requests_running",
-        "Requests being handled",
-        load(&engine.stats.running),
-    );
-    gauge(
-        "vllm:num_requests_waiting",
-        "Requests queued (the simulator queues none)",
-        0,
-    );
+    let scheduler = &engine.scheduler;
+    let (running, waiting) = (scheduler.running() as u64, scheduler.waiting() as u64);
+    match engine.args.dialect {
+        Dialect::Vllm => {
+            gauge(
+                "vllm:num_requests_running",
+                "Requests in the running batch",
+                running,
+            );
+            gauge(
+                "vllm:num_requests_waiting",
+                "Requests waiting to enter it",
+                waiting,
+            );
+            float_gauge(
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                scheduler.kv_usage(),
+            );
+        }
+        Dialect::Sglang => {
+            gauge(
+                "sglang:num_running_reqs",
+                "Requests in the running batch",
+                running,
+            );
+            gauge(
+                "sglang:num_queue_reqs",
+                "Requests waiting to enter it",
+                waiting,
+            );
+            float_gauge(
+                "sglang:token_usage",
+                "The share of the KV cache's tokens in use",
+                scheduler.kv_usage(),
+            );
+        }
+    }
     counter(
         "vllm:prefix_cache_queries_total",
         "Prompt tokens looked up in the prefix cache",
