@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use pd_protocol::Rank;
 use serde::Serialize;
 
+use pd_router::Side;
+
 use crate::state::AppState;
 
 /// One prefill in `GET /ready`.
@@ -37,6 +39,15 @@ pub(crate) struct DecodeReadiness {
     pub models: Vec<String>,
 }
 
+/// Which sides of the fleet are saturated.
+#[derive(Debug, Serialize)]
+pub(crate) struct Saturation {
+    /// Every prefill that could take a request is saturated.
+    pub prefills: bool,
+    /// Every decode that could take a request is saturated.
+    pub decodes: bool,
+}
+
 /// The answer of `GET /ready` (200 when ready, 503 otherwise).
 #[derive(Debug, Serialize)]
 pub(crate) struct Readiness {
@@ -46,6 +57,9 @@ pub(crate) struct Readiness {
     pub ready_pairs: usize,
     /// Decodes requests can go to.
     pub healthy_decodes: usize,
+    /// Whether every prefill and every decode that could take a request is saturated (the
+    /// engines' own signals: see `--saturation-*`).
+    pub saturated: Saturation,
     /// Every prefill.
     pub prefills: Vec<PrefillReadiness>,
     /// Every decode.
@@ -141,6 +155,10 @@ pub(crate) fn readiness(state: &AppState) -> Readiness {
         },
         ready_pairs,
         healthy_decodes,
+        saturated: Saturation {
+            prefills: state.router.saturated(Side::Prefill),
+            decodes: state.router.saturated(Side::Decode),
+        },
         prefills,
         decodes,
         detail,

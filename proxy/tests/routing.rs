@@ -319,3 +319,61 @@ async fn the_load_engines_report_steers_least_loaded_away_from_a_busy_decode() {
         -1.0
     );
 }
+
+/// An engine is saturated from its own signals: requests waiting in its scheduler, or its KV
+/// cache (nearly) full, past the thresholds; back when they fall. The proxy shows it per
+/// backend on `/metrics`, and `GET /ready` says when every decode is.
+#[tokio::test]
+async fn an_engine_saturates_on_its_waiting_requests_and_its_kv_cache() {
+    let cluster = Cluster::start(2, &[(0, "engine-0")], |config| {
+        config.router.engine_metrics_interval = Some(std::time::Duration::from_millis(50));
+        config.router.saturation.waiting = 4;
+        config.router.saturation.kv_usage = 0.9;
+    })
+    .await;
+    let saturated = |metrics: &str, i: usize| {
+        let backend = format!("backend=\"{}\"", cluster.decodes[i].url());
+        sample(metrics, "pd_proxy_backend_saturated", &backend)
+    };
+    let wait_for = |expected: [f64; 2]| {
+        let cluster = &cluster;
+        async move {
+            let deadline = std::time::Instant::now() + WAIT;
+            loop {
+                let metrics = cluster.metrics().await;
+                if [saturated(&metrics, 0), saturated(&metrics, 1)] == expected {
+                    return;
+                }
+                assert!(std::time::Instant::now() < deadline, "never {expected:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    };
+    cluster.decodes[0].set_metrics("vllm:num_requests_waiting{engine=\"0\"} 4.0\n");
+    cluster.decodes[1].set_metrics("vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\n");
+    wait_for([1.0, 0.0]).await;
+    let ready: serde_json::Value = cluster
+        .client
+        .get(cluster.url("/ready"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["saturated"]["decodes"], false, "{ready}");
+    cluster.decodes[1].set_metrics("vllm:kv_cache_usage_perc{engine=\"0\"} 0.95\n");
+    wait_for([1.0, 1.0]).await;
+    let ready: serde_json::Value = cluster
+        .client
+        .get(cluster.url("/ready"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["saturated"]["decodes"], true, "{ready}");
+    cluster.decodes[0].set_metrics("vllm:num_requests_waiting{engine=\"0\"} 0.0\n");
+    wait_for([0.0, 1.0]).await;
+}

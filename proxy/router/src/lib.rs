@@ -40,6 +40,7 @@ pub mod placement;
 pub mod prompt_tokens;
 mod router;
 pub mod routing;
+pub mod saturation;
 pub mod sync;
 
 pub use config::RouterConfig;

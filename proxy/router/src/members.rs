@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 
 use crate::backend::{Backend, Pool, Prefill};
-use crate::config::{DiscoveryConfig, HealthConfig, RouterConfig};
+use crate::config::{DiscoveryConfig, HealthConfig, RouterConfig, SaturationConfig};
 use crate::kv_events::KvTracker;
 use crate::metrics::FleetMetrics;
 use crate::sync::lock;
@@ -25,6 +25,7 @@ pub struct Members {
     health: HealthConfig,
     discovery: DiscoveryConfig,
     engine_metrics_interval: Option<Duration>,
+    saturation: SaturationConfig,
     kv: Option<Arc<KvTracker>>,
     metrics: FleetMetrics,
     /// Each backend's tasks, by backend id.
@@ -46,6 +47,7 @@ impl Members {
             health: config.health.clone(),
             discovery: config.discovery.clone(),
             engine_metrics_interval: config.engine_metrics_interval,
+            saturation: config.saturation,
             kv,
             metrics,
             tasks: Mutex::default(),
@@ -155,6 +157,7 @@ impl Members {
                 self.client.clone(),
                 interval,
                 self.health.timeout,
+                self.saturation,
             ));
             tasks.push(task.abort_handle());
         }

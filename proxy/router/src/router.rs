@@ -241,6 +241,24 @@ impl Router {
         self.config.prefills.is_empty() && self.config.dns.prefills.is_empty()
     }
 
+    /// Whether every engine of `side` that could take a request now (healthy, not drained) is
+    /// saturated, as last judged (see [`crate::saturation`]); false when none could.
+    pub fn saturated(&self, side: crate::Side) -> bool {
+        let mut eligible = match side {
+            crate::Side::Decode => (self.pool.decodes().iter())
+                .filter(|d| d.takes_requests(None))
+                .map(|d| d.is_saturated())
+                .collect::<Vec<bool>>(),
+            crate::Side::Prefill => (self.pool.prefills().iter())
+                .filter(|p| p.backend.is_healthy() && !p.backend.is_drained())
+                .map(|p| p.backend.is_saturated())
+                .collect(),
+        }
+        .into_iter()
+        .peekable();
+        eligible.peek().is_some() && eligible.all(|saturated| saturated)
+    }
+
     /// Whether `model` is a LoRA adapter (the `--config` file's, or one an engine lists with
     /// a base model).
     pub fn is_adapter(&self, model: &str) -> bool {

@@ -19,6 +19,7 @@ pub use prefill::Prefill;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Instant;
 
 use reqwest::Url;
 use tokio::sync::Notify;
@@ -26,6 +27,7 @@ use tokio::sync::Notify;
 use crate::config::HealthConfig;
 use crate::endpoint::Endpoint;
 use crate::metrics::{BackendMetrics, CallOutcome, FleetMetrics};
+use crate::saturation::{Saturated, SaturationConfig, Signals};
 
 /// Whether a backend prefills or decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +94,10 @@ pub struct Backend {
     drained: AtomicBool,
     /// Requests running and waiting as the engine reports them ([`UNKNOWN`]: not known).
     engine_load: AtomicUsize,
+    /// What the engine last reported of its scheduler and cache, and when.
+    signals: Signals,
+    /// Why it was saturated at its last judgement (0: it was not; see [`Saturated`]).
+    saturated: std::sync::atomic::AtomicU8,
     metrics: BackendMetrics,
 }
 
@@ -129,6 +135,8 @@ impl Backend {
             outstanding: AtomicUsize::new(0),
             drained: AtomicBool::new(false),
             engine_load: AtomicUsize::new(UNKNOWN),
+            signals: Signals::default(),
+            saturated: std::sync::atomic::AtomicU8::new(0),
             metrics,
         }
     }
@@ -166,6 +174,26 @@ impl Backend {
         self.metrics
             .engine_load
             .set(if load == UNKNOWN { -1 } else { load as i64 });
+    }
+
+    /// What the engine last reported of its scheduler and cache.
+    pub fn signals(&self) -> &Signals {
+        &self.signals
+    }
+
+    /// Judges whether the engine is saturated now under `config` (its signals, this
+    /// process's requests in flight), keeps the verdict and shows it in the metrics.
+    pub fn judge_saturation(&self, config: &SaturationConfig, now: Instant) -> Option<Saturated> {
+        let verdict = self.signals.saturated(config, self.outstanding(), now);
+        let code = verdict.map_or(0, |why| why as u8 + 1);
+        self.saturated.store(code, Ordering::Relaxed);
+        self.metrics.saturated.set(i64::from(verdict.is_some()));
+        verdict
+    }
+
+    /// Whether the engine was saturated at its last judgement.
+    pub fn is_saturated(&self) -> bool {
+        self.saturated.load(Ordering::Relaxed) != 0
     }
 
     /// The load the policies see: requests in flight through this proxy, or what the engine

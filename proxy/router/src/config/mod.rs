@@ -16,6 +16,7 @@ pub use self::targets::{
 pub use crate::kv_events::config::KvEventsConfig;
 pub use crate::models::settings::{AdapterSource, ModelPolicies, ModelsConfig};
 pub use crate::routing::settings::{Fallback, Policy, RoutingConfig};
+pub use crate::saturation::SaturationConfig;
 
 /// How P and D are called, which also says how prefills are discovered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
@@ -150,6 +151,8 @@ pub struct RouterConfig {
     pub discovery: DiscoveryConfig,
     /// How often each backend's `/metrics` is read for its load (none: never).
     pub engine_metrics_interval: Option<Duration>,
+    /// What makes an engine saturated.
+    pub saturation: SaturationConfig,
     /// How backends are chosen, and whether P is used.
     pub routing: RoutingConfig,
     /// Following the engines' KV cache events (none: off unless a policy needs them).
@@ -186,6 +189,7 @@ impl RouterConfig {
                 sglang: false,
             },
             engine_metrics_interval: Some(Duration::from_secs(2)),
+            saturation: SaturationConfig::default(),
             routing: RoutingConfig::with_policy(Policy::RoundRobin),
             kv_events: None,
             models: ModelsConfig {

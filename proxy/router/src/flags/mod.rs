@@ -24,6 +24,7 @@ pub use crate::kv_events::config::KvEventsArgs;
 pub use crate::models::settings::ModelsArgs;
 use crate::routing::settings::Policy;
 pub use crate::routing::settings::RoutingArgs;
+use crate::saturation::SaturationConfig;
 
 /// The fleet's and the placement's flags.
 #[derive(Debug, Args)]
@@ -76,6 +77,18 @@ pub struct FleetArgs {
     /// (vLLM's and SGLang's requests running and waiting); 0: only this process's counts.
     #[arg(long, env = "PD_PROXY_ENGINE_METRICS_INTERVAL", default_value = "2", value_parser = parse_interval)]
     pub engine_metrics_interval: Duration,
+    /// Requests waiting in an engine's scheduler (vLLM's `vllm:num_requests_waiting`,
+    /// SGLang's `sglang:num_queue_reqs`) from which it is saturated; 0: not judged on them.
+    #[arg(long, env = "PD_PROXY_SATURATION_WAITING", default_value_t = 5)]
+    pub saturation_waiting: usize,
+    /// The share of an engine's KV cache in use (`vllm:kv_cache_usage_perc`,
+    /// `sglang:token_usage`) from which it is saturated; 0: not judged on it.
+    #[arg(long, env = "PD_PROXY_SATURATION_KV_USAGE", default_value_t = 0.95)]
+    pub saturation_kv_usage: f64,
+    /// Requests this process has in flight on an engine from which it is saturated (for
+    /// engines without `/metrics`); 0: not judged on them.
+    #[arg(long, env = "PD_PROXY_SATURATION_IN_FLIGHT", default_value_t = 0)]
+    pub saturation_in_flight: usize,
     /// Seconds between two re-discoveries of each prefill's dp ranks and engine ids.
     #[arg(long, env = "PD_PROXY_DISCOVERY_INTERVAL", default_value = "30", value_parser = parse_seconds)]
     pub discovery_interval: Duration,
@@ -243,6 +256,13 @@ impl FleetArgs {
         };
         config.engine_metrics_interval =
             Some(self.engine_metrics_interval).filter(|interval| !interval.is_zero());
+        config.saturation = SaturationConfig {
+            waiting: self.saturation_waiting,
+            kv_usage: self.saturation_kv_usage.max(0.0),
+            in_flight: self.saturation_in_flight,
+            // An engine silent for three reads in a row.
+            stale_after: self.engine_metrics_interval * 3,
+        };
         Ok(config)
     }
 }

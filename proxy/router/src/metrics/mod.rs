@@ -31,6 +31,9 @@ pub struct BackendMetrics {
     pub healthy: IntGauge,
     /// Requests running and waiting as the engine reports them (-1: not known).
     pub engine_load: IntGauge,
+    /// 1 while the engine is saturated (its waiting requests, KV cache, requests in flight, or
+    /// silence past a threshold).
+    pub saturated: IntGauge,
 }
 
 impl BackendMetrics {
@@ -75,6 +78,7 @@ pub struct FleetMetrics {
     backend_in_flight: IntGaugeVec,
     healthy: IntGaugeVec,
     engine_load: IntGaugeVec,
+    saturated: IntGaugeVec,
     dp_ranks: IntGaugeVec,
     discoveries: IntCounterVec,
     watching: IntGaugeVec,
@@ -109,6 +113,14 @@ impl FleetMetrics {
             Opts::new(
                 "backend_engine_load",
                 "Requests running and waiting as a backend's engine reports them on its /metrics (-1: not known)",
+            ),
+            &["role", "backend"],
+        )
+        .expect("valid metric");
+        let saturated = IntGaugeVec::new(
+            Opts::new(
+                "backend_saturated",
+                "1 while a backend's engine is saturated: requests waiting or KV cache usage past --saturation-waiting or --saturation-kv-usage, requests in flight past --saturation-in-flight, or its metrics silent past three intervals",
             ),
             &["role", "backend"],
         )
@@ -150,6 +162,7 @@ impl FleetMetrics {
             Box::new(backend_in_flight.clone()),
             Box::new(healthy.clone()),
             Box::new(engine_load.clone()),
+            Box::new(saturated.clone()),
             Box::new(dp_ranks.clone()),
             Box::new(discoveries.clone()),
             Box::new(watching.clone()),
@@ -172,6 +185,7 @@ impl FleetMetrics {
             backend_in_flight,
             healthy,
             engine_load,
+            saturated,
             dp_ranks,
             discoveries,
             watching,
@@ -210,6 +224,7 @@ impl FleetMetrics {
                 gauge.set(-1);
                 gauge
             },
+            saturated: self.saturated.with_label_values(&[role, url]),
         }
     }
 
@@ -232,7 +247,12 @@ impl FleetMetrics {
                 .calls
                 .remove_label_values(&[role, url, outcome.as_str()]);
         }
-        for family in [&self.backend_in_flight, &self.healthy, &self.engine_load] {
+        for family in [
+            &self.backend_in_flight,
+            &self.healthy,
+            &self.engine_load,
+            &self.saturated,
+        ] {
             let _ = family.remove_label_values(&[role, url]);
         }
         if role == "prefill" {
