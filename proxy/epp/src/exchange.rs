@@ -130,7 +130,7 @@ impl Exchange {
                 }
                 match (headers.end_of_stream, self.buffered) {
                     (true, _) => self.route(Body::None).await,
-                    (false, true) => self.send(protocol::headers_seen()).await,
+                    (false, true) => self.send(protocol::headers_seen(false)).await,
                     (false, false) => Ok(()),
                 }
             }
@@ -163,7 +163,7 @@ impl Exchange {
             processing_request::Request::ResponseHeaders(headers) => {
                 self.status = status_of(headers.headers.as_ref());
                 self.answer_began(message.metadata_context.as_ref());
-                self.send(protocol::response_headers_seen()).await
+                self.send(protocol::headers_seen(true)).await
             }
             processing_request::Request::ResponseBody(body) => match self.duplex_answer {
                 true => {

@@ -123,19 +123,6 @@ pub fn route_to(
     }
 }
 
-/// The answer to the request's headers when the body comes buffered after it: go on, the
-/// endpoint is named with the body.
-pub fn headers_seen() -> ProcessingResponse {
-    ProcessingResponse {
-        response: Some(processing_response::Response::RequestHeaders(
-            HeadersResponse {
-                response: Some(CommonResponse::default()),
-            },
-        )),
-        ..Default::default()
-    }
-}
-
 /// The request's body sent back in chunks, the last one ending the stream unless trailers
 /// follow (`ends`: they do not); one empty message for an empty body.
 pub fn body_chunks(body: &[u8], ends: bool) -> Vec<ProcessingResponse> {
@@ -190,14 +177,18 @@ pub fn body_seen(response: bool) -> ProcessingResponse {
     }
 }
 
-/// The answer to the response's headers: nothing changed.
-pub fn response_headers_seen() -> ProcessingResponse {
+/// The answer to headers let through unchanged: the answer's, or (`response` false) the
+/// request's when its body comes buffered after them (the endpoint is named with the body).
+pub fn headers_seen(response: bool) -> ProcessingResponse {
+    let headers = HeadersResponse {
+        response: Some(CommonResponse::default()),
+    };
+    let response = match response {
+        true => processing_response::Response::ResponseHeaders(headers),
+        false => processing_response::Response::RequestHeaders(headers),
+    };
     ProcessingResponse {
-        response: Some(processing_response::Response::ResponseHeaders(
-            HeadersResponse {
-                response: Some(CommonResponse::default()),
-            },
-        )),
+        response: Some(response),
         ..Default::default()
     }
 }
