@@ -349,31 +349,21 @@ async fn an_engine_saturates_on_its_waiting_requests_and_its_kv_cache() {
             }
         }
     };
+    let decodes_saturated = || async {
+        let ready: serde_json::Value = (cluster.client.get(cluster.url("/ready")).send().await)
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        ready["saturated"]["decodes"].clone()
+    };
     cluster.decodes[0].set_metrics("vllm:num_requests_waiting{engine=\"0\"} 4.0\n");
     cluster.decodes[1].set_metrics("vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\n");
     wait_for([1.0, 0.0]).await;
-    let ready: serde_json::Value = cluster
-        .client
-        .get(cluster.url("/ready"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(ready["saturated"]["decodes"], false, "{ready}");
+    assert_eq!(decodes_saturated().await, false);
     cluster.decodes[1].set_metrics("vllm:kv_cache_usage_perc{engine=\"0\"} 0.95\n");
     wait_for([1.0, 1.0]).await;
-    let ready: serde_json::Value = cluster
-        .client
-        .get(cluster.url("/ready"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(ready["saturated"]["decodes"], true, "{ready}");
+    assert_eq!(decodes_saturated().await, true);
     cluster.decodes[0].set_metrics("vllm:num_requests_waiting{engine=\"0\"} 0.0\n");
     wait_for([0.0, 1.0]).await;
 }

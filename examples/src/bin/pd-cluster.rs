@@ -4,13 +4,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use pd_examples::cluster::{Cluster, ClusterSpec, GatewaySpec, PrefillShape, ServedModel};
-use pd_examples::openai_client::send;
+use pd_examples::cluster::{demo, Cluster, ClusterSpec, GatewaySpec, PrefillShape, ServedModel};
 use pd_examples::sim::Dialect;
 use pd_examples::vllm::{self, Connector, VllmEngines};
 use pd_service::{init_logging, shutdown_signal, LogFormat};
 use pd_transfer::Transport;
-use serde_json::json;
 
 /// Start a local P/D cluster on 127.0.0.1 from the release binaries beside this one: two
 /// bootstrap servers, two simulated prefill engines (dp=2,tp=2 and dp=1,tp=2) registering under
@@ -175,81 +173,6 @@ async fn vllm_engines(args: &Args, run_dir: &std::path::Path) -> Result<VllmEngi
     Ok(engines)
 }
 
-/// The demo's requests: completions and chats (whole and streamed) for the first model, SGLang's
-/// `/generate` in SGLang's dialect, and a whole completion for every other model and adapter.
-async fn demo(proxy: &str, dialect: Dialect, models: &[ServedModel]) -> Result<(), String> {
-    let http = reqwest::Client::new();
-    let model = models.first().map_or("", |m| m.name.as_str());
-    let prompt = "Explain in one sentence why prefill and decode run on separate GPUs in disaggregated serving";
-    let mut requests = vec![
-        (
-            "completions, whole",
-            "/v1/completions",
-            json!({"model": model, "prompt": prompt, "max_tokens": 12}),
-        ),
-        (
-            "completions, streamed",
-            "/v1/completions",
-            json!({"model": model, "prompt": prompt, "max_tokens": 12, "stream": true}),
-        ),
-        (
-            "chat, whole",
-            "/v1/chat/completions",
-            json!({"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8}),
-        ),
-        (
-            "chat, streamed",
-            "/v1/chat/completions",
-            json!({"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8, "stream": true, "stream_options": {"include_usage": true}}),
-        ),
-    ];
-    let others = models
-        .iter()
-        .flat_map(|m| std::iter::once(&m.name).chain(&m.adapters))
-        .skip(1);
-    for name in others {
-        let body = json!({"model": name, "prompt": prompt, "max_tokens": 8});
-        requests.push((name.as_str(), "/v1/completions", body));
-    }
-    if dialect == Dialect::Sglang {
-        requests.extend([
-            (
-                "generate, whole",
-                "/generate",
-                json!({"text": prompt, "sampling_params": {"max_new_tokens": 8}}),
-            ),
-            (
-                "generate, streamed",
-                "/generate",
-                json!({"text": prompt, "sampling_params": {"max_new_tokens": 8}, "stream": true}),
-            ),
-        ]);
-    }
-    println!(
-        "\nSending {} requests through the proxy at {proxy}:",
-        requests.len()
-    );
-    for (label, path, body) in requests {
-        let answer = send(
-            &http,
-            &format!("{proxy}{path}"),
-            &body,
-            Duration::from_secs(30),
-        )
-        .await?;
-        if answer.status != 200 {
-            return Err(format!("{label}: HTTP {}: {}", answer.status, answer.text));
-        }
-        println!(
-            "  {label:<22} TTFT {:>6.1} ms  total {:>6.1} ms  ->{}",
-            answer.ttft.as_secs_f64() * 1e3,
-            answer.total.as_secs_f64() * 1e3,
-            printable(&answer.text)
-        );
-    }
-    Ok(())
-}
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
@@ -347,61 +270,8 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let shapes = spec.prefills.iter().cycle();
-    let prefills = cluster.prefills.iter().zip(&cluster.bootstraps).zip(shapes);
-    for (i, ((prefill, bootstrap), shape)) in prefills.enumerate() {
-        println!(
-            "  prefill-{i}: {} (dp={}, tp={}), bootstrap server {}",
-            prefill.url, shape.dp, shape.tp, bootstrap.url
-        );
-    }
-    if !cluster.registrars.is_empty() {
-        println!("  prefill workers registered from Python (examples/python/register_engine.py)");
-    }
-    for decode in &cluster.decodes {
-        println!("  {}: {}", decode.name, decode.url);
-    }
-    for model in cluster.models() {
-        print_model(model);
-    }
-    match &cluster.gateway {
-        None => {
-            println!("  proxy: {} (--policy {})", cluster.proxy.url, args.policy);
-            println!(
-                "  live pages: {}/ui, and each bootstrap server's /ui",
-                cluster.proxy.url
-            );
-        }
-        Some(gateway) => {
-            println!(
-                "  gateway: Envoy at {} (admin {})",
-                cluster.proxy.url, gateway.envoy_admin
-            );
-            println!(
-                "  endpoint picker: pd-epp at {} (ext_proc; --policy {}), metrics at {}/metrics",
-                gateway.epp_grpc, args.policy, gateway.epp.url
-            );
-            for (sidecar, decode) in gateway.sidecars.iter().zip(&cluster.decodes) {
-                println!(
-                    "  {}: {} beside {} (live page {}/ui)",
-                    sidecar.name, sidecar.url, decode.name, sidecar.url
-                );
-            }
-        }
-    }
-    if let Some(dns) = &cluster.dns {
-        println!(
-            "  DNS: dnsmasq at {} names the engines ({}, {}, {}); the proxy follows them",
-            dns.addr,
-            pd_examples::cluster::dns::PREFILLS,
-            pd_examples::cluster::dns::BOOTSTRAPS,
-            pd_examples::cluster::dns::DECODES
-        );
-    }
-    if spec.kv_events {
-        println!("  KV cache events: every engine publishes, the proxy follows (GET /admin/kv-index with --proxy-arg=--admin-key=KEY)");
-    }
-    let outcome = demo(&cluster.proxy.url, spec.dialect, cluster.models()).await;
+    describe(&cluster, &spec, &args.policy);
+    let outcome = demo::run(&cluster.proxy.url, spec.dialect, cluster.models()).await;
     let model = cluster.models().first().map_or("", |m| m.name.as_str());
     if let Err(err) = &outcome {
         eprintln!("error: {err}");
@@ -426,6 +296,64 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// Prints where everything of `cluster` (started from `spec`, placing with `policy`) runs.
+fn describe(cluster: &Cluster, spec: &ClusterSpec, policy: &str) {
+    let shapes = spec.prefills.iter().cycle();
+    let prefills = cluster.prefills.iter().zip(&cluster.bootstraps).zip(shapes);
+    for (i, ((prefill, bootstrap), shape)) in prefills.enumerate() {
+        println!(
+            "  prefill-{i}: {} (dp={}, tp={}), bootstrap server {}",
+            prefill.url, shape.dp, shape.tp, bootstrap.url
+        );
+    }
+    if !cluster.registrars.is_empty() {
+        println!("  prefill workers registered from Python (examples/python/register_engine.py)");
+    }
+    for decode in &cluster.decodes {
+        println!("  {}: {}", decode.name, decode.url);
+    }
+    for model in cluster.models() {
+        print_model(model);
+    }
+    match &cluster.gateway {
+        None => {
+            println!("  proxy: {} (--policy {})", cluster.proxy.url, policy);
+            println!(
+                "  live pages: {}/ui, and each bootstrap server's /ui",
+                cluster.proxy.url
+            );
+        }
+        Some(gateway) => {
+            println!(
+                "  gateway: Envoy at {} (admin {})",
+                cluster.proxy.url, gateway.envoy_admin
+            );
+            println!(
+                "  endpoint picker: pd-epp at {} (ext_proc; --policy {}), metrics at {}/metrics",
+                gateway.epp_grpc, policy, gateway.epp.url
+            );
+            for (sidecar, decode) in gateway.sidecars.iter().zip(&cluster.decodes) {
+                println!(
+                    "  {}: {} beside {} (live page {}/ui)",
+                    sidecar.name, sidecar.url, decode.name, sidecar.url
+                );
+            }
+        }
+    }
+    if let Some(dns) = &cluster.dns {
+        println!(
+            "  DNS: dnsmasq at {} names the engines ({}, {}, {}); the proxy follows them",
+            dns.addr,
+            pd_examples::cluster::dns::PREFILLS,
+            pd_examples::cluster::dns::BOOTSTRAPS,
+            pd_examples::cluster::dns::DECODES
+        );
+    }
+    if spec.kv_events {
+        println!("  KV cache events: every engine publishes, the proxy follows (GET /admin/kv-index with --proxy-arg=--admin-key=KEY)");
+    }
+}
+
 /// One served model's line: its name, its adapters, its engines.
 fn print_model(model: &ServedModel) {
     let adapters = match model.adapters.is_empty() {
@@ -437,14 +365,6 @@ fn print_model(model: &ServedModel) {
     };
     let engines = [&model.prefills[..], &model.decodes[..]].concat().join(" ");
     println!("  model {}{adapters}: {engines}", model.name);
-}
-
-/// `text` with control characters shown as `·`: the tiny model's random tokens include them,
-/// and they must not reach the terminal.
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() { '·' } else { c })
-        .collect()
 }
 
 /// Keeps the run folder and says where it is, or removes it with `--clean`.

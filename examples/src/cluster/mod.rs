@@ -4,6 +4,7 @@
 //! them all, finding them by URL or, with `dns`, through DNS (`dns.rs`). Used by the
 //! `pd-cluster` launcher and by the end-to-end tests.
 
+pub mod demo;
 pub mod dns;
 pub mod gateway;
 mod proxy;

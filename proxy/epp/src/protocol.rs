@@ -138,43 +138,24 @@ pub fn body_chunks(body: &[u8], ends: bool) -> Vec<ProcessingResponse> {
 
 /// A body chunk in full-duplex streamed mode: of the request, or (`response`) of the answer.
 pub fn streamed_body(chunk: &[u8], end_of_stream: bool, response: bool) -> ProcessingResponse {
-    let body = BodyResponse {
-        response: Some(CommonResponse {
-            body_mutation: Some(BodyMutation {
-                mutation: Some(body_mutation::Mutation::StreamedResponse(
-                    StreamedBodyResponse {
-                        body: chunk.to_vec(),
-                        end_of_stream,
-                        ..Default::default()
-                    },
-                )),
-            }),
-            ..Default::default()
+    let common = CommonResponse {
+        body_mutation: Some(BodyMutation {
+            mutation: Some(body_mutation::Mutation::StreamedResponse(
+                StreamedBodyResponse {
+                    body: chunk.to_vec(),
+                    end_of_stream,
+                    ..Default::default()
+                },
+            )),
         }),
-    };
-    let response = match response {
-        true => processing_response::Response::ResponseBody(body),
-        false => processing_response::Response::RequestBody(body),
-    };
-    ProcessingResponse {
-        response: Some(response),
         ..Default::default()
-    }
+    };
+    body_answer(common, response)
 }
 
 /// The answer to a body chunk let through unchanged (a body not sent full duplex).
 pub fn body_seen(response: bool) -> ProcessingResponse {
-    let body = BodyResponse {
-        response: Some(CommonResponse::default()),
-    };
-    let response = match response {
-        true => processing_response::Response::ResponseBody(body),
-        false => processing_response::Response::RequestBody(body),
-    };
-    ProcessingResponse {
-        response: Some(response),
-        ..Default::default()
-    }
+    body_answer(CommonResponse::default(), response)
 }
 
 /// The answer to headers let through unchanged: the answer's, or (`response` false) the
@@ -183,23 +164,34 @@ pub fn headers_seen(response: bool) -> ProcessingResponse {
     let headers = HeadersResponse {
         response: Some(CommonResponse::default()),
     };
-    let response = match response {
+    answer(match response {
         true => processing_response::Response::ResponseHeaders(headers),
         false => processing_response::Response::RequestHeaders(headers),
-    };
-    ProcessingResponse {
-        response: Some(response),
-        ..Default::default()
-    }
+    })
 }
 
 /// The answer to trailers: nothing changed.
 pub fn trailers_seen(response: bool) -> ProcessingResponse {
     let trailers = TrailersResponse::default();
-    let response = match response {
+    answer(match response {
         true => processing_response::Response::ResponseTrailers(trailers),
         false => processing_response::Response::RequestTrailers(trailers),
+    })
+}
+
+/// `common` as the answer to a body message: the answer's (`response`) or the request's.
+fn body_answer(common: CommonResponse, response: bool) -> ProcessingResponse {
+    let body = BodyResponse {
+        response: Some(common),
     };
+    answer(match response {
+        true => processing_response::Response::ResponseBody(body),
+        false => processing_response::Response::RequestBody(body),
+    })
+}
+
+/// A message carrying `response` alone.
+fn answer(response: processing_response::Response) -> ProcessingResponse {
     ProcessingResponse {
         response: Some(response),
         ..Default::default()
