@@ -63,6 +63,7 @@ fn respond(started: Started, mut tracker: Tracker, start: Instant) -> Response {
         prefill,
         overhead,
         route,
+        watch,
     } = started;
     let first_at = decode.first_at;
     tracker.metrics().first_byte(first_at.duration_since(start));
@@ -75,7 +76,14 @@ fn respond(started: Started, mut tracker: Tracker, start: Instant) -> Response {
         .as_ref()
         .is_some_and(|value| value.as_bytes().starts_with(b"text/event-stream"));
     let metrics = tracker.metrics().clone();
+    let mut watch = watch.filter(|_| sse);
+    if let (Some(watch), Some(first)) = (&mut watch, &decode.first) {
+        watch.chunk_at(first, first_at);
+    }
     let body = if decode.complete {
+        if let Some(watch) = watch {
+            watch.ended();
+        }
         decode_call.finish(CallOutcome::Ok);
         if let Some(prefill) = prefill {
             detach(prefill);
@@ -83,7 +91,7 @@ fn respond(started: Started, mut tracker: Tracker, start: Instant) -> Response {
         tracker.finish(Outcome::Ok);
         Body::from(decode.first.unwrap_or_default())
     } else {
-        Body::from_stream(Relay::new(decode, decode_call, prefill, sse, tracker))
+        Body::from_stream(Relay::new(decode, decode_call, prefill, sse, tracker).watched(watch))
     };
     let mut response = Response::new(body);
     *response.status_mut() = status;

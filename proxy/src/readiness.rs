@@ -40,7 +40,7 @@ pub(crate) struct DecodeReadiness {
 }
 
 /// Which sides of the fleet are saturated.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize)]
 pub(crate) struct Saturation {
     /// Every prefill that could take a request is saturated.
     pub prefills: bool,

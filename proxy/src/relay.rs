@@ -17,6 +17,7 @@ use crate::metrics::{CallOutcome, Outcome, RouteMetrics};
 use crate::trace::RequestTrace;
 use crate::upstream::{Answer, DecodeStart, UpstreamError};
 use pd_router::backend::Call;
+use pd_router::latency::Watch;
 
 /// How a request failed: what the client is told, and how it is counted.
 pub(crate) type Failure = (ApiError, Outcome);
@@ -114,6 +115,8 @@ pub(crate) struct Relay {
     prefill: Option<PrefillCall>,
     sse: bool,
     tracker: Tracker,
+    /// The answer's pace, watched to teach the engines' latency models.
+    watch: Option<Watch>,
 }
 
 /// The error a broken non-SSE body ends with (the client sees the connection cut).
@@ -137,7 +140,13 @@ impl Relay {
             prefill,
             sse,
             tracker,
+            watch: None,
         }
+    }
+
+    /// The same relay teaching `watch` the answer's pace (its first chunk already noted).
+    pub(crate) fn watched(self, watch: Option<Watch>) -> Self {
+        Relay { watch, ..self }
     }
 
     /// Ends the stream with `error`: an SSE error event, or a broken body.
@@ -183,6 +192,9 @@ impl Stream for Relay {
         match stream.poll_next_unpin(cx) {
             Poll::Ready(Some(Ok(chunk))) => {
                 call.progressed();
+                if let Some(watch) = &mut this.watch {
+                    watch.chunk(&chunk);
+                }
                 Poll::Ready(Some(Ok(chunk)))
             }
             Poll::Ready(Some(Err(err))) => {
@@ -214,6 +226,9 @@ impl Stream for Relay {
                     detach(prefill);
                 }
                 this.tracker.finish(Outcome::Ok);
+                if let Some(watch) = this.watch.take() {
+                    watch.ended();
+                }
                 Poll::Ready(None)
             }
             Poll::Pending => Poll::Pending,

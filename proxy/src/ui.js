@@ -36,7 +36,13 @@ follow((s) => {
       card("ready pairs", String(s.ready_pairs)),
       card("healthy decodes", String(s.decodes.filter((d) => d.healthy && !d.drained && !d.leaving).length)),
       card("requests", String(requests)),
-      s.kv_index ? card("KV index", s.kv_index.blocks + " of " + s.kv_index.max_blocks + " blocks") : null),
+      s.kv_index ? card("KV index", s.kv_index.blocks + " of " + s.kv_index.max_blocks + " blocks") : null,
+      card("admission queue", s.admission.waiting + " of " + s.admission.capacity,
+        s.admission.waiting > 0 ? "warn" : "ok"),
+      card("saturated", s.saturated.prefills || s.saturated.decodes
+        ? [s.saturated.prefills ? "prefills" : null, s.saturated.decodes ? "decodes" : null]
+          .filter((x) => x).join(", ")
+        : "no", s.saturated.prefills || s.saturated.decodes ? "warn" : "ok")),
     s.detail ? h("p", { class: "warn" }, s.detail) : null,
     h("h2", {}, "Prefills"),
     backends(s.prefills, true, "No prefill."),
@@ -45,6 +51,14 @@ follow((s) => {
     h("h2", {}, "Routing decisions"),
     table(["decision", "reason", "requests"], s.decisions.map((d) => [d.decision, d.reason, String(d.count)]),
       "No request routed yet."),
+    h("h2", {}, "Admission queue"),
+    table(["priority", "waiting"], s.admission.priorities.map((p) => [String(p[0]), String(p[1])]),
+      "Nothing waits."),
+    Object.keys(s.admission.tenants).length > 0
+      ? table(["tenant", "waiting"], Object.entries(s.admission.tenants).map((t) => [t[0], String(t[1])]), "")
+      : null,
+    table(["shed because", "requests"], s.shed.filter((r) => r.count > 0).map((r) => [r.outcome, String(r.count)]),
+      "No request shed."),
     h("h2", {}, "Requests by outcome"),
     table(["outcome", "requests"], s.outcomes.map((o) => [o.outcome, String(o.count)]), "No request yet."),
   ];

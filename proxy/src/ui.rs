@@ -14,6 +14,7 @@ use pd_protocol::proxy_admin::BackendState;
 use serde::Serialize;
 
 use crate::readiness::readiness;
+use crate::readiness::Saturation;
 use crate::state::AppState;
 use pd_router::backend::states::states;
 use pd_router::backend::Backend;
@@ -45,6 +46,12 @@ struct Snapshot {
     outcomes: Vec<Count>,
     #[serde(skip_serializing_if = "Option::is_none")]
     kv_index: Option<KvIndexSize>,
+    /// The admission queue: what waits, by priority and tenant.
+    admission: pd_router::admission::QueueState,
+    /// Whether every engine of a side that could take a request is saturated.
+    saturated: Saturation,
+    /// Requests refused under overload, by reason.
+    shed: Vec<Count>,
 }
 
 #[derive(Serialize)]
@@ -118,6 +125,13 @@ fn snapshot(state: &AppState) -> Snapshot {
             count,
         })
         .collect();
+    let shed = (metrics.totals_by("pd_proxy_admission_shed_total", &["reason"]))
+        .into_iter()
+        .map(|(mut key, count)| Count {
+            outcome: key.pop().unwrap_or_default(),
+            count,
+        })
+        .collect();
     let kv_index = state.router.kv().map(|kv| {
         let report = kv.report();
         KvIndexSize {
@@ -139,5 +153,8 @@ fn snapshot(state: &AppState) -> Snapshot {
         decisions,
         outcomes,
         kv_index,
+        admission: state.router.admission().state(),
+        saturated: ready.saturated,
+        shed,
     }
 }

@@ -105,6 +105,9 @@ impl Exchange {
                 Some(_) => CallOutcome::HttpError,
                 None => CallOutcome::Cancelled,
             };
+            if let (CallOutcome::Ok, Some(watch)) = (outcome, picked.watch) {
+                watch.ended();
+            }
             picked.decode_call.finish(outcome);
         }
     }
@@ -165,16 +168,31 @@ impl Exchange {
                 self.answer_began(message.metadata_context.as_ref());
                 self.send(protocol::headers_seen(true)).await
             }
-            processing_request::Request::ResponseBody(body) => match self.duplex_answer {
-                true => {
-                    let chunk = protocol::streamed_body(&body.body, body.end_of_stream, true);
-                    self.send(chunk).await
+            processing_request::Request::ResponseBody(body) => {
+                if let Phase::Routed(picked) = &mut self.phase {
+                    if let Some(watch) = &mut picked.watch {
+                        watch.chunk(&body.body);
+                    }
                 }
-                false => self.send(protocol::body_seen(true)).await,
-            },
+                self.let_answer_through(body).await
+            }
             processing_request::Request::ResponseTrailers(_) => {
                 self.send(protocol::trailers_seen(true)).await
             }
+        }
+    }
+
+    /// Lets a chunk of the answer through unchanged.
+    async fn let_answer_through(
+        &mut self,
+        body: envoy_types::pb::envoy::service::ext_proc::v3::HttpBody,
+    ) -> Result<(), ()> {
+        match self.duplex_answer {
+            true => {
+                let chunk = protocol::streamed_body(&body.body, body.end_of_stream, true);
+                self.send(chunk).await
+            }
+            false => self.send(protocol::body_seen(true)).await,
         }
     }
 
@@ -292,7 +310,12 @@ impl Exchange {
         self.shared.metrics.refused(refused.reason);
         tracing::debug!(path = %self.path, status = refused.status, reason = refused.reason, "refused");
         self.phase = Phase::Done;
-        self.send(protocol::immediate(refused.status, &refused.body, &[]))
+        let retry_after = refused.retry_after.map(|s| s.to_string());
+        let headers: Vec<(&str, &str)> = (retry_after.as_deref())
+            .map(|value| ("retry-after", value))
+            .into_iter()
+            .collect();
+        self.send(protocol::immediate(refused.status, &refused.body, &headers))
             .await?;
         Err(())
     }

@@ -10,8 +10,10 @@ use bytes::Bytes;
 use envoy_types::pb::envoy::service::ext_proc::v3::HeaderMutation;
 use http::header::AUTHORIZATION;
 use http::HeaderMap;
+use pd_router::admission::Shed;
 use pd_router::backend::{Backend, Call};
 use pd_router::body::Body;
+use pd_router::latency::Watch;
 use pd_router::models;
 use pd_router::prompt_tokens::PromptKind;
 use pd_router::routing::decision::Decision;
@@ -38,6 +40,8 @@ pub struct Picked {
     /// The prefill's call and the request's share of its queued work: until the answer begins
     /// (by then P has answered).
     pub prefill: Option<(Call, Option<Pending>)>,
+    /// A streamed answer's latencies, watched to teach the engines' models.
+    pub watch: Option<Watch>,
 }
 
 /// A request refused: the status, the OpenAI-shaped body, and the metric label.
@@ -49,6 +53,8 @@ pub struct Refused {
     pub body: String,
     /// Why, as the `result` label.
     pub reason: &'static str,
+    /// The `Retry-After` to send, in seconds (a request refused under overload).
+    pub retry_after: Option<u64>,
 }
 
 impl Refused {
@@ -60,6 +66,23 @@ impl Refused {
             status,
             body: body.to_string(),
             reason,
+            retry_after: None,
+        }
+    }
+
+    /// 429 with `Retry-After`: refused under overload.
+    pub fn overloaded(shed: &Shed) -> Self {
+        let body = json!({"error": {
+            "message": shed.message(),
+            "type": "server_overloaded",
+            "param": null,
+            "code": shed.reason.as_str(),
+        }});
+        Refused {
+            status: 429,
+            body: body.to_string(),
+            reason: "overloaded",
+            retry_after: Some(shed.retry_after_secs()),
         }
     }
 }
@@ -125,12 +148,25 @@ pub async fn pick(
             decision: Decision::AGGREGATED,
             decode_call: decode.call(),
             prefill: None,
+            watch: None,
         });
     };
     let kind = match request.path {
         "/v1/chat/completions" => PromptKind::Chat,
         _ => PromptKind::Completion,
     };
+    let class = router.classify(request.headers).map_err(|err| {
+        Refused::new(
+            400,
+            "invalid_request_error",
+            &err.to_string(),
+            "bad_request",
+        )
+    })?;
+    let deadline = Instant::now() + router.admission().config().max_wait;
+    // Held until the request's calls are counted on its engines, below.
+    let _admitted =
+        (router.admit(&class, model, deadline).await).map_err(|shed| Refused::overloaded(&shed))?;
     let tokens = router.tokens(kind, bytes, body).await;
     let adapter = model.filter(|model| tokens.is_some() && router.is_adapter(model));
     let info = RequestInfo::new(body, request.headers)
@@ -143,9 +179,16 @@ pub async fn pick(
             authorization: request.headers.get(AUTHORIZATION),
             deadline: Instant::now() + adapter_timeout,
             decodes: Some(allowed),
+            class: &class,
         })
         .await
-        .map_err(refusal)?;
+        .map_err(|unplaced| match unplaced.why {
+            Unplaceable::TargetsUnmet => {
+                Refused::overloaded(&router.admission().shed_for_targets(&class))
+            }
+            _ => refusal(unplaced),
+        })?;
+    let streamed = body.get("stream").is_some_and(|v| v.get() == "true");
     let mut mutation = no_prefill();
     let prefill = placement.prefill.as_ref().map(|pair| {
         mutation = HeaderMutation {
@@ -164,6 +207,7 @@ pub async fn pick(
         decision: placement.decision,
         decode_call: placement.decode.call(),
         prefill,
+        watch: streamed.then(|| placement.forecast.watch()),
     })
 }
 
@@ -214,5 +258,11 @@ fn refusal(Unplaced { why, .. }: Unplaced) -> Refused {
         Unplaceable::AdapterNotLoaded { model, reason } => no_endpoint(&format!(
             "model `{model}` is not loaded on a ready engine: {reason}"
         )),
+        Unplaceable::TargetsUnmet => Refused::new(
+            429,
+            "server_overloaded",
+            "no engine is predicted to meet the request's latency targets",
+            "overloaded",
+        ),
     }
 }

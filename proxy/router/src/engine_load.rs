@@ -21,6 +21,9 @@ const QUEUE_METRICS: [&str; 4] = [
     "sglang:num_queue_reqs",
 ];
 
+/// The metric names of requests running in an engine's batch.
+const RUNNING_METRICS: [&str; 2] = ["vllm:num_requests_running", "sglang:num_running_reqs"];
+
 /// The metric names of requests waiting in an engine's scheduler.
 const WAITING_METRICS: [&str; 2] = ["vllm:num_requests_waiting", "sglang:num_queue_reqs"];
 
@@ -43,6 +46,7 @@ pub fn queue_length(text: &str) -> Option<usize> {
 pub fn signals(text: &str) -> EngineSignals {
     EngineSignals {
         waiting: samples(text, &WAITING_METRICS).map(|(total, _)| total.round() as usize),
+        running: samples(text, &RUNNING_METRICS).map(|(total, _)| total.round() as usize),
         kv_usage: samples(text, &KV_USAGE_METRICS).map(|(total, count)| total / count as f64),
     }
 }
@@ -189,6 +193,7 @@ mod tests {
             signals(vllm),
             EngineSignals {
                 waiting: Some(7),
+                running: None,
                 kv_usage: Some(0.75)
             }
         );

@@ -17,10 +17,16 @@
 //! counted in flight until dropped) and its share of the prefill's queued work
 //! ([`routing::RequestInfo::take_prefill_work`]), so the policies see it until it ends.
 //!
+//! **Overload**: the engines' [`saturation`] from their own signals; the [`admission`] queue in
+//! front of the placement while the pool is saturated (priorities, fair shares between tenants,
+//! bounded waits, 429 when a request cannot get in); the [`latency`] each engine is predicted to
+//! give a request, for the requests that carry targets; the [`retry_budget`].
+//!
 //! Beside them: [`body`] (a request's JSON body, read without copying, and the fields P and D
 //! receive), [`endpoint`] (a backend's URLs, parsed once), [`metrics`] (the fleet's, registered
 //! in the front door's registry) and [`sync`].
 
+pub mod admission;
 pub mod backend;
 mod backoff;
 pub mod body;
@@ -33,11 +39,13 @@ pub mod flags;
 pub mod health;
 pub mod kv_events;
 pub mod kv_index;
+pub mod latency;
 pub mod members;
 pub mod metrics;
 pub mod models;
 pub mod placement;
 pub mod prompt_tokens;
+pub mod retry_budget;
 mod router;
 pub mod routing;
 pub mod saturation;

@@ -151,6 +151,8 @@ impl Members {
     /// The tasks every backend has: its engine's load and its KV cache events, when on.
     fn start_engine_tasks(&self, backend: &Arc<Backend>) -> Vec<AbortHandle> {
         let mut tasks = Vec::new();
+        // Judged once before any read: the requests in flight count from the start.
+        backend.judge_saturation(&self.saturation, std::time::Instant::now());
         if let Some(interval) = self.engine_metrics_interval {
             let task = tokio::spawn(engine_load::scrape_forever(
                 backend.clone(),

@@ -8,15 +8,18 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::task::JoinHandle;
 
+use crate::admission::{Admission, Admitted, RequestClass, Shed};
 use crate::backend::{Backend, Pair, Pool, Role};
 use crate::body::Body;
 use crate::config::{DnsTarget, RouterConfig};
 use crate::kv_events::{KvEventsConfig, KvTracker};
 use crate::members::Members;
 use crate::metrics::FleetMetrics;
+use crate::metrics::LatencyMetrics;
 use crate::models::lora::AdapterLoader;
 use crate::models::ModelsConfig;
 use crate::prompt_tokens::{PromptKind, PromptTokens};
+use crate::retry_budget::RetryBudget;
 use crate::routing::settings::DecodeOnlyRules;
 use crate::routing::{policy_for, Choice, Policy, RequestInfo, Slice};
 
@@ -58,6 +61,9 @@ pub struct Router {
     pub(crate) prompt_tokens: Option<PromptTokens>,
     pub(crate) tokenize_requests: bool,
     pub(crate) lora: AdapterLoader,
+    pub(crate) admission: Arc<Admission>,
+    pub(crate) latency_metrics: LatencyMetrics,
+    retry_budget: RetryBudget,
     policies: Policies,
 }
 
@@ -65,6 +71,7 @@ pub struct Router {
 pub struct Running {
     members: Arc<Members>,
     names: Vec<JoinHandle<()>>,
+    dispatcher: JoinHandle<()>,
 }
 
 impl Running {
@@ -77,6 +84,7 @@ impl Drop for Running {
         for task in &self.names {
             task.abort();
         }
+        self.dispatcher.abort();
         self.members.stop_all();
     }
 }
@@ -118,6 +126,15 @@ impl Router {
         };
         let pool = Arc::new(Pool::new(&config, &metrics));
         let lora = AdapterLoader::new(client.clone(), config.models.load_timeout, metrics.lora());
+        let admission = Arc::new(Admission::new(
+            config.admission.clone(),
+            metrics.admission(),
+        ));
+        let retry_budget = RetryBudget::new(
+            config.admission.retry_budget_ratio,
+            config.admission.retry_budget_floor,
+        );
+        let latency_metrics = metrics.latency();
         let members = Arc::new(Members::new(
             pool.clone(),
             &config,
@@ -133,6 +150,9 @@ impl Router {
             prompt_tokens,
             tokenize_requests: precise,
             lora,
+            admission,
+            latency_metrics,
+            retry_budget,
             policies,
         })
     }
@@ -154,9 +174,14 @@ impl Router {
                  drain marks; give `--prefill URL PORT` to discover it through a bootstrap server"
             );
         }
+        let (pool, aggregated) = (self.pool.clone(), self.is_aggregated());
+        let dispatcher = tokio::spawn(
+            (self.admission.clone()).run(move |model| pool_saturated(&pool, aggregated, model)),
+        );
         let mut running = Running {
             members: self.members.clone(),
             names: Vec::new(),
+            dispatcher,
         };
         let dns = &self.config.dns;
         if dns.prefills.is_empty() && dns.decodes.is_empty() {
@@ -242,21 +267,61 @@ impl Router {
     }
 
     /// Whether every engine of `side` that could take a request now (healthy, not drained) is
-    /// saturated, as last judged (see [`crate::saturation`]); false when none could.
+    /// saturated (see [`crate::saturation`]); false when none could.
     pub fn saturated(&self, side: crate::Side) -> bool {
-        let mut eligible = match side {
-            crate::Side::Decode => (self.pool.decodes().iter())
-                .filter(|d| d.takes_requests(None))
-                .map(|d| d.is_saturated())
-                .collect::<Vec<bool>>(),
-            crate::Side::Prefill => (self.pool.prefills().iter())
-                .filter(|p| p.backend.is_healthy() && !p.backend.is_drained())
-                .map(|p| p.backend.is_saturated())
-                .collect(),
+        match side {
+            crate::Side::Decode => decodes_saturated(&self.pool, None),
+            crate::Side::Prefill => prefills_saturated(&self.pool, None),
         }
-        .into_iter()
-        .peekable();
-        eligible.peek().is_some() && eligible.all(|saturated| saturated)
+    }
+
+    /// Whether a request for `model` finds every engine that could take it saturated: all its
+    /// decodes, or (unless the fleet serves whole requests) all its prefills.
+    pub fn pool_saturated(&self, model: Option<&str>) -> bool {
+        pool_saturated(&self.pool, self.is_aggregated(), model)
+    }
+
+    /// The admission queue (its configuration and what waits).
+    pub fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    /// The class `headers` give a request (priority, tenant, latency targets).
+    pub fn classify(
+        &self,
+        headers: &http::HeaderMap,
+    ) -> Result<RequestClass, crate::admission::class::ClassError> {
+        self.admission.classify(headers)
+    }
+
+    /// Lets a request of `class` for `model` in, at once while the pool has room, else after
+    /// waiting its turn (never past `deadline`), or refuses it (see [`crate::admission`]).
+    /// Every request is counted for the retry budget here.
+    pub async fn admit(
+        &self,
+        class: &RequestClass,
+        model: Option<&str>,
+        deadline: std::time::Instant,
+    ) -> Result<Admitted, Shed> {
+        self.retry_budget.request();
+        let saturated = self.admission.config().enabled && self.pool_saturated(model);
+        self.admission
+            .admit(class, model, deadline, saturated)
+            .await
+    }
+
+    /// Whether a retry of `kind` (`decode`, `unknown_engine`) fits in the retry budget; counted
+    /// either way.
+    pub fn may_retry(&self, kind: &str) -> bool {
+        let allowed = self.retry_budget.try_retry();
+        self.members.metrics().admission().retry(kind, allowed);
+        if !allowed {
+            tracing::warn!(
+                kind,
+                "retry denied: the retry budget is spent (--retry-budget-ratio)"
+            );
+        }
+        allowed
     }
 
     /// Whether `model` is a LoRA adapter (the `--config` file's, or one an engine lists with
@@ -337,6 +402,45 @@ impl Router {
         };
         self.policies.of(model).1.prefix_match(&candidates, request)
     }
+}
+
+/// Whether every decode that could take a request for `model` now is saturated (and there is
+/// one).
+fn decodes_saturated(pool: &Pool, model: Option<&str>) -> bool {
+    let decodes = pool.decodes();
+    all_saturated(
+        (decodes.iter())
+            .filter(|d| d.takes_requests(model))
+            .map(|d| d.is_saturated()),
+    )
+}
+
+/// Whether every prefill that could take a request for `model` now is saturated (and there is
+/// one).
+fn prefills_saturated(pool: &Pool, model: Option<&str>) -> bool {
+    let prefills = pool.prefills();
+    all_saturated(
+        (prefills.iter())
+            .filter(|p| p.backend.takes_requests(model))
+            .map(|p| p.backend.is_saturated()),
+    )
+}
+
+/// Whether there is at least one and all are saturated.
+fn all_saturated(saturated: impl Iterator<Item = bool>) -> bool {
+    let mut any = false;
+    for saturated in saturated {
+        if !saturated {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// See [`Router::pool_saturated`].
+fn pool_saturated(pool: &Pool, aggregated: bool, model: Option<&str>) -> bool {
+    decodes_saturated(pool, model) || (!aggregated && prefills_saturated(pool, model))
 }
 
 /// Whether a policy of `config` (the flags' or a model's) routes on the engines' KV events, so

@@ -1,13 +1,15 @@
 //! What a failed call to P or D means for the client.
 
-use axum::http::header::CONTENT_TYPE;
-use axum::http::StatusCode;
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::relay::Failure;
 use crate::upstream::UpstreamError;
+use pd_router::admission::class::ClassError;
+use pd_router::admission::Shed;
 use pd_router::backend::{Backend, Pair};
 
 /// A request that ended before D's answer could be relayed: the answer and how it is counted.
@@ -95,6 +97,35 @@ pub(super) fn decode_refusal(decode: &Backend, err: UpstreamError) -> Refusal {
             Outcome::DecodeError,
         )),
     }
+}
+
+/// 429 in OpenAI's shape with `Retry-After`: refused under overload.
+pub(super) fn overloaded(shed: &Shed) -> Refusal {
+    let error = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "server_overloaded",
+        shed.message(),
+    )
+    .with_code(shed.reason.as_str());
+    let mut response = error.into_response();
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(shed.retry_after_secs()));
+    Refusal {
+        response: Box::new(response),
+        outcome: Outcome::Overloaded,
+    }
+}
+
+/// 400: a header that says something it cannot mean (a priority, a latency target).
+pub(super) fn bad_class(err: &ClassError) -> Refusal {
+    let error = ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        err.to_string(),
+    )
+    .with_param(err.header);
+    Refusal::from((error, Outcome::BadRequest))
 }
 
 /// 503: no backend to send the request to.

@@ -2,7 +2,9 @@
 //! in three named stages:
 //!
 //! 1. [`intake`]: the body read under the client limits and parsed (top level only); its model
-//!    found and its alias resolved (`pd_router::models`);
+//!    found and its alias resolved (`pd_router::models`); its class read from its headers
+//!    (priority, tenant, latency targets) and the request admitted (`pd_router::admission`:
+//!    at once while the pool has room, else after waiting its turn, else 429);
 //! 2. [`placement`]: the prompt tokenized where a policy needs it, the router's placement
 //!    (a (prefill, dp rank) pair and a decode, or a decode alone), its decision counted, traced
 //!    and told in `x-pd-route` when asked;
@@ -44,6 +46,9 @@ pub(crate) struct Started {
     pub overhead: Duration,
     /// The routing decision, for the answer's `x-pd-route` header (when the client asked).
     pub route: Option<HeaderValue>,
+    /// The answer's latencies watched, to teach the engines' models (streamed answers on the
+    /// decode placed).
+    pub watch: Option<pd_router::latency::Watch>,
 }
 
 /// What every stage knows of the request.
@@ -60,6 +65,8 @@ struct Request<'a> {
     start: Instant,
     /// When the whole request must be over.
     deadline: Instant,
+    /// Its priority, tenant and latency targets.
+    class: pd_router::admission::RequestClass,
 }
 
 /// Runs the stages: returns once D's answer has begun (or the request failed).
@@ -86,6 +93,10 @@ pub(crate) async fn start(
     let handles = state.model_metrics(model);
     let metrics = handles.route(route).clone();
     tracker.retarget(metrics.clone());
+    let class = (state.router.classify(headers)).map_err(|err| failure::bad_class(&err))?;
+    let deadline = start + state.upstream.request_timeout;
+    let admitted = (state.router.admit(&class, model, deadline).await)
+        .map_err(|shed| failure::overloaded(&shed))?;
     let request = Request {
         state,
         route,
@@ -94,8 +105,11 @@ pub(crate) async fn start(
         model,
         metrics,
         start,
-        deadline: start + state.upstream.request_timeout,
+        deadline,
+        class,
     };
-    let placed = placement::place(&request, bytes, &body, &handles, tracker).await?;
-    dispatch::run(&request, body, placed, tracker).await
+    let placed = placement::place(&request, bytes, &body, &handles, tracker).await;
+    // Placed (or refused): the next waiting request may be let in.
+    drop(admitted);
+    dispatch::run(&request, body, placed?, tracker).await
 }

@@ -15,7 +15,7 @@ use pd_router::routing::queued_work::Pending;
 use pd_router::routing::RequestInfo;
 use pd_router::{Facts, Placement, Unplaceable, Unplaced};
 
-use super::failure::{no_decode, no_prefill, refused, Refusal};
+use super::failure::{no_decode, no_prefill, overloaded, refused, Refusal};
 use super::Request;
 use crate::metrics::Outcome;
 use crate::models::ModelHandles;
@@ -56,6 +56,7 @@ pub(super) async fn place(
         authorization: request.headers.get(AUTHORIZATION),
         deadline: request.deadline,
         decodes: None,
+        class: &request.class,
     };
     let placed = match request.state.sidecar {
         true => router.place_named(&facts, named_prefill(request.headers)?),
@@ -75,6 +76,10 @@ pub(super) async fn place(
             let header = decision
                 .filter(|_| explain)
                 .map(|d| d.header(None, None, ""));
+            if why == Unplaceable::TargetsUnmet {
+                let shed = router.admission().shed_for_targets(&request.class);
+                return Err(explained(overloaded(&shed), header));
+            }
             return Err(explained(refusal(why), header));
         }
     };
@@ -179,6 +184,12 @@ fn refusal(why: Unplaceable) -> Refusal {
             "service_unavailable",
             format!("model `{model}` is not loaded on a ready prefill and decode: {reason}"),
             Outcome::Unavailable,
+        ),
+        Unplaceable::TargetsUnmet => refused(
+            StatusCode::TOO_MANY_REQUESTS,
+            "server_overloaded",
+            "no engine is predicted to meet the request's latency targets".into(),
+            Outcome::Overloaded,
         ),
     }
 }

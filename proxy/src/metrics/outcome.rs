@@ -31,11 +31,13 @@ pub(crate) enum Outcome {
     StreamError,
     /// The client went away before the answer was complete.
     ClientDisconnected,
+    /// Refused under overload (429): the admission queue, or latency targets no engine meets.
+    Overloaded,
 }
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub(crate) const ALL: [Outcome; 14] = [
+    pub(crate) const ALL: [Outcome; 15] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::ClientTimeout,
@@ -50,6 +52,7 @@ impl Outcome {
         Outcome::DecodeRejected,
         Outcome::StreamError,
         Outcome::ClientDisconnected,
+        Outcome::Overloaded,
     ];
 
     /// The label value.
@@ -69,6 +72,7 @@ impl Outcome {
             Outcome::DecodeRejected => "decode_rejected",
             Outcome::StreamError => "stream_error",
             Outcome::ClientDisconnected => "client_disconnected",
+            Outcome::Overloaded => "overloaded",
         }
     }
 }

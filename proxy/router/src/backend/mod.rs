@@ -96,8 +96,13 @@ pub struct Backend {
     engine_load: AtomicUsize,
     /// What the engine last reported of its scheduler and cache, and when.
     signals: Signals,
-    /// Why it was saturated at its last judgement (0: it was not; see [`Saturated`]).
+    /// Why it is saturated until its next judgement whatever is sent to it (0: it is not;
+    /// see [`Saturated`]).
     saturated: std::sync::atomic::AtomicU8,
+    /// From how many requests in flight it is saturated, as last judged.
+    saturates_at: AtomicUsize,
+    /// Its predicted latencies, learnt from its answers.
+    pub latency: crate::latency::EngineLatency,
     metrics: BackendMetrics,
 }
 
@@ -137,6 +142,8 @@ impl Backend {
             engine_load: AtomicUsize::new(UNKNOWN),
             signals: Signals::default(),
             saturated: std::sync::atomic::AtomicU8::new(0),
+            saturates_at: AtomicUsize::new(usize::MAX),
+            latency: Default::default(),
             metrics,
         }
     }
@@ -182,18 +189,26 @@ impl Backend {
     }
 
     /// Judges whether the engine is saturated now under `config` (its signals, this
-    /// process's requests in flight), keeps the verdict and shows it in the metrics.
+    /// process's requests in flight), keeps the judgement for [`Backend::is_saturated`] and
+    /// shows the verdict in the metrics.
     pub fn judge_saturation(&self, config: &SaturationConfig, now: Instant) -> Option<Saturated> {
-        let verdict = self.signals.saturated(config, self.outstanding(), now);
-        let code = verdict.map_or(0, |why| why as u8 + 1);
+        let in_flight = self.outstanding();
+        let judged = self.signals.judge(config, in_flight, now);
+        let code = judged.standing.map_or(0, |why| why as u8 + 1);
         self.saturated.store(code, Ordering::Relaxed);
+        self.saturates_at
+            .store(judged.saturates_at, Ordering::Relaxed);
+        let verdict =
+            (judged.standing).or((in_flight >= judged.saturates_at).then_some(judged.counted));
         self.metrics.saturated.set(i64::from(verdict.is_some()));
         verdict
     }
 
-    /// Whether the engine was saturated at its last judgement.
+    /// Whether the engine is saturated now: by its last judgement, or by the requests sent to
+    /// it since (see [`crate::saturation::Signals::judge`]). Two atomic reads.
     pub fn is_saturated(&self) -> bool {
         self.saturated.load(Ordering::Relaxed) != 0
+            || self.outstanding() >= self.saturates_at.load(Ordering::Relaxed)
     }
 
     /// The load the policies see: requests in flight through this proxy, or what the engine

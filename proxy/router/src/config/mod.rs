@@ -13,6 +13,7 @@ pub use self::targets::{
     base_url, parse_backend_url, parse_dns, parse_prefill, parse_prefill_entry, parse_prefill_env,
     DnsBootstrap, DnsTarget, PrefillEntry, PrefillTarget, DEFAULT_BOOTSTRAP_PORT, PREFILL_ENV,
 };
+pub use crate::admission::AdmissionConfig;
 pub use crate::kv_events::config::KvEventsConfig;
 pub use crate::models::settings::{AdapterSource, ModelPolicies, ModelsConfig};
 pub use crate::routing::settings::{Fallback, Policy, RoutingConfig};
@@ -153,6 +154,8 @@ pub struct RouterConfig {
     pub engine_metrics_interval: Option<Duration>,
     /// What makes an engine saturated.
     pub saturation: SaturationConfig,
+    /// Admission under overload, and the retry budget.
+    pub admission: AdmissionConfig,
     /// How backends are chosen, and whether P is used.
     pub routing: RoutingConfig,
     /// Following the engines' KV cache events (none: off unless a policy needs them).
@@ -190,6 +193,7 @@ impl RouterConfig {
             },
             engine_metrics_interval: Some(Duration::from_secs(2)),
             saturation: SaturationConfig::default(),
+            admission: AdmissionConfig::default(),
             routing: RoutingConfig::with_policy(Policy::RoundRobin),
             kv_events: None,
             models: ModelsConfig {

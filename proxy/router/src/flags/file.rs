@@ -1,6 +1,6 @@
 //! `--config FILE`: a TOML file holding any flag under its long name (a deployment's long
 //! command line in one place), plus what flags cannot say: model aliases, per-model policies,
-//! and the LoRA adapters the proxy may load. A flag given on the command line or in the
+//! the LoRA adapters the proxy may load, and the objectives' priorities. A flag given on the command line or in the
 //! environment wins over the file. The file is checked whole at start; every error names its
 //! line.
 //!
@@ -20,6 +20,10 @@
 //! [adapters.sql-lora]
 //! base = "meta-llama/Llama-3.1-8B-Instruct"
 //! path = "/adapters/sql-lora"
+//!
+//! [objectives]            # x-gateway-inference-objective -> priority (negative: sheddable)
+//! interactive = 1
+//! batch = -1
 //! ```
 
 use std::collections::BTreeMap;
@@ -35,7 +39,7 @@ use crate::models::settings::{AdapterSource, ModelPolicies, ModelsConfig};
 use crate::routing::settings::Policy;
 
 /// The tables of the file that are not flags.
-const SECTIONS: [&str; 3] = ["aliases", "models", "adapters"];
+const SECTIONS: [&str; 4] = ["aliases", "models", "adapters", "objectives"];
 
 /// A mistake in the file, with where it is.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +62,8 @@ pub struct FileModels {
     pub policies: BTreeMap<String, (Option<Policy>, Option<Policy>)>,
     /// The adapters the proxy may load.
     pub adapters: BTreeMap<String, AdapterSource>,
+    /// Objective name -> priority (the admission's).
+    pub objectives: BTreeMap<String, i32>,
 }
 
 #[derive(Deserialize)]
@@ -68,6 +74,8 @@ struct Sections {
     models: BTreeMap<String, Spanned<ModelSection>>,
     #[serde(default)]
     adapters: BTreeMap<String, Spanned<AdapterSection>>,
+    #[serde(default)]
+    objectives: BTreeMap<String, i32>,
 }
 
 #[derive(Deserialize)]
@@ -234,6 +242,7 @@ impl ConfigFile {
                 .adapters
                 .insert(name, AdapterSource { base, path });
         }
+        file.models.objectives = sections.objectives;
         Ok(file)
     }
 }

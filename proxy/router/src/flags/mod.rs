@@ -17,6 +17,7 @@ use clap::{ArgAction, Args, Command, FromArgMatches};
 use pd_service::parse_seconds;
 
 pub use self::file::{ConfigFile, FileError, FileModels};
+pub use crate::admission::settings::AdmissionArgs;
 use crate::config::{base_url, parse_backend_url, parse_dns, parse_prefill_entry};
 use crate::config::{parse_prefill_env, PrefillEntry};
 use crate::config::{ConfigError, DiscoveryConfig, DnsConfig, HealthConfig, Mode, RouterConfig};
@@ -89,6 +90,9 @@ pub struct FleetArgs {
     /// engines without `/metrics`); 0: not judged on them.
     #[arg(long, env = "PD_PROXY_SATURATION_IN_FLIGHT", default_value_t = 0)]
     pub saturation_in_flight: usize,
+    /// Admission under overload and the retry budget.
+    #[command(flatten)]
+    pub admission: AdmissionArgs,
     /// Seconds between two re-discoveries of each prefill's dp ranks and engine ids.
     #[arg(long, env = "PD_PROXY_DISCOVERY_INTERVAL", default_value = "30", value_parser = parse_seconds)]
     pub discovery_interval: Duration,
@@ -104,7 +108,8 @@ pub struct FleetArgs {
     #[allow(missing_docs)]
     pub models: ModelsArgs,
     /// A TOML file of flags (each under its long name; the command line and environment win)
-    /// and models' tables: `[aliases]`, `[models."NAME"]` policies, `[adapters.NAME]`.
+    /// and models' tables: `[aliases]`, `[models."NAME"]` policies, `[adapters.NAME]`, and
+    /// `[objectives]` (an objective's name -> its priority).
     #[arg(long, env = "PD_PROXY_CONFIG")]
     pub config: Option<PathBuf>,
     /// The models' tables of `--config`.
@@ -217,6 +222,7 @@ impl FleetArgs {
             return Err(ConfigError::NoDecode);
         }
         let routing = self.routing.config(self.policy);
+        let objectives = self.file_models.objectives.clone();
         let models = self.file_models.config(
             routing.prefill_policy,
             routing.decode_policy,
@@ -224,6 +230,7 @@ impl FleetArgs {
             self.models.lora_load_timeout,
         );
         let mut config = RouterConfig::new(prefills, decodes);
+        config.admission = self.admission.config(objectives);
         config.routing = routing;
         config.models = models;
         let precise = crate::follows_kv_events(&config);

@@ -1,5 +1,6 @@
 //! The fleet's Prometheus metrics: each backend's calls, load and health, each prefill's
-//! discovery, the DNS names, the KV-event index, tokenization and adapter loads. They are
+//! discovery, the DNS names, the KV-event index, tokenization, adapter loads, the admission
+//! under overload and the latency predictions. They are
 //! registered in the registry of the process that runs the router, whose prefix names them
 //! (`pd_proxy_backend_requests_total` in pd-proxy, `pd_epp_...` in pd-epp), so one
 //! `GET /metrics` shows them beside the front door's own.
@@ -7,14 +8,18 @@
 //! Label sets that the hot path touches are resolved once (per backend) so a request only
 //! bumps atomics.
 
+mod admission;
 mod dns;
 mod kv;
+mod latency;
 mod lora;
 mod outcome;
 mod tokenize;
 
+pub use admission::AdmissionMetrics;
 pub use dns::DnsMetrics;
 pub use kv::KvMetrics;
+pub use latency::LatencyMetrics;
 pub use lora::{LoadOutcome, LoraMetrics};
 pub use outcome::CallOutcome;
 pub use tokenize::TokenizeMetrics;
@@ -70,6 +75,8 @@ impl DiscoveryMetrics {
 /// The fleet's metric families, registered in one registry.
 #[derive(Clone)]
 pub struct FleetMetrics {
+    admission: AdmissionMetrics,
+    latency: LatencyMetrics,
     kv: KvMetrics,
     tokenize: TokenizeMetrics,
     lora: LoraMetrics,
@@ -177,6 +184,8 @@ impl FleetMetrics {
         let lora = LoraMetrics::new(registry);
         let dns = DnsMetrics::new(registry);
         FleetMetrics {
+            admission: AdmissionMetrics::new(registry),
+            latency: LatencyMetrics::new(registry),
             kv,
             tokenize,
             lora,
@@ -191,6 +200,16 @@ impl FleetMetrics {
             watching,
             watch_refreshes,
         }
+    }
+
+    /// The admission's and retry budget's handles.
+    pub fn admission(&self) -> AdmissionMetrics {
+        self.admission.clone()
+    }
+
+    /// The latency predictions' handles.
+    pub fn latency(&self) -> LatencyMetrics {
+        self.latency.clone()
     }
 
     /// The KV-event index's handles.

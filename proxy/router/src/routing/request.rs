@@ -172,6 +172,18 @@ impl<'a> RequestInfo<'a> {
         text
     }
 
+    /// How many tokens the prompt has: its token ids' count when known, else about a token
+    /// per four bytes of its JSON (`prompt` or `messages`, read without parsing it).
+    pub fn prompt_tokens_estimate(&self) -> usize {
+        if let Some(tokens) = self.tokens {
+            return tokens.len();
+        }
+        let raw = self
+            .body
+            .and_then(|body| body.get("prompt").or_else(|| body.get("messages")));
+        raw.map_or(0, |raw| raw.get().len() / 4)
+    }
+
     /// The prompt's length in characters.
     pub fn prompt_chars(&self) -> usize {
         self.prompt_text().chars().count()

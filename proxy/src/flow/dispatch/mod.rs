@@ -19,6 +19,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use pd_router::backend::{Backend, Pair};
 use pd_router::body::Body;
+use pd_router::latency::Forecast;
 use pd_router::routing::queued_work::Pending;
 use pd_router::routing::RequestInfo;
 use pd_router::sync::lock;
@@ -50,7 +51,8 @@ pub(super) async fn run(
         prefill_work,
         route_header,
     } = placed;
-    let decode = placement.decode;
+    let (decode, forecast) = (placement.decode, placement.forecast);
+    let streamed = streams(&body);
     let mut common = HeaderMap::with_capacity(4);
     common.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     common.insert(X_REQUEST_ID.clone(), request.request_id.clone());
@@ -68,7 +70,7 @@ pub(super) async fn run(
     let Some(pair) = placement.prefill else {
         let started = decode_only::run(request, decode, &common, body).await;
         end_phase(decode_phase, &started);
-        return with_route(started, route_header);
+        return with_route(started, route_header).map(|s| s.watched(forecast, streamed));
     };
     let prefill_phase = tracker
         .trace()
@@ -93,7 +95,7 @@ pub(super) async fn run(
         Mode::Sglang => sglang::run(call, body).await,
     };
     end_phase(decode_phase, &started);
-    with_route(started, route_header)
+    with_route(started, route_header).map(|s| s.watched(forecast, streamed))
 }
 
 /// What the P/D modes need to call P and D.
@@ -193,6 +195,16 @@ impl Call<'_> {
 }
 
 impl Started {
+    /// The same start, its answer watched by `forecast` when it streams from the decode
+    /// the forecast is for.
+    fn watched(self, forecast: Forecast, streamed: bool) -> Self {
+        let placed = forecast.is_for(self.decode_call.backend());
+        Started {
+            watch: (streamed && placed).then(|| forecast.watch()),
+            ..self
+        }
+    }
+
     /// D's answer, begun after `overhead` of the proxy's own time.
     fn new(decoding: Decoding, overhead: Duration) -> Self {
         Started {
@@ -201,6 +213,7 @@ impl Started {
             prefill: decoding.prefill,
             overhead,
             route: None,
+            watch: None,
         }
     }
 }

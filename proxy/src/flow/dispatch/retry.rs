@@ -93,7 +93,8 @@ pub(super) async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decodi
         if let (Some(pair), Some(reroute), false) = (call.pair, call.reroute, rerouted) {
             if err.may_be_unknown_engine() {
                 let lookup = registered_instead(state, pair, call.deadline);
-                if let Some(engine) = while_prefilling(&mut call, lookup).await? {
+                let found = while_prefilling(&mut call, lookup).await?;
+                if let Some(engine) = found.filter(|_| state.router.may_retry("unknown_engine")) {
                     // D is not at fault: the same decode, told the engine's new id.
                     call.body = reroute(&engine);
                     rerouted = true;
@@ -103,10 +104,10 @@ pub(super) async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decodi
             }
         }
         if !retried && err.retryable() {
-            if let Some(next) = state
-                .router
+            let next = (state.router)
                 .pick_decode(Some(&decode), call.model, call.request)
-            {
+                .filter(|_| state.router.may_retry("decode"));
+            if let Some(next) = next {
                 tracing::debug!(decode = decode.url(), error = %err, "decode failed before its first byte; retrying");
                 call.metrics.retry();
                 decode = next;

@@ -14,7 +14,11 @@ use std::time::Instant;
 
 use http::HeaderValue;
 
+mod targets;
+
+use crate::admission::RequestClass;
 use crate::backend::{Backend, Pair};
+use crate::latency::Forecast;
 use crate::models::lora::AdapterLoader;
 use crate::routing::decision::{self, Decision, Path, Reason};
 use crate::routing::RequestInfo;
@@ -33,10 +37,11 @@ pub struct Facts<'a> {
     /// The decodes the request may go to, when it is limited to some (an endpoint picker's
     /// subset hint); `None`: any.
     pub decodes: Option<&'a (dyn Fn(&Backend) -> bool + Sync)>,
+    /// Its priority, tenant and latency targets.
+    pub class: &'a RequestClass,
 }
 
 /// Where a request goes.
-#[derive(Clone)]
 pub struct Placement {
     /// Through P and D, or to D alone, and why.
     pub decision: Decision,
@@ -44,6 +49,8 @@ pub struct Placement {
     pub prefill: Option<Arc<Pair>>,
     /// The decode.
     pub decode: Arc<Backend>,
+    /// Its predicted latencies there, for its answer to check and teach.
+    pub forecast: Forecast,
 }
 
 /// Which side of the fleet could not take a request.
@@ -111,6 +118,8 @@ pub enum Unplaceable {
         /// What failed.
         reason: String,
     },
+    /// The request is sheddable and no engine is predicted to meet its latency targets.
+    TargetsUnmet,
 }
 
 /// A request that cannot be placed: why, and the decision made before that was known (none when
@@ -145,10 +154,10 @@ impl Router {
         };
         let pair = match (early, model) {
             (Some(_), _) => None,
-            (None, None) => self.pick_pair(&pairs, None, request),
+            (None, None) => self.pair_with_targets(&pairs, None, facts),
             (None, Some(model)) => {
                 self.load_if_missing(&pairs, model, facts).await?;
-                let pair = self.pick_pair(&pairs, Some(model), request);
+                let pair = self.pair_with_targets(&pairs, Some(model), facts);
                 if pair.is_none() {
                     self.check_served(&pairs, model)?;
                 }
@@ -163,13 +172,8 @@ impl Router {
         };
         match (decision.path, pair) {
             (Path::Disaggregated, Some(pair)) => {
-                let decode =
-                    (self.decode_for(&pair, model, request, facts.decodes)).map_err(decided)?;
-                Ok(Placement {
-                    decision,
-                    prefill: Some(pair),
-                    decode,
-                })
+                let decode = (self.decode_for(&pair, model, facts)).map_err(decided)?;
+                self.placed(decision, Some(pair), decode, facts)
             }
             (Path::DecodeOnly, _) => {
                 if decision.reason == Reason::NoPrefillHealthy {
@@ -178,18 +182,13 @@ impl Router {
                          (--fallback decode-only)"
                     );
                 }
-                let decode = (self.pick_decode_among(None, model, request, facts.decodes))
-                    .ok_or_else(|| {
-                        decided(match model {
-                            Some(model) => unavailable(model, Side::Decode),
-                            None => Unplaceable::NoDecode,
-                        })
-                    })?;
-                Ok(Placement {
-                    decision,
-                    prefill: None,
-                    decode,
-                })
+                let decode = (self.decode_with_targets(model, facts, true)).ok_or_else(|| {
+                    decided(match model {
+                        Some(model) => unavailable(model, Side::Decode),
+                        None => Unplaceable::NoDecode,
+                    })
+                })?;
+                self.placed(decision, None, decode, facts)
             }
             _ => Err(decided(match model {
                 Some(model) => unavailable(model, Side::Prefill),
@@ -218,11 +217,7 @@ impl Router {
                     None => Unplaceable::NoDecode,
                 },
             })?;
-            return Ok(Placement {
-                decision,
-                prefill: None,
-                decode,
-            });
+            return self.placed(decision, None, decode, facts);
         };
         let decision = Decision::new(Path::Disaggregated, Reason::Gateway);
         let decided = |why| Unplaced {
@@ -255,11 +250,33 @@ impl Router {
                     None => Unplaceable::NoPrefill { none_known: false },
                 })
             })?;
-        let decode = (self.decode_for(pair, model, request, facts.decodes)).map_err(decided)?;
+        let decode = (self.decode_for(pair, model, facts)).map_err(decided)?;
+        self.placed(decision, Some(pair.clone()), decode, facts)
+    }
+
+    /// The placement on `prefill` (when through P) and `decode`, with its forecast; a
+    /// sheddable request whose targets the forecast misses is refused (the candidates were
+    /// chosen for the most headroom: none would meet them).
+    fn placed(
+        &self,
+        decision: Decision,
+        prefill: Option<Arc<Pair>>,
+        decode: Arc<Backend>,
+        facts: &Facts<'_>,
+    ) -> Result<Placement, Unplaced> {
+        let targets = facts.class.targets;
+        let forecast = self.forecast(facts.request, prefill.as_ref(), &decode, targets);
+        if facts.class.sheddable() && forecast.misses_targets() {
+            return Err(Unplaced {
+                decision: Some(decision),
+                why: Unplaceable::TargetsUnmet,
+            });
+        }
         Ok(Placement {
             decision,
-            prefill: Some(pair.clone()),
+            prefill,
             decode,
+            forecast,
         })
     }
 
@@ -269,11 +286,10 @@ impl Router {
         &self,
         pair: &Pair,
         model: Option<&str>,
-        request: &RequestInfo<'_>,
-        allowed: Option<&(dyn Fn(&Backend) -> bool + Sync)>,
+        facts: &Facts<'_>,
     ) -> Result<Arc<Backend>, Unplaceable> {
         let model = model.or(pair.model.as_deref());
-        self.pick_decode_among(None, model, request, allowed)
+        self.decode_with_targets(model, facts, false)
             .ok_or_else(|| {
                 let decodes = &self.pool.decodes();
                 if let Some(model) =

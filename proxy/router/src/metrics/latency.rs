@@ -1,0 +1,84 @@
+//! The latency predictions' metrics: what was measured, and how far the prediction made at
+//! placement was from it (when the engine's model predicted), by kind (`ttft`, `tpot`).
+
+use std::time::Duration;
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+
+use crate::latency::Kind;
+
+/// The handles of the latency metrics.
+#[derive(Clone)]
+pub struct LatencyMetrics {
+    measured: HistogramVec,
+    error: HistogramVec,
+    unpredicted: IntCounterVec,
+}
+
+impl LatencyMetrics {
+    /// Registers them in `registry`.
+    pub fn new(registry: &Registry) -> Self {
+        let buckets = vec![
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ];
+        let measured = HistogramVec::new(
+            HistogramOpts::new(
+                "latency_measured_seconds",
+                "TTFT and time per output token measured on streamed answers, by kind",
+            )
+            .buckets(buckets.clone()),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let error = HistogramVec::new(
+            HistogramOpts::new(
+                "latency_prediction_error_seconds",
+                "How far the prediction made at placement was from the measured latency, by kind and direction (over: predicted more)",
+            )
+            .buckets(buckets),
+            &["kind", "direction"],
+        )
+        .expect("valid metric");
+        let unpredicted = IntCounterVec::new(
+            Opts::new(
+                "latency_unpredicted_total",
+                "Latencies measured where the engine's model had not learnt enough to predict, by kind",
+            ),
+            &["kind"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(measured.clone()))
+            .expect("registered once");
+        registry
+            .register(Box::new(error.clone()))
+            .expect("registered once");
+        registry
+            .register(Box::new(unpredicted.clone()))
+            .expect("registered once");
+        LatencyMetrics {
+            measured,
+            error,
+            unpredicted,
+        }
+    }
+
+    /// Counts a measured latency of `kind` and its prediction's error.
+    pub fn observed(&self, kind: Kind, measured: Duration, predicted: Option<Duration>) {
+        let kind = kind.as_str();
+        self.measured
+            .with_label_values(&[kind])
+            .observe(measured.as_secs_f64());
+        let Some(predicted) = predicted else {
+            self.unpredicted.with_label_values(&[kind]).inc();
+            return;
+        };
+        let (direction, error) = match predicted >= measured {
+            true => ("over", predicted - measured),
+            false => ("under", measured - predicted),
+        };
+        self.error
+            .with_label_values(&[kind, direction])
+            .observe(error.as_secs_f64());
+    }
+}
