@@ -48,6 +48,17 @@ async fn gateway(
     policy: &str,
     fail_open: bool,
 ) -> (Cluster, tempfile::TempDir) {
+    gateway_with(prefix, dialect, policy, fail_open, |_| {}).await
+}
+
+/// [`gateway`], the spec edited by `edit` before the cluster starts.
+async fn gateway_with(
+    prefix: &str,
+    dialect: Dialect,
+    policy: &str,
+    fail_open: bool,
+    edit: impl FnOnce(&mut ClusterSpec),
+) -> (Cluster, tempfile::TempDir) {
     let run_dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
     // pd-epp resolves an alias (the body rewritten before Envoy sends it on).
     let config = run_dir.path().join("epp.toml");
@@ -73,6 +84,7 @@ async fn gateway(
         .map(str::to_owned)
         .to_vec(),
     });
+    edit(&mut spec);
     let cluster = Cluster::start(&spec).await.unwrap();
     (cluster, run_dir)
 }
@@ -539,6 +551,80 @@ async fn engines_without_prefills_are_picked_among() {
     for process in [&mut envoy, &mut epp].into_iter().chain(engines.iter_mut()) {
         process.stop(Duration::from_secs(1)).await;
     }
+}
+
+/// pd-epp under overload, through Envoy: while every decode is saturated (one request in
+/// flight each), a sheddable request is refused at once and a standard one waits, then is
+/// refused when its wait is over: 429 in OpenAI's shape with `Retry-After`, Envoy relaying
+/// pd-epp's immediate answer. Once the decodes free up, requests are served again.
+#[tokio::test(flavor = "multi_thread")]
+async fn under_overload_the_picker_queues_and_refuses_with_429() {
+    let (cluster, _dir) = gateway_with(
+        "gateway-overload-",
+        Dialect::Vllm,
+        "least_loaded",
+        false,
+        |spec| {
+            spec.decode_ms_per_token = 20;
+            let gateway = spec.gateway.as_mut().unwrap();
+            gateway.epp_args.extend(
+                ["--saturation-in-flight", "1", "--admission-max-wait", "0.3"].map(str::to_owned),
+            );
+        },
+    )
+    .await;
+    let url = cluster.proxy.url.clone();
+    let decodes = cluster.decodes.len();
+    let long = (0..decodes * 3).map(|i| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            let body = json!({"model": "sim-model", "prompt": format!("long {i}"),
+                              "max_tokens": 60, "stream": true});
+            send(&url, "/v1/completions", body).await
+        })
+    });
+    let long: Vec<_> = long.collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let overloaded = |priority: &'static str| {
+        let url = url.clone();
+        async move {
+            let started = Instant::now();
+            let response = (client().post(format!("{url}/v1/completions")))
+                .header("x-pd-priority", priority)
+                .json(&completion("while saturated", false))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let retry_after = response.headers().get("retry-after").cloned();
+            let body: Value = response.json().await.unwrap();
+            (status, retry_after, body, started.elapsed())
+        }
+    };
+    let (status, retry_after, body, took) = overloaded("-1").await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(retry_after.unwrap(), "1");
+    assert_eq!(body["error"]["code"], "sheddable");
+    assert!(took < Duration::from_millis(250), "{took:?}");
+    let (status, _, body, took) = overloaded("0").await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "timeout");
+    assert!(took >= Duration::from_millis(290) && took < Duration::from_secs(2), "{took:?}");
+    // Those that found every decode busy waited, and were refused with the others.
+    let mut served = 0;
+    for answer in long {
+        let answer = answer.await.unwrap();
+        match answer.status {
+            200 => served += 1,
+            _ => assert!(answer.body.contains("\"timeout\""), "{}", answer.body),
+        }
+    }
+    assert!(served >= decodes, "{served} of the long requests served");
+    let answer = send(&url, "/v1/completions", completion("after", false)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let epp = &cluster.gateway.as_ref().unwrap().epp.url;
+    let shed = metric(epp, "pd_epp_admission_shed_total", &[r#"reason="sheddable""#]).await;
+    assert_eq!(shed, 1.0);
 }
 
 /// A sidecar runs P/D only through its fleet's prefills: a header naming anything else is
