@@ -609,7 +609,10 @@ async fn under_overload_the_picker_queues_and_refuses_with_429() {
     let (status, _, body, took) = overloaded("0").await;
     assert_eq!(status, 429, "{body}");
     assert_eq!(body["error"]["code"], "timeout");
-    assert!(took >= Duration::from_millis(290) && took < Duration::from_secs(2), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(290) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
     // Those that found every decode busy waited, and were refused with the others.
     let mut served = 0;
     for answer in long {
@@ -623,7 +626,12 @@ async fn under_overload_the_picker_queues_and_refuses_with_429() {
     let answer = send(&url, "/v1/completions", completion("after", false)).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     let epp = &cluster.gateway.as_ref().unwrap().epp.url;
-    let shed = metric(epp, "pd_epp_admission_shed_total", &[r#"reason="sheddable""#]).await;
+    let shed = metric(
+        epp,
+        "pd_epp_admission_shed_total",
+        &[r#"reason="sheddable""#],
+    )
+    .await;
     assert_eq!(shed, 1.0);
 }
 

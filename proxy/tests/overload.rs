@@ -32,7 +32,9 @@ async fn objectives_map_to_priorities_and_a_waiting_request_gets_in_when_room_fr
     let text = "admission-max-wait = 5\n[objectives]\nbatch = -1\nchat = 3\n";
     std::fs::write(&file, text).unwrap();
     let argv = ["pd-proxy", "--config", file.to_str().unwrap()];
-    let argv = argv.iter().chain(&["--prefill", "http://p:1", "--decode", "http://d:2"]);
+    let argv = argv
+        .iter()
+        .chain(&["--prefill", "http://p:1", "--decode", "http://d:2"]);
     let admission = (pd_proxy::config::Args::try_parse_args(argv).unwrap())
         .into_config(None)
         .unwrap()
@@ -46,7 +48,9 @@ async fn objectives_map_to_priorities_and_a_waiting_request_gets_in_when_room_fr
         config.router.admission = admission;
     })
     .await;
-    cluster.decode().set(|b| b.delay = Duration::from_millis(400));
+    cluster
+        .decode()
+        .set(|b| b.delay = Duration::from_millis(400));
     let first = tokio::spawn({
         let (client, url) = (cluster.client.clone(), cluster.url("/v1/completions"));
         async move {
@@ -57,7 +61,8 @@ async fn objectives_map_to_priorities_and_a_waiting_request_gets_in_when_room_fr
     cluster.decode().wait_seen(1).await;
     // Sheddable by its objective: refused at once, in OpenAI's shape, with Retry-After.
     let started = Instant::now();
-    let (status, headers, body) = ask(&cluster, &[("x-gateway-inference-objective", "batch")]).await;
+    let (status, headers, body) =
+        ask(&cluster, &[("x-gateway-inference-objective", "batch")]).await;
     assert_eq!(status, 429, "{body}");
     assert!(started.elapsed() < Duration::from_millis(300));
     assert_eq!(headers["retry-after"], "1");
@@ -75,12 +80,20 @@ async fn objectives_map_to_priorities_and_a_waiting_request_gets_in_when_room_fr
     assert!(started.elapsed() > Duration::from_millis(200), "it waited");
     assert_eq!(first.await.unwrap(), 200);
     let metrics = cluster.metrics().await;
-    let queued = sample(&metrics, "pd_proxy_admission_admitted_total", "path=\"queued\"");
+    let queued = sample(
+        &metrics,
+        "pd_proxy_admission_admitted_total",
+        "path=\"queued\"",
+    );
     assert_eq!(queued, 1.0);
     let shed = r#"priority="-1",reason="sheddable""#;
     assert_eq!(sample(&metrics, "pd_proxy_admission_shed_total", shed), 1.0);
     assert_eq!(
-        sample(&metrics, "pd_proxy_requests_total", "outcome=\"overloaded\""),
+        sample(
+            &metrics,
+            "pd_proxy_requests_total",
+            "outcome=\"overloaded\""
+        ),
         1.0
     );
 }
@@ -129,7 +142,10 @@ async fn latency_targets_go_where_the_prediction_meets_them_and_sheddable_misses
         .sum::<f64>();
     assert!(errors >= 7.0, "{errors}");
     let targets = r#"priority="-1",reason="targets""#;
-    assert_eq!(sample(&metrics, "pd_proxy_admission_shed_total", targets), 1.0);
+    assert_eq!(
+        sample(&metrics, "pd_proxy_admission_shed_total", targets),
+        1.0
+    );
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@
 mod gateway;
 mod mooncake;
 mod nixl;
+mod overload;
 mod precise_prefix;
 
 use std::path::{Path, PathBuf};
