@@ -10,6 +10,7 @@ pub mod loadgen;
 pub mod mock_events;
 pub mod mocks;
 pub mod output;
+pub mod overload;
 pub mod proxy;
 pub mod proxy_scale;
 pub mod real_vllm;

@@ -46,6 +46,15 @@ pub enum Suite {
         #[arg(long)]
         envoy: Option<PathBuf>,
     },
+    /// Overload: simulated engines with a batch limit at 1x, 2x and 3x their capacity, a mix
+    /// of interactive (TTFT target), standard and sheddable requests from four tenants (one
+    /// noisy); pd-proxy with and without flow control, and the peers with --peers-venv:
+    /// goodput, interactive TTFT, refusals by class, the tenants' fairness.
+    Overload {
+        /// Loads, as multiples of the engines' capacity (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+        loads: Vec<f64>,
+    },
     /// TTFT with simulated engines: the proxy's concurrent fan-out against sequential P-then-D.
     Ttft {
         /// Streamed requests per mode and concurrency.
@@ -127,6 +136,6 @@ pub enum Suite {
         #[arg(long, default_value_t = 40)]
         requests: usize,
     },
-    /// Everything above but real-vllm, one section each.
+    /// Everything above but real-vllm and overload, one section each.
     All,
 }

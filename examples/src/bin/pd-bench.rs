@@ -12,7 +12,7 @@ use pd_examples::bench::proxy::{self, ProxyCommand};
 use pd_examples::bench::report::Row;
 use pd_examples::bench::suite::Suite;
 use pd_examples::bench::{
-    epp, kv_index, proxy_scale, real_vllm, routing, sglang, tokenize, transfer, watch,
+    epp, kv_index, overload, proxy_scale, real_vllm, routing, sglang, tokenize, transfer, watch,
 };
 use pd_examples::cluster::gateway::envoy_binary;
 
@@ -298,6 +298,24 @@ Completions through Envoy, with pd-epp and alone (one instant engine):
         kv_index::section(&mut out, &kv)?;
         let model = tokenizer.as_deref();
         tokenize::section(&mut out, &settings.work_dir, model)?;
+    }
+    if let Suite::Overload { loads } = &args.suite {
+        let overload_settings = overload::Settings {
+            bin_dir: settings.bin_dir.clone(),
+            run_dir: settings.work_dir.clone(),
+            peers_venv: args.peers_venv.clone(),
+            seconds: args.seconds,
+            loads: loads.clone(),
+        };
+        out.text(&format!(
+            "Engines' capacity: {:.0} requests/s (two decodes of four at once, 32 tokens at 10 ms); \
+             {} s of arrivals per run, the first second not counted. Targets: interactive TTFT \
+             500 ms, standard 5 s, batch 20 s.\n\n",
+            overload::capacity(),
+            args.seconds
+        ));
+        let rows = overload::rows(&overload_settings).await?;
+        out.section("overload", &overload::table(&rows), &rows, overload::charts(&rows)?)?;
     }
     if let Suite::RealVllm { requests } = args.suite {
         out.text(&real_vllm::section(&settings.bin_dir, &settings.work_dir, requests).await?);

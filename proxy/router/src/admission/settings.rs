@@ -46,7 +46,7 @@ impl Default for AdmissionConfig {
 pub struct AdmissionArgs {
     /// Whether requests wait in a queue while every engine that could take them is saturated
     /// (`--saturation-*`): `on` or `off` (every request placed at once).
-    #[arg(long, env = "PD_PROXY_ADMISSION", default_value = "on", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, env = "PD_PROXY_ADMISSION", default_value = "on", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub admission: bool,
     /// The most requests that wait at once; more are refused (429), or displace a waiting
     /// request of lower priority.
