@@ -41,8 +41,13 @@ async fn start_cluster(
     .map(|arg| arg.to_string())
     .collect();
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");
-    // A first read of the engines' metrics.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The decode seen full once (requests waiting beside a full batch), so the proxy knows its
+    // batch: from then on saturation follows each request, not only each read.
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/completions", cluster.proxy.url);
+    let epoch = Instant::now();
+    let warm = traffic(&http, &url, 3 * batch, Duration::ZERO, 30, &[], epoch).await;
+    assert!(warm.iter().all(|got| got.status == 200), "{warm:?}");
     (cluster, run_dir)
 }
 
@@ -275,7 +280,7 @@ async fn a_noisy_tenant_gets_its_turn_and_the_queue_holds_its_bounds() {
     let (cluster, _dir) = start_cluster("overload-bounds-", 1, &args).await;
     let url = format!("{}/v1/completions", cluster.proxy.url);
     let epoch = Instant::now();
-    let burst = traffic(&http, &url, 30, Duration::from_millis(5), 10, &[], epoch).await;
+    let burst = traffic(&http, &url, 30, Duration::from_millis(5), 40, &[], epoch).await;
     let code = |got: &Got| got.error.as_ref().map(|(_, code)| code.clone());
     let full = burst
         .iter()

@@ -87,7 +87,10 @@ fn arrival(i: usize) -> (Class, usize) {
 
 /// The headers of a request of `class` from `tenant`.
 fn headers(class: Class, tenant: usize) -> Vec<(&'static str, String)> {
-    let mut headers = vec![("x-gateway-inference-fairness-id", format!("tenant-{tenant}"))];
+    let mut headers = vec![(
+        "x-gateway-inference-fairness-id",
+        format!("tenant-{tenant}"),
+    )];
     match class {
         Class::Interactive => {
             headers.push(("x-pd-priority", "1".into()));
@@ -231,7 +234,8 @@ async fn run(settings: &Settings, system: &System, load: f64) -> Result<Overload
     spec.decode_ms_per_token = 10;
     spec.engine_args = vec!["--max-num-seqs".into(), BATCH.to_string()];
     spec.proxy_args = (system.proxy_args.iter()).map(|a| a.to_string()).collect();
-    spec.proxy_args.extend(["--request-timeout".into(), "60".into()]);
+    spec.proxy_args
+        .extend(["--request-timeout".into(), "60".into()]);
     let cluster = Cluster::start(&spec).await.map_err(|e| e.to_string())?;
     let peer = match (system.peer, &settings.peers_venv) {
         (Some((program, args, ready)), Some(venv)) => {
@@ -352,7 +356,12 @@ fn summarize(
         true => f64::NAN,
         false => interactive[((interactive.len() - 1) as f64 * q).round() as usize],
     };
-    let shed = |class: Class| share(of(class).filter(|o| o.status == 429).count(), of(class).count());
+    let shed = |class: Class| {
+        share(
+            of(class).filter(|o| o.status == 429).count(),
+            of(class).count(),
+        )
+    };
     let failed = (outcomes.iter())
         .filter(|o| o.status != 200 && o.status != 429)
         .count();
@@ -364,7 +373,12 @@ fn summarize(
         .map(|t| of(Class::Standard).filter(|o| o.tenant == t).count() as f64)
         .collect();
     let served: Vec<f64> = (0..tenants)
-        .map(|t| of(Class::Standard).filter(|o| o.tenant == t).filter(ok).count() as f64)
+        .map(|t| {
+            of(Class::Standard)
+                .filter(|o| o.tenant == t)
+                .filter(ok)
+                .count() as f64
+        })
         .collect();
     let total: f64 = served.iter().sum();
     OverloadRow {
@@ -509,7 +523,11 @@ mod tests {
         let classes: Vec<(Class, usize)> = (0..260).map(arrival).collect();
         let count = |c: Class| classes.iter().filter(|(k, _)| *k == c).count();
         assert_eq!(
-            (count(Class::Interactive), count(Class::Standard), count(Class::Batch)),
+            (
+                count(Class::Interactive),
+                count(Class::Standard),
+                count(Class::Batch)
+            ),
             (39, 143, 78)
         );
         let noisy = (classes.iter())

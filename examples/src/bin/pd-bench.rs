@@ -315,7 +315,12 @@ Completions through Envoy, with pd-epp and alone (one instant engine):
             args.seconds
         ));
         let rows = overload::rows(&overload_settings).await?;
-        out.section("overload", &overload::table(&rows), &rows, overload::charts(&rows)?)?;
+        out.section(
+            "overload",
+            &overload::table(&rows),
+            &rows,
+            overload::charts(&rows)?,
+        )?;
     }
     if let Suite::RealVllm { requests } = args.suite {
         out.text(&real_vllm::section(&settings.bin_dir, &settings.work_dir, requests).await?);

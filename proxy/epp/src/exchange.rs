@@ -297,6 +297,7 @@ impl Exchange {
         if let Some((call, _work)) = picked.prefill.take() {
             call.finish(CallOutcome::Ok);
         }
+        picked.awaiting = None;
         let served = match protocol::served(metadata) {
             Some(endpoint) if endpoint == picked.endpoint => "picked",
             Some(_) => "elsewhere",

@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::HeaderMutation;
 use http::header::AUTHORIZATION;
 use http::HeaderMap;
 use pd_router::admission::Shed;
-use pd_router::backend::{Backend, Call};
+use pd_router::backend::{AwaitingPrefill, Backend, Call};
 use pd_router::body::Body;
 use pd_router::latency::Watch;
 use pd_router::models;
@@ -42,6 +42,8 @@ pub struct Picked {
     pub prefill: Option<(Call, Option<Pending>)>,
     /// A streamed answer's latencies, watched to teach the engines' models.
     pub watch: Option<Watch>,
+    /// The decode's count of requests waiting for their prefill: until the answer begins.
+    pub awaiting: Option<AwaitingPrefill>,
 }
 
 /// A request refused: the status, the OpenAI-shaped body, and the metric label.
@@ -149,6 +151,7 @@ pub async fn pick(
             decode_call: decode.call(),
             prefill: None,
             watch: None,
+            awaiting: None,
         });
     };
     let kind = match request.path {
@@ -163,11 +166,11 @@ pub async fn pick(
             "bad_request",
         )
     })?;
+    let tokens = router.tokens(kind, bytes, body).await;
     let deadline = Instant::now() + router.admission().config().max_wait;
     // Held until the request's calls are counted on its engines, below.
     let _admitted =
         (router.admit(&class, model, deadline).await).map_err(|shed| Refused::overloaded(&shed))?;
-    let tokens = router.tokens(kind, bytes, body).await;
     let adapter = model.filter(|model| tokens.is_some() && router.is_adapter(model));
     let info = RequestInfo::new(body, request.headers)
         .with_tokens(tokens.as_deref())
@@ -205,6 +208,7 @@ pub async fn pick(
         mutation,
         body: rewritten,
         decision: placement.decision,
+        awaiting: prefill.as_ref().map(|_| placement.decode.await_prefill()),
         decode_call: placement.decode.call(),
         prefill,
         watch: streamed.then(|| placement.forecast.watch()),

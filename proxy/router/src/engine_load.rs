@@ -132,7 +132,7 @@ pub async fn scrape_forever(
             _ => None,
         };
         if let Some(text) = &text {
-            backend.signals().record(signals(text), Instant::now());
+            backend.record_signals(signals(text), Instant::now());
         }
         backend.set_engine_load(text.as_deref().and_then(queue_length));
         backend.judge_saturation(&saturation, Instant::now());

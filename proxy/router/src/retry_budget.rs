@@ -62,8 +62,9 @@ impl RetryBudget {
     }
 
     fn try_retry_at(&self, now: Instant) -> bool {
-        let total = self.requests.load(Ordering::Relaxed);
         let mut windows = lock(&self.windows);
+        // Read under the lock: a window turned by another retry never starts after it.
+        let total = self.requests.load(Ordering::Relaxed);
         let elapsed = now.saturating_duration_since(windows.started);
         if elapsed >= HALF * 2 {
             *windows = Windows {
@@ -73,12 +74,13 @@ impl RetryBudget {
                 retries: 0,
             };
         } else if elapsed >= HALF {
-            windows.previous = (total - windows.requests_at_start, windows.retries);
+            let requests = total.saturating_sub(windows.requests_at_start);
+            windows.previous = (requests, windows.retries);
             windows.started += HALF;
             windows.requests_at_start = total;
             windows.retries = 0;
         }
-        let requests = windows.previous.0 + (total - windows.requests_at_start);
+        let requests = windows.previous.0 + total.saturating_sub(windows.requests_at_start);
         let allowed = self.ratio * requests as f64 + self.floor * (HALF * 2).as_secs_f64();
         let spent = windows.previous.1 + windows.retries;
         if (spent + 1) as f64 <= allowed {

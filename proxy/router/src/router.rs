@@ -296,7 +296,7 @@ impl Router {
 
     /// Lets a request of `class` for `model` in, at once while the pool has room, else after
     /// waiting its turn (never past `deadline`), or refuses it (see [`crate::admission`]).
-    /// Every request is counted for the retry budget here.
+    /// Every request let in counts for the retry budget here.
     pub async fn admit(
         &self,
         class: &RequestClass,
@@ -345,9 +345,12 @@ impl Router {
         model: Option<&str>,
         request: &RequestInfo<'_>,
     ) -> Option<Arc<Pair>> {
+        let serving = |pair: &Arc<Pair>| pair.takes_requests() && pair.serves(model);
+        let saturated = |pair: &Arc<Pair>| pair.backend.is_saturated();
+        let avoid = mixed(pairs, serving, saturated);
         let candidates = Slice {
             items: pairs,
-            usable: |pair: &Arc<Pair>| pair.takes_requests() && pair.serves(model),
+            usable: |pair: &Arc<Pair>| serving(pair) && !(avoid && saturated(pair)),
             load: |pair: &Arc<Pair>| pair.load(),
             id: |pair: &Arc<Pair>| pair.id(),
         };
@@ -377,13 +380,15 @@ impl Router {
         let decodes = &self.pool.decodes();
         let other =
             |decode: &Arc<Backend>| instead_of.is_none_or(|failed| !Arc::ptr_eq(decode, failed));
+        let eligible = |decode: &Arc<Backend>| {
+            decode.takes_requests(model)
+                && other(decode)
+                && allowed.is_none_or(|allowed| allowed(decode))
+        };
+        let avoid = mixed(decodes, eligible, |decode| decode.is_saturated());
         let candidates = Slice {
             items: decodes,
-            usable: |decode: &Arc<Backend>| {
-                decode.takes_requests(model)
-                    && other(decode)
-                    && allowed.is_none_or(|allowed| allowed(decode))
-            },
+            usable: |decode: &Arc<Backend>| eligible(decode) && !(avoid && decode.is_saturated()),
             load: |decode: &Arc<Backend>| decode.load(),
             id: |decode: &Arc<Backend>| decode.id(),
         };
@@ -402,6 +407,27 @@ impl Router {
         };
         self.policies.of(model).1.prefix_match(&candidates, request)
     }
+}
+
+/// Whether some of the `items` that `usable` accepts are saturated and some are not: the
+/// policies then choose among those with room (a saturated engine gets no new request while
+/// another could take it).
+pub(crate) fn mixed<T>(
+    items: &[T],
+    usable: impl Fn(&T) -> bool,
+    saturated: impl Fn(&T) -> bool,
+) -> bool {
+    let (mut full, mut room) = (false, false);
+    for item in items.iter().filter(|item| usable(item)) {
+        match saturated(item) {
+            true => full = true,
+            false => room = true,
+        }
+        if full && room {
+            return true;
+        }
+    }
+    false
 }
 
 /// Whether every decode that could take a request for `model` now is saturated (and there is

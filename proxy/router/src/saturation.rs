@@ -92,9 +92,12 @@ impl Signals {
     pub fn record(&self, signals: EngineSignals, at: Instant) {
         let mut last = lock(&self.0);
         let full = signals.waiting.is_some_and(|w| w > 0);
+        let known = last.and_then(|report| report.batch);
         let batch = match (full, signals.running) {
             (true, Some(running)) if running > 0 => Some(running),
-            _ => last.and_then(|report| report.batch),
+            // More running than the batch once seen full: it grew (KV freed, a restart).
+            (false, Some(running)) => known.map(|batch| batch.max(running)),
+            _ => known,
         };
         *last = Some(Report { signals, at, batch });
     }
@@ -139,13 +142,17 @@ impl Signals {
         // Requests sent from now on fill the batch's free slots, then wait. With requests
         // waiting the batch is full; with none, its free slots are known once it was seen
         // full (its size then); else they are not, until the next read.
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         let free = match (signals.waiting, signals.running, batch) {
-            (Some(waiting), _, _) if waiting > 0 => Some(-(waiting as i64)),
-            (Some(_), Some(running), Some(batch)) => Some(batch.saturating_sub(running) as i64),
+            (Some(waiting), _, _) if waiting > 0 => Some(-count(waiting)),
+            (Some(_), Some(running), Some(batch)) => Some(count(batch.saturating_sub(running))),
             _ => None,
         };
         if let Some(free) = free.filter(|_| config.waiting > 0) {
-            let at = (in_flight as i64 + free + config.waiting as i64).max(0) as usize;
+            let at = (count(in_flight).saturating_add(free))
+                .saturating_add(count(config.waiting))
+                .max(0);
+            let at = usize::try_from(at).unwrap_or(usize::MAX);
             if at <= judged.saturates_at {
                 judged.saturates_at = at;
                 judged.counted = Saturated::Waiting;

@@ -3,9 +3,10 @@
 //!
 //! 1. [`intake`]: the body read under the client limits and parsed (top level only); its model
 //!    found and its alias resolved (`pd_router::models`); its class read from its headers
-//!    (priority, tenant, latency targets) and the request admitted (`pd_router::admission`:
-//!    at once while the pool has room, else after waiting its turn, else 429);
-//! 2. [`placement`]: the prompt tokenized where a policy needs it, the router's placement
+//!    (priority, tenant, latency targets);
+//! 2. [`placement`]: the prompt tokenized where a policy needs it, the request admitted
+//!    (`pd_router::admission`: at once while the pool has room, else after waiting its turn,
+//!    else 429; not in `--sidecar` mode, where the gateway's picker admits), the router's placement
 //!    (a (prefill, dp rank) pair and a decode, or a decode alone), its decision counted, traced
 //!    and told in `x-pd-route` when asked;
 //! 3. [`dispatch`]: P and D called as `--mode` says (one file per mode), D retried once
@@ -95,8 +96,6 @@ pub(crate) async fn start(
     tracker.retarget(metrics.clone());
     let class = (state.router.classify(headers)).map_err(|err| failure::bad_class(&err))?;
     let deadline = start + state.upstream.request_timeout;
-    let admitted = (state.router.admit(&class, model, deadline).await)
-        .map_err(|shed| failure::overloaded(&shed))?;
     let request = Request {
         state,
         route,
@@ -108,8 +107,6 @@ pub(crate) async fn start(
         deadline,
         class,
     };
-    let placed = placement::place(&request, bytes, &body, &handles, tracker).await;
-    // Placed (or refused): the next waiting request may be let in.
-    drop(admitted);
-    dispatch::run(&request, body, placed?, tracker).await
+    let placed = placement::place(&request, bytes, &body, &handles, tracker).await?;
+    dispatch::run(&request, body, placed, tracker).await
 }

@@ -1,5 +1,6 @@
 //! The second stage: where the request goes. The prompt is tokenized when a policy routes on the
-//! engines' KV events, the router places the request ([`pd_router::Router::place`]), its
+//! engines' KV events, the request is admitted ([`pd_router::Router::admit`]: at once, after
+//! waiting its turn, or refused with 429), the router places it ([`pd_router::Router::place`]), its
 //! decision is counted and traced, and told in `x-pd-route` when the client asked. A request
 //! that cannot be placed gets OpenAI's error shape here.
 
@@ -9,6 +10,7 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use bytes::Bytes;
+use pd_router::backend::Reservation;
 use pd_router::body::Body;
 use pd_router::routing::decision::X_PD_ROUTE;
 use pd_router::routing::queued_work::Pending;
@@ -33,6 +35,16 @@ pub(super) struct Placed {
     pub prefill_work: Option<Pending>,
     /// The decision for the answer's `x-pd-route` (when the client asked).
     pub route_header: Option<HeaderValue>,
+    /// The request counted in flight on its decode and prefill until their calls are made.
+    pub reserved: Reserved,
+}
+
+/// A placed request's reservations, each dropped when its call is made.
+pub(super) struct Reserved {
+    /// On the decode.
+    pub decode: Option<Reservation>,
+    /// On the prefill.
+    pub prefill: Option<Reservation>,
 }
 
 /// Places `request` (its body `body`, parsed from `raw`).
@@ -45,6 +57,15 @@ pub(super) async fn place(
 ) -> Result<Placed, Refusal> {
     let (router, model) = (&request.state.router, request.model);
     let tokens = router.tokens(request.route.prompt_kind(), raw, body).await;
+    // Admitted once the prompt is tokenized, so that the queue lets the next request in as soon
+    // as this one's engines count it; held until they do (its reservations, below).
+    let admitted = match request.state.sidecar {
+        true => None,
+        false => Some(
+            (router.admit(&request.class, model, request.deadline).await)
+                .map_err(|shed| overloaded(&shed))?,
+        ),
+    };
     let adapter = model.filter(|model| tokens.is_some() && router.is_adapter(model));
     let info = RequestInfo::new(body, request.headers)
         .with_tokens(tokens.as_deref())
@@ -98,12 +119,18 @@ pub(super) async fn place(
     let prefill_work = info.take_prefill_work();
     let adapter = adapter.is_some();
     drop(info);
+    let reserved = Reserved {
+        decode: Some(placement.decode.reserve()),
+        prefill: (placement.prefill.as_ref()).map(|pair| pair.backend.reserve()),
+    };
+    drop(admitted);
     Ok(Placed {
         placement,
         tokens,
         adapter,
         prefill_work,
         route_header,
+        reserved,
     })
 }
 

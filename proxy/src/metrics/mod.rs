@@ -118,6 +118,8 @@ mod tests {
         metrics
             .decisions("m")
             .count(pd_router::routing::decision::Decision::ALL[0]);
+        let latency = metrics.fleet().latency();
+        latency.observed(pd_router::latency::Kind::Ttft, Duration::ZERO, None);
         let rendered = metrics.render();
         let dashboard = include_str!("../../../docs/grafana/pd-proxy.json");
         match pd_service::check_dashboard(dashboard, "pd_proxy_", &rendered) {

@@ -33,6 +33,9 @@ pub const TPOT_HEADERS: [&str; 3] = ["x-pd-slo-tpot-ms", "x-llm-d-slo-tpot-ms", 
 /// Priorities are kept within this range (a larger number is clamped).
 const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
 
+/// The longest latency target, in milliseconds (an hour).
+const MAX_TARGET_MS: f64 = 3_600_000.0;
+
 /// The tenant of requests that name none and carry no API key.
 pub const DEFAULT_TENANT: &str = "default";
 
@@ -140,10 +143,15 @@ impl RequestClass {
                 return Ok(None);
             };
             match value.parse::<f64>() {
-                Ok(ms) if ms.is_finite() && ms > 0.0 => Ok(Some(Duration::from_secs_f64(ms / 1e3))),
+                Ok(ms) if ms > 0.0 && ms <= MAX_TARGET_MS => {
+                    Ok(Some(Duration::from_secs_f64(ms / 1e3)))
+                }
                 _ => Err(ClassError {
                     header,
-                    message: format!("{value:?} is not a positive number of milliseconds"),
+                    message: format!(
+                        "{value:?} is not a number of milliseconds above 0 and at most \
+                         {MAX_TARGET_MS} (an hour)"
+                    ),
                 }),
             }
         };
@@ -162,7 +170,7 @@ impl RequestClass {
 fn key_tenant(authorization: &[u8]) -> String {
     let mut hasher = foldhash::fast::FixedState::with_seed(0x7e).build_hasher();
     hasher.write(authorization);
-    format!("key-{:08x}", hasher.finish() as u32)
+    format!("key-{:016x}", hasher.finish())
 }
 
 #[cfg(test)]
@@ -232,5 +240,7 @@ mod tests {
         let err = class(&[("x-llm-d-slo-ttft-ms", "-5")]).unwrap_err();
         assert_eq!(err.header, "x-llm-d-slo-ttft-ms");
         assert!(class(&[("x-pd-slo-tpot-ms", "0")]).is_err());
+        assert!(class(&[("x-pd-slo-ttft-ms", "1e30")]).is_err());
+        assert!(class(&[("x-pd-slo-ttft-ms", "NaN")]).is_err());
     }
 }

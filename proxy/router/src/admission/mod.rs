@@ -21,7 +21,7 @@ pub mod class;
 mod queue;
 pub mod settings;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -135,6 +135,51 @@ struct Waiter {
     grant: oneshot::Sender<Result<oneshot::Sender<()>, ShedReason>>,
 }
 
+/// The waiting requests, and how many wait for each model.
+#[derive(Default)]
+struct Queued {
+    fair: FairQueue<Waiter>,
+    models: HashMap<Option<Arc<str>>, usize>,
+}
+
+impl Queued {
+    fn push(&mut self, priority: i32, tenant: Arc<str>, id: u64, waiter: Waiter) {
+        *self.models.entry(waiter.model.clone()).or_default() += 1;
+        self.fair.push(priority, tenant, id, waiter);
+    }
+
+    fn left(&mut self, waiter: Option<Waiter>) -> Option<Waiter> {
+        let waiter = waiter?;
+        if let Some(count) = self.models.get_mut(&waiter.model) {
+            *count -= 1;
+            if *count == 0 {
+                self.models.remove(&waiter.model);
+            }
+        }
+        Some(waiter)
+    }
+
+    fn pop_first(&mut self, ready: impl FnMut(&Waiter) -> bool) -> Option<Waiter> {
+        let waiter = self.fair.pop_first(ready);
+        self.left(waiter)
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Waiter> {
+        let waiter = self.fair.remove(id);
+        self.left(waiter)
+    }
+
+    fn displace_below(&mut self, priority: i32) -> Option<Waiter> {
+        let waiter = self.fair.displace_below(priority);
+        self.left(waiter)
+    }
+
+    /// Whether requests for `model` wait.
+    fn waiting_for(&self, model: Option<&str>) -> bool {
+        self.models.contains_key(&model.map(Arc::from))
+    }
+}
+
 /// What the live page and `/ready` show of the queue.
 #[derive(Debug, Clone, serde::Serialize, PartialEq)]
 pub struct QueueState {
@@ -151,7 +196,7 @@ pub struct QueueState {
 /// The admission queue of one router.
 pub struct Admission {
     config: AdmissionConfig,
-    queue: Mutex<FairQueue<Waiter>>,
+    queue: Mutex<Queued>,
     /// Requests waiting (read without the lock on the hot path).
     waiting: AtomicUsize,
     next_id: AtomicU64,
@@ -164,7 +209,7 @@ impl Admission {
     pub fn new(config: AdmissionConfig, metrics: AdmissionMetrics) -> Self {
         Admission {
             config,
-            queue: Mutex::new(FairQueue::default()),
+            queue: Mutex::new(Queued::default()),
             waiting: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             wake: Notify::new(),
@@ -177,9 +222,16 @@ impl Admission {
         &self.config
     }
 
-    /// The class `headers` give a request (priority, tenant, latency targets).
+    /// The class `headers` give a request (priority, tenant, latency targets). With the
+    /// admission off, a header that cannot mean anything is ignored (logged), not refused.
     pub fn classify(&self, headers: &http::HeaderMap) -> Result<RequestClass, class::ClassError> {
-        RequestClass::of(headers, &self.config.objectives)
+        match RequestClass::of(headers, &self.config.objectives) {
+            Err(err) if !self.config.enabled => {
+                tracing::debug!(%err, "ignored: the admission is off");
+                Ok(RequestClass::default())
+            }
+            classed => classed,
+        }
     }
 
     /// Lets in a request of `class` for `model` that must be over by `deadline`; `saturated`:
@@ -192,7 +244,10 @@ impl Admission {
         deadline: Instant,
         saturated: bool,
     ) -> Result<Admitted, Shed> {
-        if !self.config.enabled || (!saturated && self.waiting.load(Ordering::Relaxed) == 0) {
+        // Requests for the same model wait: this one waits its turn behind them.
+        let behind =
+            self.waiting.load(Ordering::Relaxed) > 0 && lock(&self.queue).waiting_for(model);
+        if !self.config.enabled || (!saturated && !behind) {
             self.metrics.admitted(false);
             return Ok(Admitted {
                 _placed: None,
@@ -208,7 +263,7 @@ impl Admission {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         {
             let mut queue = lock(&self.queue);
-            if queue.len() >= self.config.queue_length {
+            if queue.fair.len() >= self.config.queue_length {
                 match queue.displace_below(class.priority) {
                     Some(displaced) => {
                         let _ = displaced.grant.send(Err(ShedReason::Displaced));
@@ -276,7 +331,7 @@ impl Admission {
 
     /// What waits now.
     pub fn state(&self) -> QueueState {
-        let queue = lock(&self.queue);
+        let queue = &lock(&self.queue).fair;
         QueueState {
             waiting: queue.len(),
             capacity: self.config.queue_length,
@@ -287,7 +342,8 @@ impl Admission {
         }
     }
 
-    fn update_gauges(&self, queue: &FairQueue<Waiter>) {
+    fn update_gauges(&self, queue: &Queued) {
+        let queue = &queue.fair;
         self.waiting.store(queue.len(), Ordering::Relaxed);
         self.metrics
             .queue_lengths(&queue.lengths(), &queue.tenants());
@@ -304,10 +360,16 @@ impl Admission {
             }
             let next = {
                 let mut queue = lock(&self.queue);
+                // Each model's pool judged once per look.
+                let mut judged: HashMap<Option<Arc<str>>, bool> = HashMap::new();
                 let next = queue.pop_first(|waiter| {
-                    !waiter.grant.is_closed() && !saturated(waiter.model.as_deref())
+                    let full = *(judged.entry(waiter.model.clone()))
+                        .or_insert_with(|| saturated(waiter.model.as_deref()));
+                    !full && !waiter.grant.is_closed()
                 });
-                self.update_gauges(&queue);
+                if next.is_some() {
+                    self.update_gauges(&queue);
+                }
                 next
             };
             let Some(waiter) = next else {
@@ -429,6 +491,37 @@ mod tests {
         assert_eq!(late.unwrap_err().reason, ShedReason::Timeout);
         assert!(started.elapsed() < Duration::from_millis(250));
         assert_eq!(admission.state().waiting, 0);
+        dispatcher.abort();
+    }
+
+    #[tokio::test]
+    async fn a_model_with_room_is_not_held_back_by_another_models_queue() {
+        let admission = admission(8);
+        let busy = |model: Option<&str>| model == Some("x");
+        let dispatcher = tokio::spawn((admission.clone()).run(busy));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let waiting = tokio::spawn({
+            let admission = admission.clone();
+            async move {
+                admission
+                    .admit(&class(0, "a"), Some("x"), deadline, true)
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Y's engines have room and nothing waits for Y: in at once, sheddable or not.
+        let y = admission
+            .admit(&class(-1, "a"), Some("y"), deadline, false)
+            .await;
+        assert_eq!(y.unwrap().waited, Duration::ZERO);
+        // The same tenant's request for Y behind its request for X is let in by the
+        // dispatcher (Y is saturated for a moment when it arrives).
+        let y = admission
+            .admit(&class(0, "a"), Some("y"), deadline, true)
+            .await;
+        assert!(y.is_ok());
+        assert_eq!(admission.state().waiting, 1);
+        waiting.abort();
         dispatcher.abort();
     }
 

@@ -4,15 +4,18 @@
 //! Everything a request reads is an atomic or a snapshot behind a lock held for a pointer copy;
 //! no lock is ever held across an await. [`Backend`] is one P or D server (and [`Call`] one call
 //! to it), [`ModelCard`] a model it serves, [`Pair`] a prefill's dp rank, [`Prefill`] what
-//! discovery learnt of a prefill, and [`Pool`] all of them, one file each.
+//! discovery learnt of a prefill, and [`Pool`] all of them, one file each; `hold.rs` what a
+//! request holds on a backend before or beside its call ([`Reservation`], [`AwaitingPrefill`]).
 
 mod card;
+mod hold;
 mod pair;
 mod pool;
 mod prefill;
 pub mod states;
 
 pub use card::{read_cards, ModelCard};
+pub use hold::{AwaitingPrefill, Reservation};
 pub use pair::{pair_id, DiscoveredRank, Pair};
 pub use pool::Pool;
 pub use prefill::Prefill;
@@ -27,7 +30,7 @@ use tokio::sync::Notify;
 use crate::config::HealthConfig;
 use crate::endpoint::Endpoint;
 use crate::metrics::{BackendMetrics, CallOutcome, FleetMetrics};
-use crate::saturation::{Saturated, SaturationConfig, Signals};
+use crate::saturation::{EngineSignals, Saturated, SaturationConfig, Signals};
 
 /// Whether a backend prefills or decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +93,8 @@ pub struct Backend {
     /// last asked (see [`Backend::progressed`]).
     alive: AtomicBool,
     outstanding: AtomicUsize,
+    /// Requests of this process on it whose prefill still runs (see [`hold`]).
+    awaiting_prefill: AtomicUsize,
     /// Drained by an operator at this proxy (`POST /admin/drain`).
     drained: AtomicBool,
     /// Requests running and waiting as the engine reports them ([`UNKNOWN`]: not known).
@@ -138,6 +143,7 @@ impl Backend {
             recheck: Notify::new(),
             alive: AtomicBool::new(false),
             outstanding: AtomicUsize::new(0),
+            awaiting_prefill: AtomicUsize::new(0),
             drained: AtomicBool::new(false),
             engine_load: AtomicUsize::new(UNKNOWN),
             signals: Signals::default(),
@@ -186,6 +192,16 @@ impl Backend {
     /// What the engine last reported of its scheduler and cache.
     pub fn signals(&self) -> &Signals {
         &self.signals
+    }
+
+    /// Records what the engine reported at `at`: its waiting requests less those of this
+    /// process that wait for their prefill's KV, not for room.
+    pub fn record_signals(&self, mut signals: EngineSignals, at: Instant) {
+        let awaiting = self.awaiting_prefill();
+        signals.waiting = signals
+            .waiting
+            .map(|waiting| waiting.saturating_sub(awaiting));
+        self.signals.record(signals, at);
     }
 
     /// Judges whether the engine is saturated now under `config` (its signals, this

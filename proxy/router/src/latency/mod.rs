@@ -36,16 +36,14 @@ pub struct EngineLatency {
 impl EngineLatency {
     /// The TTFT predicted for `uncached_tokens` to compute at `load`.
     pub fn ttft(&self, uncached_tokens: usize, load: usize) -> Option<Duration> {
-        lock(&self.ttft)
-            .predict(&ttft_features(uncached_tokens, load))
-            .map(Duration::from_secs_f64)
+        let seconds = lock(&self.ttft).predict(&ttft_features(uncached_tokens, load))?;
+        Duration::try_from_secs_f64(seconds).ok()
     }
 
     /// The TPOT predicted at `load`.
     pub fn tpot(&self, load: usize) -> Option<Duration> {
-        lock(&self.tpot)
-            .predict(&tpot_features(load))
-            .map(Duration::from_secs_f64)
+        let seconds = lock(&self.tpot).predict(&tpot_features(load))?;
+        Duration::try_from_secs_f64(seconds).ok()
     }
 }
 
@@ -223,12 +221,14 @@ impl Watch {
     /// The answer ended well: its TTFT and, over three events or more, its TPOT are learnt.
     pub fn ended(self) {
         let Some(first) = self.first else { return };
-        self.forecast.learn(Kind::Ttft, first - self.started);
+        self.forecast
+            .learn(Kind::Ttft, first.saturating_duration_since(self.started));
         // The last event is `[DONE]`; the first carries the first token.
         let tokens = self.events.saturating_sub(1);
         if tokens >= 3 {
-            let pace = first.elapsed() / (tokens - 1) as u32;
-            self.forecast.learn(Kind::Tpot, pace);
+            let pace = first.elapsed().as_secs_f64() / (tokens - 1) as f64;
+            self.forecast
+                .learn(Kind::Tpot, Duration::from_secs_f64(pace));
         }
     }
 }

@@ -38,6 +38,9 @@ pub struct AdmissionMetrics {
     tenant_shed: IntCounterVec,
     retries: IntCounterVec,
     tenants: Arc<Mutex<HashSet<Arc<str>>>>,
+    /// The priority and tenant labels the queue's gauges were ever set for (set to 0 when
+    /// nothing of theirs waits, so their series stay).
+    shown: Arc<Mutex<(HashSet<String>, HashSet<String>)>>,
 }
 
 impl AdmissionMetrics {
@@ -100,6 +103,7 @@ impl AdmissionMetrics {
                 &["kind", "outcome"],
             ),
             tenants: Arc::default(),
+            shown: Arc::default(),
         };
         for collector in [
             Box::new(metrics.queue_length.clone()) as Box<dyn prometheus::core::Collector>,
@@ -121,6 +125,7 @@ impl AdmissionMetrics {
         for reason in ShedReason::ALL {
             metrics.shed.with_label_values(&[reason.as_str(), "0"]);
         }
+        metrics.queue_lengths(&[(0, 0)], &BTreeMap::new());
         metrics
     }
 
@@ -166,23 +171,34 @@ impl AdmissionMetrics {
     /// Sets the queue's lengths (by priority and by tenant); bands and tenants no longer
     /// waiting read 0.
     pub fn queue_lengths(&self, priorities: &[(i32, usize)], tenants: &BTreeMap<Arc<str>, usize>) {
-        self.queue_length.reset();
+        let mut by_priority: BTreeMap<String, i64> = BTreeMap::new();
         for (priority, n) in priorities {
-            let label = priority_label(*priority);
-            self.queue_length
-                .with_label_values(&[&label])
-                .add(*n as i64);
+            *by_priority.entry(priority_label(*priority)).or_default() += *n as i64;
         }
-        self.tenant_queue_length.reset();
         let known = lock(&self.tenants).clone();
+        let mut by_tenant: BTreeMap<String, i64> = BTreeMap::new();
         for (tenant, n) in tenants {
             let label = match known.contains(tenant) {
-                true => &**tenant,
-                false => OTHER_TENANT,
+                true => tenant.to_string(),
+                false => OTHER_TENANT.to_owned(),
             };
-            self.tenant_queue_length
-                .with_label_values(&[label])
-                .add(*n as i64);
+            *by_tenant.entry(label).or_default() += *n as i64;
+        }
+        let mut shown = lock(&self.shown);
+        let (priorities_shown, tenants_shown) = &mut *shown;
+        for (gauge, now, shown) in [
+            (&self.queue_length, by_priority, priorities_shown),
+            (&self.tenant_queue_length, by_tenant, tenants_shown),
+        ] {
+            for label in shown.iter() {
+                if !now.contains_key(label) {
+                    gauge.with_label_values(&[label]).set(0);
+                }
+            }
+            for (label, n) in now {
+                gauge.with_label_values(&[&label]).set(n);
+                shown.insert(label);
+            }
         }
     }
 

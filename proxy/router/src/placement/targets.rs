@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::admission::Targets;
 use crate::backend::{Backend, Pair};
 use crate::latency::{headroom, most_headroom, Forecast};
+use crate::router::mixed;
 use crate::routing::RequestInfo;
 use crate::{Facts, Router};
 
@@ -20,7 +21,10 @@ impl Router {
         model: Option<&str>,
         facts: &Facts<'_>,
     ) -> Option<Arc<Pair>> {
-        let usable = |pair: &Arc<Pair>| pair.takes_requests() && pair.serves(model);
+        let serving = |pair: &Arc<Pair>| pair.takes_requests() && pair.serves(model);
+        let saturated = |pair: &Arc<Pair>| pair.backend.is_saturated();
+        let avoid = mixed(pairs, serving, saturated);
+        let usable = |pair: &Arc<Pair>| serving(pair) && !(avoid && saturated(pair));
         let targets = &facts.class.targets;
         (self.pair_for_targets(pairs, usable, facts.request, targets))
             .or_else(|| self.pick_pair(pairs, model, facts.request))
@@ -36,10 +40,12 @@ impl Router {
         alone: bool,
     ) -> Option<Arc<Backend>> {
         let allowed = facts.decodes;
-        let usable = |decode: &Arc<Backend>| {
+        let eligible = |decode: &Arc<Backend>| {
             decode.takes_requests(model) && allowed.is_none_or(|allowed| allowed(decode))
         };
         let decodes = self.pool.decodes();
+        let avoid = mixed(&decodes, eligible, |decode| decode.is_saturated());
+        let usable = |decode: &Arc<Backend>| eligible(decode) && !(avoid && decode.is_saturated());
         let targets = &facts.class.targets;
         (self.decode_for_targets(&decodes, usable, facts.request, targets, alone))
             .or_else(|| self.pick_decode_among(None, model, facts.request, allowed))
@@ -73,7 +79,7 @@ impl Router {
         let target = targets.ttft?;
         let ttft = |pair: &Arc<Pair>| {
             let uncached = self.uncached_tokens(request, pair.id());
-            pair.backend.latency.ttft(uncached, pair.load())
+            pair.backend.latency.ttft(uncached, pair.backend.load())
         };
         let (pair, _) = most_headroom(pairs.iter().filter(|p| usable(p)), target, ttft)?;
         Some(pair.clone())

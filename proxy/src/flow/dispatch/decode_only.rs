@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::http::HeaderMap;
 use bytes::Bytes;
-use pd_router::backend::Backend;
+use pd_router::backend::{Backend, Reservation};
 use pd_router::body::Body;
 use pd_router::routing::RequestInfo;
 
@@ -18,6 +18,7 @@ use super::{Refusal, Request, Started};
 pub(super) async fn run(
     request: &Request<'_>,
     decode: Arc<Backend>,
+    reserved: Option<Reservation>,
     common: &HeaderMap,
     body: Body<'_>,
 ) -> Result<Started, Refusal> {
@@ -39,6 +40,8 @@ pub(super) async fn run(
         prefilled: None,
         streamed: false,
         reroute: None,
+        reserved,
+        awaiting: None,
     })
     .await?;
     Ok(Started::new(decoding, overhead))

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
-use pd_router::backend::{Backend, Pair};
+use pd_router::backend::{Backend, Pair, Reservation};
 use pd_router::body::Body;
 use pd_router::latency::Forecast;
 use pd_router::routing::queued_work::Pending;
@@ -50,6 +50,7 @@ pub(super) async fn run(
         adapter,
         prefill_work,
         route_header,
+        reserved,
     } = placed;
     let (decode, forecast) = (placement.decode, placement.forecast);
     let streamed = streams(&body);
@@ -68,7 +69,7 @@ pub(super) async fn run(
         None => crate::trace::pass_through(request.headers, &mut common),
     }
     let Some(pair) = placement.prefill else {
-        let started = decode_only::run(request, decode, &common, body).await;
+        let started = decode_only::run(request, decode, reserved.decode, &common, body).await;
         end_phase(decode_phase, &started);
         return with_route(started, route_header).map(|s| s.watched(forecast, streamed));
     };
@@ -85,6 +86,8 @@ pub(super) async fn run(
         tokens: tokens.as_deref(),
         prefill_work: Mutex::new(prefill_work),
         adapter: request.model.filter(|_| adapter),
+        decode_reserved: Mutex::new(reserved.decode),
+        prefill_reserved: Mutex::new(reserved.prefill),
     };
     if let Some(trace) = tracker.trace() {
         trace.transfer(&call.transfer_id);
@@ -114,6 +117,10 @@ struct Call<'a> {
     prefill_phase: Mutex<Option<Phase>>,
     /// The model, when it is a LoRA adapter whose blocks a policy matches (tokens known).
     adapter: Option<&'a str>,
+    /// The request counted on its decode until D's call is made.
+    decode_reserved: Mutex<Option<Reservation>>,
+    /// The request counted on its prefill until P's call is made.
+    prefill_reserved: Mutex<Option<Reservation>>,
 }
 
 impl Call<'_> {
@@ -132,6 +139,7 @@ impl Call<'_> {
     /// Starts P's call; its errors become what the client is told.
     fn prefill(&self, body: Bytes) -> PrefillCall {
         let call = self.pair.call();
+        drop(lock(&self.prefill_reserved).take());
         let pair = self.pair.clone();
         let state = self.request.state.clone();
         let metrics = self.request.metrics.clone();
@@ -173,6 +181,7 @@ impl Call<'_> {
         let request = RequestInfo::new(body, self.request.headers)
             .with_tokens(self.tokens)
             .with_adapter(self.adapter);
+        let reserved = lock(&self.decode_reserved).take();
         let decoding = retry::decode_with_retry(DecodeCall {
             state: self.request.state,
             route: self.request.route,
@@ -188,6 +197,8 @@ impl Call<'_> {
             prefilled,
             streamed: streams(body),
             reroute,
+            reserved,
+            awaiting: None,
         })
         .await?;
         Ok(Started::new(decoding, overhead))

@@ -19,7 +19,7 @@ use crate::relay::{Failure, PrefillCall};
 use crate::route::Route;
 use crate::state::Shared;
 use crate::upstream::{DecodeStart, UpstreamError};
-use pd_router::backend::{Backend, Call, Pair};
+use pd_router::backend::{AwaitingPrefill, Backend, Call, Pair, Reservation};
 use pd_router::routing::RequestInfo;
 
 /// One request's call to D: what D is sent, and what it races.
@@ -55,6 +55,10 @@ pub(super) struct DecodeCall<'a> {
     /// D's body for another engine id of the pair (concurrent mode), for when D failed because
     /// the pair's engine re-registered under a new id.
     pub reroute: Option<&'a (dyn Fn(&str) -> Bytes + Sync)>,
+    /// The request counted on the decode until D's call is made.
+    pub reserved: Option<Reservation>,
+    /// D's call counted among the decode's requests waiting for their prefill, while P runs.
+    pub awaiting: Option<AwaitingPrefill>,
 }
 
 /// D's answer has begun.
@@ -75,8 +79,12 @@ pub(super) async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decodi
     let (mut retried, mut rerouted) = (false, false);
     loop {
         let counted = decode.call();
+        drop(call.reserved.take());
+        call.awaiting = call.prefill.as_ref().map(|_| decode.await_prefill());
         let issued = Instant::now();
-        let err = match first_byte(&mut call, &decode).await? {
+        let first = first_byte(&mut call, &decode).await;
+        call.awaiting = None;
+        let err = match first? {
             Ok(answer) => {
                 counted.progressed();
                 let waited = answer.first_at.saturating_duration_since(issued);
@@ -157,6 +165,7 @@ impl DecodeCall<'_> {
     fn prefill_ended(&mut self, ended: Result<Bytes, Failure>) -> Result<(), Refusal> {
         ended.map_err(Refusal::from)?;
         self.prefill = None;
+        self.awaiting = None;
         self.prefilled = Some(Instant::now());
         Ok(())
     }
