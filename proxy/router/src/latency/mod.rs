@@ -94,15 +94,15 @@ where
         .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
-/// What was predicted for a placed request, to be checked against what it got.
+/// What a placed request's latency depends on at one engine.
 struct Estimate {
     engine: Arc<Backend>,
     features: Vec<f64>,
-    predicted: Option<Duration>,
 }
 
-/// A placed request's predictions (TTFT at the engine that computes its prompt, TPOT at its
-/// decode), and the request's targets.
+/// A placed request's latency at the engine that computes its prompt (TTFT) and at its decode
+/// (TPOT), and its targets. The predictions are made when asked, or when the answer's latency
+/// is learnt (checked against it first), so a request nobody asks about costs no lock.
 pub struct Forecast {
     placed_at: Instant,
     ttft: Estimate,
@@ -121,18 +121,15 @@ impl Forecast {
         targets: Targets,
         metrics: LatencyMetrics,
     ) -> Self {
-        let (ttft_load, tpot_load) = (prompt_engine.load(), decode.load());
         Forecast {
             placed_at: Instant::now(),
             ttft: Estimate {
                 engine: prompt_engine.clone(),
-                features: ttft_features(uncached_tokens, ttft_load).to_vec(),
-                predicted: prompt_engine.latency.ttft(uncached_tokens, ttft_load),
+                features: ttft_features(uncached_tokens, prompt_engine.load()).to_vec(),
             },
             tpot: Estimate {
                 engine: decode.clone(),
-                features: tpot_features(tpot_load).to_vec(),
-                predicted: decode.latency.tpot(tpot_load),
+                features: tpot_features(decode.load()).to_vec(),
             },
             targets,
             metrics,
@@ -141,20 +138,21 @@ impl Forecast {
 
     /// The predicted TTFT, when the engine's model has learnt enough.
     pub fn ttft(&self) -> Option<Duration> {
-        self.ttft.predicted
+        predict(Kind::Ttft, &self.ttft)
     }
 
     /// The predicted TPOT, when the decode's model has learnt enough.
     pub fn tpot(&self) -> Option<Duration> {
-        self.tpot.predicted
+        predict(Kind::Tpot, &self.tpot)
     }
 
     /// Whether a prediction misses one of the request's targets (false when nothing is
     /// predicted, or no target is set).
     pub fn misses_targets(&self) -> bool {
-        let misses = |target: Option<Duration>, predicted: Option<Duration>| matches!((target, predicted), (Some(t), Some(p)) if p > t);
-        misses(self.targets.ttft, self.ttft.predicted)
-            || misses(self.targets.tpot, self.tpot.predicted)
+        let misses = |target: Option<Duration>, predicted: &dyn Fn() -> Option<Duration>| {
+            target.is_some_and(|target| predicted().is_some_and(|p| p > target))
+        };
+        misses(self.targets.ttft, &|| self.ttft()) || misses(self.targets.tpot, &|| self.tpot())
     }
 
     /// Whether `decode` is the decode it predicted for (not another after a retry).
@@ -172,26 +170,49 @@ impl Forecast {
         }
     }
 
+    /// Checks the prediction for `kind` against `measured`, then learns it.
     fn learn(&self, kind: Kind, measured: Duration) {
-        let (estimate, seconds) = (
-            match kind {
-                Kind::Ttft => &self.ttft,
-                Kind::Tpot => &self.tpot,
-            },
-            measured.as_secs_f64(),
-        );
-        match kind {
+        let seconds = measured.as_secs_f64();
+        let estimate = match kind {
+            Kind::Ttft => &self.ttft,
+            Kind::Tpot => &self.tpot,
+        };
+        let latency = &estimate.engine.latency;
+        let predicted = match kind {
             Kind::Ttft => {
                 let x: TtftFeatures = std::array::from_fn(|i| estimate.features[i]);
-                lock(&estimate.engine.latency.ttft).learn(&x, seconds);
+                let mut model = lock(&latency.ttft);
+                let predicted = model.predict(&x);
+                model.learn(&x, seconds);
+                predicted
             }
             Kind::Tpot => {
                 let x: TpotFeatures = std::array::from_fn(|i| estimate.features[i]);
-                lock(&estimate.engine.latency.tpot).learn(&x, seconds);
+                let mut model = lock(&latency.tpot);
+                let predicted = model.predict(&x);
+                model.learn(&x, seconds);
+                predicted
             }
-        }
-        self.metrics.observed(kind, measured, estimate.predicted);
+        };
+        let predicted = predicted.and_then(|p| Duration::try_from_secs_f64(p).ok());
+        self.metrics.observed(kind, measured, predicted);
     }
+}
+
+/// `kind`'s prediction from `estimate`'s features.
+fn predict(kind: Kind, estimate: &Estimate) -> Option<Duration> {
+    let latency = &estimate.engine.latency;
+    let seconds = match kind {
+        Kind::Ttft => {
+            let x: TtftFeatures = std::array::from_fn(|i| estimate.features[i]);
+            lock(&latency.ttft).predict(&x)?
+        }
+        Kind::Tpot => {
+            let x: TpotFeatures = std::array::from_fn(|i| estimate.features[i]);
+            lock(&latency.tpot).predict(&x)?
+        }
+    };
+    Duration::try_from_secs_f64(seconds).ok()
 }
 
 /// Watches a streamed answer for its first chunk and its pace, and teaches the engines'
@@ -233,12 +254,10 @@ impl Watch {
     }
 }
 
-/// The server-sent events that begin in `chunk`.
+/// The server-sent events that begin in `chunk` (each `data:` at a line's start).
 fn count_events(chunk: &[u8]) -> usize {
-    chunk
-        .windows(5)
-        .enumerate()
-        .filter(|(i, w)| *w == b"data:" && (*i == 0 || chunk[i - 1] == b'\n'))
+    memchr::memmem::find_iter(chunk, b"data:")
+        .filter(|&at| at == 0 || chunk[at - 1] == b'\n')
         .count()
 }
 

@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 use crate::admission::ShedReason;
 use crate::sync::lock;
@@ -33,7 +35,8 @@ pub struct AdmissionMetrics {
     tenant_queue_length: IntGaugeVec,
     wait: HistogramVec,
     tenant_wait: prometheus::CounterVec,
-    admitted: IntCounterVec,
+    /// Admitted at once, after waiting.
+    admitted: [IntCounter; 2],
     shed: IntCounterVec,
     tenant_shed: IntCounterVec,
     retries: IntCounterVec,
@@ -52,6 +55,11 @@ impl AdmissionMetrics {
         let counter = |name: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
         };
+        let admitted = counter(
+            "admission_admitted_total",
+            "Requests admitted: at once (`direct`) or after waiting (`queued`)",
+            &["path"],
+        );
         let metrics = AdmissionMetrics {
             queue_length: gauge(
                 "admission_queue_length",
@@ -82,11 +90,7 @@ impl AdmissionMetrics {
                 &["tenant"],
             )
             .expect("valid metric"),
-            admitted: counter(
-                "admission_admitted_total",
-                "Requests admitted: at once (`direct`) or after waiting (`queued`)",
-                &["path"],
-            ),
+            admitted: ["direct", "queued"].map(|path| admitted.with_label_values(&[path])),
             shed: counter(
                 "admission_shed_total",
                 "Requests refused under overload (429), by reason and priority",
@@ -110,7 +114,7 @@ impl AdmissionMetrics {
             Box::new(metrics.tenant_queue_length.clone()),
             Box::new(metrics.wait.clone()),
             Box::new(metrics.tenant_wait.clone()),
-            Box::new(metrics.admitted.clone()),
+            Box::new(admitted.clone()),
             Box::new(metrics.shed.clone()),
             Box::new(metrics.tenant_shed.clone()),
             Box::new(metrics.retries.clone()),
@@ -118,9 +122,6 @@ impl AdmissionMetrics {
             registry
                 .register(collector)
                 .expect("admission metrics registered once");
-        }
-        for path in ["direct", "queued"] {
-            metrics.admitted.with_label_values(&[path]);
         }
         for reason in ShedReason::ALL {
             metrics.shed.with_label_values(&[reason.as_str(), "0"]);
@@ -144,8 +145,7 @@ impl AdmissionMetrics {
 
     /// Counts a request admitted, after waiting (`queued`) or not.
     pub fn admitted(&self, queued: bool) {
-        let path = if queued { "queued" } else { "direct" };
-        self.admitted.with_label_values(&[path]).inc();
+        self.admitted[usize::from(queued)].inc();
     }
 
     /// Counts a request refused.

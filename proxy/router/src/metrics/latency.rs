@@ -3,16 +3,25 @@
 
 use std::time::Duration;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+};
 
 use crate::latency::Kind;
 
-/// The handles of the latency metrics.
+/// The handles of the latency metrics, resolved per kind (and direction) once.
 #[derive(Clone)]
 pub struct LatencyMetrics {
-    measured: HistogramVec,
-    error: HistogramVec,
-    unpredicted: IntCounterVec,
+    /// Per kind: measured, predicted over, predicted under, unpredicted.
+    kinds: [KindMetrics; 2],
+}
+
+#[derive(Clone)]
+struct KindMetrics {
+    measured: Histogram,
+    over: Histogram,
+    under: Histogram,
+    unpredicted: IntCounter,
 }
 
 impl LatencyMetrics {
@@ -56,29 +65,31 @@ impl LatencyMetrics {
         registry
             .register(Box::new(unpredicted.clone()))
             .expect("registered once");
+        let kind = |kind: Kind| {
+            let kind = kind.as_str();
+            KindMetrics {
+                measured: measured.with_label_values(&[kind]),
+                over: error.with_label_values(&[kind, "over"]),
+                under: error.with_label_values(&[kind, "under"]),
+                unpredicted: unpredicted.with_label_values(&[kind]),
+            }
+        };
         LatencyMetrics {
-            measured,
-            error,
-            unpredicted,
+            kinds: [kind(Kind::Ttft), kind(Kind::Tpot)],
         }
     }
 
     /// Counts a measured latency of `kind` and its prediction's error.
     pub fn observed(&self, kind: Kind, measured: Duration, predicted: Option<Duration>) {
-        let kind = kind.as_str();
-        self.measured
-            .with_label_values(&[kind])
-            .observe(measured.as_secs_f64());
+        let metrics = &self.kinds[kind as usize];
+        metrics.measured.observe(measured.as_secs_f64());
         let Some(predicted) = predicted else {
-            self.unpredicted.with_label_values(&[kind]).inc();
+            metrics.unpredicted.inc();
             return;
         };
-        let (direction, error) = match predicted >= measured {
-            true => ("over", predicted - measured),
-            false => ("under", measured - predicted),
-        };
-        self.error
-            .with_label_values(&[kind, direction])
-            .observe(error.as_secs_f64());
+        match predicted >= measured {
+            true => metrics.over.observe((predicted - measured).as_secs_f64()),
+            false => metrics.under.observe((measured - predicted).as_secs_f64()),
+        }
     }
 }
