@@ -46,7 +46,19 @@ async fn start_cluster(
     let http = reqwest::Client::new();
     let url = format!("{}/v1/completions", cluster.proxy.url);
     let epoch = Instant::now();
-    let warm = traffic(&http, &url, 3 * batch, Duration::ZERO, 30, &[], epoch).await;
+    let warm = traffic(
+        &http,
+        &url,
+        Traffic {
+            count: 3 * batch,
+            every: Duration::ZERO,
+            after: Duration::ZERO,
+            tokens: 30,
+            headers: &[],
+        },
+        epoch,
+    )
+    .await;
     assert!(warm.iter().all(|got| got.status == 200), "{warm:?}");
     (cluster, run_dir)
 }
@@ -110,19 +122,26 @@ async fn ask(
     }
 }
 
-/// Sends `count` requests of `headers`, one every `every`, each of `tokens` tokens.
+/// A stream of requests: `count` of `tokens` tokens with `headers`, one every `every` from
+/// `after` on.
+struct Traffic<'a> {
+    count: usize,
+    every: Duration,
+    after: Duration,
+    tokens: u32,
+    headers: &'a [(&'a str, &'a str)],
+}
+
+/// Sends `traffic` to `url`; what each request got.
 async fn traffic(
     http: &reqwest::Client,
     url: &str,
-    count: usize,
-    every: Duration,
-    tokens: u32,
-    headers: &[(&str, &str)],
+    traffic: Traffic<'_>,
     epoch: Instant,
 ) -> Vec<Got> {
-    join_all((0..count).map(|i| async move {
-        tokio::time::sleep(every * i as u32).await;
-        ask(http, url, tokens, headers, epoch).await
+    join_all((0..traffic.count).map(|i| async move {
+        tokio::time::sleep(traffic.after + traffic.every * i as u32).await;
+        ask(http, url, traffic.tokens, traffic.headers, epoch).await
     }))
     .await
 }
@@ -149,38 +168,39 @@ async fn interactive_requests_keep_their_ttft_while_sheddable_ones_are_refused()
         traffic(
             &http,
             &url,
-            180,
-            Duration::from_millis(16),
-            20,
-            &standard,
+            Traffic {
+                count: 180,
+                every: Duration::from_millis(16),
+                after: Duration::ZERO,
+                tokens: 20,
+                headers: &standard
+            },
             epoch
         ),
-        async {
-            tokio::time::sleep(Duration::from_millis(1000)).await;
-            traffic(
-                &http,
-                &url,
-                10,
-                Duration::from_millis(150),
-                20,
-                &interactive,
-                epoch,
-            )
-            .await
-        },
-        async {
-            tokio::time::sleep(Duration::from_millis(1000)).await;
-            traffic(
-                &http,
-                &url,
-                10,
-                Duration::from_millis(100),
-                20,
-                &sheddable,
-                epoch,
-            )
-            .await
-        },
+        traffic(
+            &http,
+            &url,
+            Traffic {
+                count: 10,
+                every: Duration::from_millis(150),
+                after: Duration::from_millis(1000),
+                tokens: 20,
+                headers: &interactive
+            },
+            epoch
+        ),
+        traffic(
+            &http,
+            &url,
+            Traffic {
+                count: 10,
+                every: Duration::from_millis(100),
+                after: Duration::from_millis(1000),
+                tokens: 20,
+                headers: &sheddable
+            },
+            epoch
+        ),
     );
     for got in &interactive {
         assert_eq!(got.status, 200, "{got:?}");
@@ -240,15 +260,42 @@ async fn a_noisy_tenant_gets_its_turn_and_the_queue_holds_its_bounds() {
     // The decode serves 2 requests of 10 tokens per 100 ms. The noisy tenant sends 40 at
     // once; the others 4 each just after.
     let (noisy, a, b) = tokio::join!(
-        traffic(&http, &url, 40, Duration::from_millis(2), 10, &noisy, epoch),
-        async {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            traffic(&http, &url, 4, Duration::ZERO, 10, &quiet_a, epoch).await
-        },
-        async {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            traffic(&http, &url, 4, Duration::ZERO, 10, &quiet_b, epoch).await
-        },
+        traffic(
+            &http,
+            &url,
+            Traffic {
+                count: 40,
+                every: Duration::from_millis(2),
+                after: Duration::ZERO,
+                tokens: 10,
+                headers: &noisy
+            },
+            epoch
+        ),
+        traffic(
+            &http,
+            &url,
+            Traffic {
+                count: 4,
+                every: Duration::ZERO,
+                after: Duration::from_millis(300),
+                tokens: 10,
+                headers: &quiet_a
+            },
+            epoch
+        ),
+        traffic(
+            &http,
+            &url,
+            Traffic {
+                count: 4,
+                every: Duration::ZERO,
+                after: Duration::from_millis(300),
+                tokens: 10,
+                headers: &quiet_b
+            },
+            epoch
+        ),
     );
     let mut noisy_ends: Vec<Duration> = (noisy.iter())
         .filter(|got| got.status == 200)
@@ -280,7 +327,19 @@ async fn a_noisy_tenant_gets_its_turn_and_the_queue_holds_its_bounds() {
     let (cluster, _dir) = start_cluster("overload-bounds-", 1, &args).await;
     let url = format!("{}/v1/completions", cluster.proxy.url);
     let epoch = Instant::now();
-    let burst = traffic(&http, &url, 30, Duration::from_millis(5), 40, &[], epoch).await;
+    let burst = traffic(
+        &http,
+        &url,
+        Traffic {
+            count: 30,
+            every: Duration::from_millis(5),
+            after: Duration::ZERO,
+            tokens: 40,
+            headers: &[],
+        },
+        epoch,
+    )
+    .await;
     let code = |got: &Got| got.error.as_ref().map(|(_, code)| code.clone());
     let full = burst
         .iter()
