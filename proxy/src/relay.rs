@@ -17,7 +17,7 @@ use crate::metrics::{CallOutcome, Outcome, RouteMetrics};
 use crate::trace::RequestTrace;
 use crate::upstream::{Answer, DecodeStart, UpstreamError};
 use pd_router::backend::Call;
-use pd_router::latency::Watch;
+use pd_router::placement::Watch;
 
 /// How a request failed: what the client is told, and how it is counted.
 pub(crate) type Failure = (ApiError, Outcome);

@@ -49,7 +49,7 @@ pub(crate) struct Started {
     pub route: Option<HeaderValue>,
     /// The answer's latencies watched, to teach the engines' models (streamed answers on the
     /// decode placed).
-    pub watch: Option<pd_router::latency::Watch>,
+    pub watch: Option<pd_router::placement::Watch>,
 }
 
 /// What every stage knows of the request.

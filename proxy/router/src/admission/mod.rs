@@ -207,6 +207,9 @@ pub struct Admission {
 impl Admission {
     /// An admission under `config`, counted in `metrics`.
     pub fn new(config: AdmissionConfig, metrics: AdmissionMetrics) -> Self {
+        for reason in ShedReason::ALL {
+            metrics.shed_reason(reason.as_str());
+        }
         Admission {
             config,
             queue: Mutex::new(Queued::default()),
@@ -316,7 +319,7 @@ impl Admission {
 
     /// Counts and words a refusal.
     fn shed(&self, reason: ShedReason, priority: i32, tenant: &str) -> Shed {
-        self.metrics.shed(reason, priority, tenant);
+        self.metrics.shed(reason.as_str(), priority, tenant);
         Shed {
             reason,
             retry_after: self.config.retry_after,

@@ -107,7 +107,7 @@ pub struct Backend {
     /// From how many requests in flight it is saturated, as last judged.
     saturates_at: AtomicUsize,
     /// Its predicted latencies, learnt from its answers.
-    pub latency: crate::latency::EngineLatency,
+    pub latency: crate::latency::model::EngineLatency,
     metrics: BackendMetrics,
 }
 

@@ -13,7 +13,7 @@ pub use self::targets::{
     base_url, parse_backend_url, parse_dns, parse_prefill, parse_prefill_entry, parse_prefill_env,
     DnsBootstrap, DnsTarget, PrefillEntry, PrefillTarget, DEFAULT_BOOTSTRAP_PORT, PREFILL_ENV,
 };
-pub use crate::admission::AdmissionConfig;
+pub use crate::admission::settings::AdmissionConfig;
 pub use crate::kv_events::config::KvEventsConfig;
 pub use crate::models::settings::{AdapterSource, ModelPolicies, ModelsConfig};
 pub use crate::routing::settings::{Fallback, Policy, RoutingConfig};

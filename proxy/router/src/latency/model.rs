@@ -1,6 +1,46 @@
 //! An online linear model: recursive least squares with a forgetting factor, so it follows an
 //! engine whose speed changes (another model loaded, a busier host) without a training step.
-//! A few multiplications per sample; no history kept.
+//! A few multiplications per sample; no history kept. [`EngineLatency`]: one engine's two
+//! models (TTFT, TPOT) and their features.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::sync::lock;
+
+/// TTFT's features: a constant, thousands of prompt tokens to compute, load.
+pub(crate) type TtftFeatures = [f64; 3];
+/// TPOT's features: a constant, load.
+pub(crate) type TpotFeatures = [f64; 2];
+
+/// One engine's latency models.
+#[derive(Debug, Default)]
+pub struct EngineLatency {
+    pub(crate) ttft: Mutex<Online<3>>,
+    pub(crate) tpot: Mutex<Online<2>>,
+}
+
+impl EngineLatency {
+    /// The TTFT predicted for `uncached_tokens` to compute at `load`.
+    pub fn ttft(&self, uncached_tokens: usize, load: usize) -> Option<Duration> {
+        let seconds = lock(&self.ttft).predict(&ttft_features(uncached_tokens, load))?;
+        Duration::try_from_secs_f64(seconds).ok()
+    }
+
+    /// The TPOT predicted at `load`.
+    pub fn tpot(&self, load: usize) -> Option<Duration> {
+        let seconds = lock(&self.tpot).predict(&tpot_features(load))?;
+        Duration::try_from_secs_f64(seconds).ok()
+    }
+}
+
+pub(crate) fn ttft_features(uncached_tokens: usize, load: usize) -> TtftFeatures {
+    [1.0, uncached_tokens as f64 / 1000.0, load as f64]
+}
+
+pub(crate) fn tpot_features(load: usize) -> TpotFeatures {
+    [1.0, load as f64]
+}
 
 /// How much each older sample weighs less than the next (about the last 200 samples count).
 const FORGETTING: f64 = 0.995;

@@ -11,7 +11,6 @@ use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
-use crate::admission::ShedReason;
 use crate::sync::lock;
 
 /// The most tenants with a label of their own.
@@ -123,9 +122,6 @@ impl AdmissionMetrics {
                 .register(collector)
                 .expect("admission metrics registered once");
         }
-        for reason in ShedReason::ALL {
-            metrics.shed.with_label_values(&[reason.as_str(), "0"]);
-        }
         metrics.queue_lengths(&[(0, 0)], &BTreeMap::new());
         metrics
     }
@@ -148,12 +144,15 @@ impl AdmissionMetrics {
         self.admitted[usize::from(queued)].inc();
     }
 
-    /// Counts a request refused.
-    pub fn shed(&self, reason: ShedReason, priority: i32, tenant: &str) {
+    /// Shows a refusal `reason` at 0 until the first one (so its series exists from the start).
+    pub fn shed_reason(&self, reason: &str) {
+        self.shed.with_label_values(&[reason, "0"]);
+    }
+
+    /// Counts a request refused for `reason`.
+    pub fn shed(&self, reason: &str, priority: i32, tenant: &str) {
         let priority = priority_label(priority);
-        self.shed
-            .with_label_values(&[reason.as_str(), &priority])
-            .inc();
+        self.shed.with_label_values(&[reason, &priority]).inc();
         self.tenant_shed.with_label_values(&[tenant]).inc();
     }
 

@@ -7,7 +7,26 @@ use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
 };
 
-use crate::latency::Kind;
+/// Which latency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyKind {
+    /// Time to first token.
+    Ttft,
+    /// Time per output token.
+    Tpot,
+}
+
+impl LatencyKind {
+    /// The `kind` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LatencyKind::Ttft => "ttft",
+            LatencyKind::Tpot => "tpot",
+        }
+    }
+}
+
+use LatencyKind as Kind;
 
 /// The handles of the latency metrics, resolved per kind (and direction) once.
 #[derive(Clone)]

@@ -19,7 +19,7 @@ mod tokenize;
 pub use admission::AdmissionMetrics;
 pub use dns::DnsMetrics;
 pub use kv::KvMetrics;
-pub use latency::LatencyMetrics;
+pub use latency::{LatencyKind, LatencyMetrics};
 pub use lora::{LoadOutcome, LoraMetrics};
 pub use outcome::CallOutcome;
 pub use tokenize::TokenizeMetrics;

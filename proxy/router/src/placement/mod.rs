@@ -14,11 +14,13 @@ use std::time::Instant;
 
 use http::HeaderValue;
 
+pub mod forecast;
 mod targets;
+
+pub use forecast::{Forecast, Watch};
 
 use crate::admission::RequestClass;
 use crate::backend::{Backend, Pair};
-use crate::latency::Forecast;
 use crate::models::lora::AdapterLoader;
 use crate::routing::decision::{self, Decision, Path, Reason};
 use crate::routing::RequestInfo;

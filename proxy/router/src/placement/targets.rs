@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use crate::admission::Targets;
 use crate::backend::{Backend, Pair};
-use crate::latency::{headroom, most_headroom, Forecast};
+use crate::latency::{headroom, most_headroom};
+use crate::placement::Forecast;
 use crate::router::mixed;
 use crate::routing::RequestInfo;
 use crate::{Facts, Router};

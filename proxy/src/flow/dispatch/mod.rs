@@ -19,7 +19,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use pd_router::backend::{Backend, Pair, Reservation};
 use pd_router::body::Body;
-use pd_router::latency::Forecast;
+use pd_router::placement::Forecast;
 use pd_router::routing::queued_work::Pending;
 use pd_router::routing::RequestInfo;
 use pd_router::sync::lock;
