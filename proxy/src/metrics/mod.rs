@@ -118,6 +118,8 @@ mod tests {
         metrics
             .decisions("m")
             .count(pd_router::routing::decision::Decision::ALL[0]);
+        // The router's admission shows its refusal reasons from the start.
+        metrics.fleet().admission().shed_reason("sheddable");
         let latency = metrics.fleet().latency();
         latency.observed(pd_router::latency::Kind::Ttft, Duration::ZERO, None);
         let rendered = metrics.render();
