@@ -41,6 +41,9 @@ pub struct Prompt {
     pub stream: bool,
     /// Whether the last SSE chunk before `[DONE]` carries usage.
     pub include_usage: bool,
+    /// Whether the answer carries token ids (vLLM's `return_token_ids`): the prompt's
+    /// (`prompt_token_ids`, whole or on the first chunk) and the generated ones (`token_ids`).
+    pub return_token_ids: bool,
 }
 
 impl Prompt {
@@ -100,6 +103,10 @@ pub fn parse_prompt(api: Api, body: &Value, tokenizer: &Tokenizer) -> Result<Pro
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    let return_token_ids = match body.get("return_token_ids") {
+        None | Some(Value::Null) => false,
+        Some(v) => v.as_bool().ok_or("`return_token_ids` must be a boolean")?,
+    };
     Ok(Prompt {
         tokens,
         model,
@@ -109,6 +116,7 @@ pub fn parse_prompt(api: Api, body: &Value, tokenizer: &Tokenizer) -> Result<Pro
         max_tokens,
         stream,
         include_usage,
+        return_token_ids,
     })
 }
 
@@ -229,6 +237,19 @@ impl ResponseMeta {
         json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
                "choices": [], "usage": Self::usage(prompt_tokens, completion_tokens)})
     }
+}
+
+/// `answer` (a whole answer or a chunk) with token ids in its choice, as vLLM's
+/// `return_token_ids` puts them: the generated ones, and the prompt's when given.
+pub fn with_token_ids(mut answer: Value, generated: &[u32], prompt: Option<&[u32]>) -> Value {
+    if let Some(choice) = answer
+        .pointer_mut("/choices/0")
+        .and_then(Value::as_object_mut)
+    {
+        choice.insert("token_ids".into(), json!(generated));
+        choice.insert("prompt_token_ids".into(), json!(prompt));
+    }
+    answer
 }
 
 /// Frames a JSON value as one SSE event.

@@ -21,6 +21,15 @@ pub enum Role {
     Decode,
 }
 
+/// How an injected failure shows (`--fail-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailMode {
+    /// The process exits.
+    Exit,
+    /// The answer stops and never ends.
+    Stall,
+}
+
 /// Whose engine the simulator plays: which bootstrap wire it speaks and how P and D find each
 /// other's KV.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -118,6 +127,14 @@ pub struct SimArgs {
     /// all of them is refused with a 400, as vLLM refuses one over its context). 0: no limit.
     #[arg(long, env = "SIM_KV_CACHE_BLOCKS", default_value_t = 0)]
     pub kv_cache_blocks: usize,
+    /// Fault injection: a streamed answer fails after this many tokens (with --fail-mode), as a
+    /// decode that dies or hangs mid-answer; 0: never.
+    #[arg(long, env = "SIM_FAIL_AFTER_TOKENS", default_value_t = 0)]
+    pub fail_after_tokens: u32,
+    /// How a streamed answer fails after --fail-after-tokens: `exit` (the whole engine dies at
+    /// once, every stream cut) or `stall` (the answer sends nothing more and never ends).
+    #[arg(long, env = "SIM_FAIL_MODE", value_enum, default_value_t = FailMode::Exit)]
+    pub fail_mode: FailMode,
     /// How much each other request in the running batch slows a token: a token takes
     /// --decode-ms-per-token × (1 + this × the others running). 0: the batch costs nothing.
     #[arg(long, env = "SIM_BATCH_SLOWDOWN", default_value_t = 0.0)]

@@ -40,15 +40,34 @@ const VOCABULARY: &[&str] = &[
     "tokens", "stream", "back", "quickly",
 ];
 
-/// The `index`-th generated token for `prompt` (its token ids), with its leading space.
-pub fn token(prompt: &[u32], index: u32) -> String {
-    let mut hasher = DefaultHasher::new();
-    prompt.hash(&mut hasher);
-    index.hash(&mut hasher);
-    format!(
-        " {}",
-        VOCABULARY[(hasher.finish() % VOCABULARY.len() as u64) as usize]
-    )
+/// Where generated tokens' ids begin (above any prompt's: a byte-level or a model's vocabulary).
+pub const GENERATED_IDS: u32 = 1 << 24;
+
+/// An answer's tokens, each following from the whole context before it (the prompt's ids and
+/// the tokens generated so far), as a model's greedy decoding does: an answer continued from
+/// its prompt plus its first tokens (as ids) goes on exactly as it would have.
+#[derive(Clone)]
+pub struct Generator {
+    context: DefaultHasher,
+}
+
+impl Generator {
+    /// The generator of an answer to a prompt of these token ids.
+    pub fn new(prompt: &[u32]) -> Self {
+        let mut context = DefaultHasher::new();
+        for id in prompt {
+            context.write_u32(*id);
+        }
+        Generator { context }
+    }
+
+    /// The next token: its id and its text (with its leading space).
+    pub fn next_token(&mut self) -> (u32, String) {
+        let word = (self.context.clone().finish() % VOCABULARY.len() as u64) as u32;
+        let id = GENERATED_IDS + word;
+        self.context.write_u32(id);
+        (id, format!(" {}", VOCABULARY[word as usize]))
+    }
 }
 
 #[cfg(test)]
@@ -73,6 +92,23 @@ mod tests {
         assert_ne!(kv_bytes(p, a, 100), kv_bytes(q, a, 100));
         assert_eq!(kv_bytes(p, a, 13).len(), 13);
         assert_eq!(shard_len(10, 100, 2, 1), 500);
-        assert_eq!(token(p, 3), token(p, 3));
+    }
+
+    #[test]
+    fn an_answer_continued_from_its_first_tokens_goes_on_as_it_would_have() {
+        let prompt = [104, 105, 32, 116];
+        let whole: Vec<(u32, String)> = {
+            let mut generator = Generator::new(&prompt);
+            (0..12).map(|_| generator.next_token()).collect()
+        };
+        let mut context = prompt.to_vec();
+        context.extend(whole[..5].iter().map(|(id, _)| *id));
+        let mut continued = Generator::new(&context);
+        let rest: Vec<(u32, String)> = (0..7).map(|_| continued.next_token()).collect();
+        assert_eq!(rest, whole[5..]);
+        // Another prompt, another answer.
+        let mut other = Generator::new(&[1, 2, 3]);
+        let other: Vec<(u32, String)> = (0..12).map(|_| other.next_token()).collect();
+        assert_ne!(other, whole);
     }
 }

@@ -30,10 +30,10 @@ use pd_transfer::{ExportConfig, KvExporter, KvPuller, TransferError};
 use serde_json::Value;
 use worker_client::{BootstrapClient, ClientError, EngineDirectory, LeaseKeeper};
 
-use super::api::{parse_prompt, sse_event, Api, Prompt, ResponseMeta, SSE_DONE};
-use super::config::{Dialect, Registration, Role, SimArgs};
+use super::api::{parse_prompt, sse_event, with_token_ids, Api, Prompt, ResponseMeta, SSE_DONE};
+use super::config::{Dialect, FailMode, Registration, Role, SimArgs};
 use super::failure::Failure;
-use super::kv::{kv_bytes, shard_len, token, Shard};
+use super::kv::{kv_bytes, shard_len, Generator, Shard};
 use super::kv_events::Publisher;
 use super::lora::Adapters;
 use super::prefix_cache::PrefixCache;
@@ -376,33 +376,64 @@ impl Engine {
         let per_token = Duration::from_millis(self.args.decode_ms_per_token);
         let prompt_tokens = prompt.token_count();
         let total = prompt.max_tokens;
+        let ids = prompt.return_token_ids;
         if !prompt.stream {
-            let text: String = (0..total).map(|i| token(&prompt.tokens, i)).collect();
+            let mut generator = Generator::new(&prompt.tokens);
+            let (generated, text): (Vec<u32>, String) =
+                (0..total).map(|_| generator.next_token()).unzip();
             for _ in 0..total {
                 tokio::time::sleep(self.scheduler.per_token(per_token)).await;
             }
-            return Json(meta.full(&text, prompt_tokens, total, kv_params)).into_response();
+            let answer = meta.full(&text, prompt_tokens, total, kv_params);
+            let answer = match ids && api != Api::Generate {
+                true => with_token_ids(answer, &generated, Some(&prompt.tokens)),
+                false => answer,
+            };
+            return Json(answer).into_response();
         }
         let scheduler = self.scheduler.clone();
         let include_usage = prompt.include_usage && api != Api::Generate;
+        let fail_after = Some(self.args.fail_after_tokens).filter(|n| *n > 0);
+        let fail_mode = self.args.fail_mode;
         // Steps: one event per token, then (OpenAI only) the closing chunk and optional usage,
         // then [DONE]. SGLang's events carry the whole text so far and end on the last token.
-        let tokens: Arc<[u32]> = prompt.tokens.into();
-        let events = futures_util::stream::unfold((0u32, String::new()), move |(step, so_far)| {
+        let prompt_ids: Arc<[u32]> = prompt.tokens.clone().into();
+        let generator = Generator::new(&prompt.tokens);
+        let state = (0u32, String::new(), generator);
+        let events = futures_util::stream::unfold(state, move |(step, so_far, mut generator)| {
             let meta = meta.clone();
-            let tokens = tokens.clone();
+            let prompt_ids = prompt_ids.clone();
             let pause = scheduler.per_token(per_token);
             async move {
                 let mut so_far = so_far;
+                if fail_after == Some(step) && step < total {
+                    // Injected: the engine dies, or this answer hangs, mid-stream.
+                    match fail_mode {
+                        FailMode::Exit => {
+                            // The tokens sent so far reach the client first, as a crash
+                            // between two tokens leaves them.
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            std::process::exit(1)
+                        }
+                        FailMode::Stall => std::future::pending::<()>().await,
+                    }
+                }
                 let event = if step < total {
                     tokio::time::sleep(pause).await;
-                    let piece = token(&tokens, step);
+                    let (id, piece) = generator.next_token();
                     if api == Api::Generate {
                         so_far.push_str(&piece);
                         let done = step + 1 == total;
                         sse_event(&meta.generated(&so_far, prompt_tokens, step + 1, done))
                     } else {
-                        sse_event(&meta.chunk(Some(&piece), step == 0, false))
+                        let chunk = meta.chunk(Some(&piece), step == 0, false);
+                        let chunk = match ids {
+                            true => {
+                                with_token_ids(chunk, &[id], (step == 0).then_some(&prompt_ids[..]))
+                            }
+                            false => chunk,
+                        };
+                        sse_event(&chunk)
                     }
                 } else if step == total && api != Api::Generate {
                     sse_event(&meta.chunk(None, total == 0, true))
@@ -418,7 +449,7 @@ impl Engine {
                     s if s == total && !include_usage => total + 2,
                     s => s + 1,
                 };
-                Some((Ok::<_, Infallible>(event), (next, so_far)))
+                Some((Ok::<_, Infallible>(event), (next, so_far, generator)))
             }
         });
         (
