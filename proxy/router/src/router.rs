@@ -22,6 +22,7 @@ use crate::prompt_tokens::{PromptKind, PromptTokens};
 use crate::retry_budget::RetryBudget;
 use crate::routing::settings::DecodeOnlyRules;
 use crate::routing::{policy_for, Choice, Policy, RequestInfo, Slice};
+use crate::saturation::mixed;
 
 /// Why a router cannot be built or started.
 #[derive(Debug, thiserror::Error)]
@@ -176,7 +177,7 @@ impl Router {
         }
         let (pool, aggregated) = (self.pool.clone(), self.is_aggregated());
         let dispatcher = tokio::spawn(
-            (self.admission.clone()).run(move |model| pool_saturated(&pool, aggregated, model)),
+            (self.admission.clone()).run(move |model| pool.saturated(model, !aggregated)),
         );
         let mut running = Running {
             members: self.members.clone(),
@@ -270,15 +271,15 @@ impl Router {
     /// saturated (see [`crate::saturation`]); false when none could.
     pub fn saturated(&self, side: crate::Side) -> bool {
         match side {
-            crate::Side::Decode => decodes_saturated(&self.pool, None),
-            crate::Side::Prefill => prefills_saturated(&self.pool, None),
+            crate::Side::Decode => self.pool.decodes_saturated(None),
+            crate::Side::Prefill => self.pool.prefills_saturated(None),
         }
     }
 
     /// Whether a request for `model` finds every engine that could take it saturated: all its
     /// decodes, or (unless the fleet serves whole requests) all its prefills.
     pub fn pool_saturated(&self, model: Option<&str>) -> bool {
-        pool_saturated(&self.pool, self.is_aggregated(), model)
+        self.pool.saturated(model, !self.is_aggregated())
     }
 
     /// The admission queue (its configuration and what waits).
@@ -407,66 +408,6 @@ impl Router {
         };
         self.policies.of(model).1.prefix_match(&candidates, request)
     }
-}
-
-/// Whether some of the `items` that `usable` accepts are saturated and some are not: the
-/// policies then choose among those with room (a saturated engine gets no new request while
-/// another could take it).
-pub(crate) fn mixed<T>(
-    items: &[T],
-    usable: impl Fn(&T) -> bool,
-    saturated: impl Fn(&T) -> bool,
-) -> bool {
-    let (mut full, mut room) = (false, false);
-    for item in items.iter().filter(|item| usable(item)) {
-        match saturated(item) {
-            true => full = true,
-            false => room = true,
-        }
-        if full && room {
-            return true;
-        }
-    }
-    false
-}
-
-/// Whether every decode that could take a request for `model` now is saturated (and there is
-/// one).
-fn decodes_saturated(pool: &Pool, model: Option<&str>) -> bool {
-    let decodes = pool.decodes();
-    all_saturated(
-        (decodes.iter())
-            .filter(|d| d.takes_requests(model))
-            .map(|d| d.is_saturated()),
-    )
-}
-
-/// Whether every prefill that could take a request for `model` now is saturated (and there is
-/// one).
-fn prefills_saturated(pool: &Pool, model: Option<&str>) -> bool {
-    let prefills = pool.prefills();
-    all_saturated(
-        (prefills.iter())
-            .filter(|p| p.backend.takes_requests(model))
-            .map(|p| p.backend.is_saturated()),
-    )
-}
-
-/// Whether there is at least one and all are saturated.
-fn all_saturated(saturated: impl Iterator<Item = bool>) -> bool {
-    let mut any = false;
-    for saturated in saturated {
-        if !saturated {
-            return false;
-        }
-        any = true;
-    }
-    any
-}
-
-/// See [`Router::pool_saturated`].
-fn pool_saturated(pool: &Pool, aggregated: bool, model: Option<&str>) -> bool {
-    decodes_saturated(pool, model) || (!aggregated && prefills_saturated(pool, model))
 }
 
 /// Whether a policy of `config` (the flags' or a model's) routes on the engines' KV events, so

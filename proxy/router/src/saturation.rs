@@ -173,6 +173,23 @@ pub struct Judgement {
     pub counted: Saturated,
 }
 
+/// Whether some of the `items` that `usable` accepts are saturated and some are not: the
+/// policies then choose among those with room (a saturated engine gets no new request while
+/// another could take it).
+pub fn mixed<T>(items: &[T], usable: impl Fn(&T) -> bool, saturated: impl Fn(&T) -> bool) -> bool {
+    let (mut full, mut room) = (false, false);
+    for item in items.iter().filter(|item| usable(item)) {
+        match saturated(item) {
+            true => full = true,
+            false => room = true,
+        }
+        if full && room {
+            return true;
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

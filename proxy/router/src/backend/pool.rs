@@ -44,6 +44,32 @@ fn read<T: ?Sized>(list: &RwLock<Arc<T>>) -> Arc<T> {
 }
 
 impl Pool {
+    /// Whether every decode that could take a request for `model` now is saturated (and there
+    /// is one).
+    pub fn decodes_saturated(&self, model: Option<&str>) -> bool {
+        all_saturated(
+            (self.decodes().iter())
+                .filter(|d| d.takes_requests(model))
+                .map(|d| d.is_saturated()),
+        )
+    }
+
+    /// Whether every prefill that could take a request for `model` now is saturated (and there
+    /// is one).
+    pub fn prefills_saturated(&self, model: Option<&str>) -> bool {
+        all_saturated(
+            (self.prefills().iter())
+                .filter(|p| p.backend.takes_requests(model))
+                .map(|p| p.backend.is_saturated()),
+        )
+    }
+
+    /// Whether a request for `model` finds every engine that could take it saturated: all its
+    /// decodes, or (`with_prefills`: a fleet with prefills) all its prefills.
+    pub fn saturated(&self, model: Option<&str>, with_prefills: bool) -> bool {
+        self.decodes_saturated(model) || (with_prefills && self.prefills_saturated(model))
+    }
+
     /// The backends of `config`'s flags, with no dp rank discovered yet.
     pub fn new(config: &RouterConfig, metrics: &FleetMetrics) -> Self {
         let prefills: Vec<Arc<Prefill>> = (config.prefills.iter())
@@ -217,4 +243,16 @@ impl Prefill {
             draining: std::sync::Mutex::default(),
         }
     }
+}
+
+/// Whether there is at least one and all are saturated.
+fn all_saturated(saturated: impl Iterator<Item = bool>) -> bool {
+    let mut any = false;
+    for saturated in saturated {
+        if !saturated {
+            return false;
+        }
+        any = true;
+    }
+    any
 }

@@ -9,8 +9,8 @@ use crate::admission::Targets;
 use crate::backend::{Backend, Pair};
 use crate::latency::{headroom, most_headroom};
 use crate::placement::Forecast;
-use crate::router::mixed;
 use crate::routing::RequestInfo;
+use crate::saturation::mixed;
 use crate::{Facts, Router};
 
 impl Router {
