@@ -49,6 +49,17 @@ impl Process {
         let _ = self.child.wait().await;
     }
 
+    /// Freezes every process of its group (SIGSTOP: a hung engine that still holds its
+    /// connections), or lets it run on (`false`: SIGCONT).
+    pub fn freeze(&self, frozen: bool) {
+        self.signal_group(if frozen { libc::SIGSTOP } else { libc::SIGCONT });
+    }
+
+    /// Whether it has exited (and how).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Sends `signal` to every process of its group: itself and what it started (vLLM's
     /// engine core and workers). A group's id stays reserved while any member lives, so this
     /// reaches no other process.

@@ -137,6 +137,9 @@ pub struct ClusterSpec {
     pub proxy_env: Vec<(String, String)>,
     /// Extra flags for every sim-engine (prefills and decodes).
     pub engine_args: Vec<String>,
+    /// More arguments of each decode, by index (decode `i` gets `decode_args[i]`, if any):
+    /// e.g. a fault injected into one.
+    pub decode_args: Vec<Vec<String>>,
     /// The KV transport of the prefill engines.
     pub transfer: Transport,
     /// The prefill engines register under leases of this many seconds (none: until
@@ -213,6 +216,7 @@ impl ClusterSpec {
             proxy_args: Vec::new(),
             proxy_env: Vec::new(),
             engine_args: Vec::new(),
+            decode_args: Vec::new(),
             transfer: Transport::Tcp,
             lease_ttl: Some(10),
             dialect: Dialect::Vllm,

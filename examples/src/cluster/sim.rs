@@ -145,6 +145,7 @@ pub(super) async fn start(
             args.extend(model_args.iter().cloned());
             args.extend(kv_events(ports, 1)?);
             args.extend([s(&"--engine-id"), format!("decode-{i}")]);
+            args.extend(spec.decode_args.get(i).into_iter().flatten().cloned());
             decodes.push(spawn_with_env(
                 &spec.run_dir,
                 &format!("decode-{i}"),

@@ -127,8 +127,8 @@ pub struct SimArgs {
     /// all of them is refused with a 400, as vLLM refuses one over its context). 0: no limit.
     #[arg(long, env = "SIM_KV_CACHE_BLOCKS", default_value_t = 0)]
     pub kv_cache_blocks: usize,
-    /// Fault injection: a streamed answer fails after this many tokens (with --fail-mode), as a
-    /// decode that dies or hangs mid-answer; 0: never.
+    /// Fault injection: an answer fails after this many tokens (with --fail-mode), as a decode
+    /// that dies or hangs mid-answer (a whole answer then never comes); 0: never.
     #[arg(long, env = "SIM_FAIL_AFTER_TOKENS", default_value_t = 0)]
     pub fail_after_tokens: u32,
     /// How a streamed answer fails after --fail-after-tokens: `exit` (the whole engine dies at

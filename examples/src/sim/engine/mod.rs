@@ -377,11 +377,16 @@ impl Engine {
         let prompt_tokens = prompt.token_count();
         let total = prompt.max_tokens;
         let ids = prompt.return_token_ids;
+        let fail_after = Some(self.args.fail_after_tokens).filter(|n| *n > 0);
+        let fail_mode = self.args.fail_mode;
         if !prompt.stream {
             let mut generator = Generator::new(&prompt.tokens);
             let (generated, text): (Vec<u32>, String) =
                 (0..total).map(|_| generator.next_token()).unzip();
-            for _ in 0..total {
+            for step in 0..total {
+                if fail_after == Some(step) {
+                    fail(fail_mode).await;
+                }
                 tokio::time::sleep(self.scheduler.per_token(per_token)).await;
             }
             let answer = meta.full(&text, prompt_tokens, total, kv_params);
@@ -393,8 +398,6 @@ impl Engine {
         }
         let scheduler = self.scheduler.clone();
         let include_usage = prompt.include_usage && api != Api::Generate;
-        let fail_after = Some(self.args.fail_after_tokens).filter(|n| *n > 0);
-        let fail_mode = self.args.fail_mode;
         // Steps: one event per token, then (OpenAI only) the closing chunk and optional usage,
         // then [DONE]. SGLang's events carry the whole text so far and end on the last token.
         let prompt_ids: Arc<[u32]> = prompt.tokens.clone().into();
@@ -407,16 +410,7 @@ impl Engine {
             async move {
                 let mut so_far = so_far;
                 if fail_after == Some(step) && step < total {
-                    // Injected: the engine dies, or this answer hangs, mid-stream.
-                    match fail_mode {
-                        FailMode::Exit => {
-                            // The tokens sent so far reach the client first, as a crash
-                            // between two tokens leaves them.
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            std::process::exit(1)
-                        }
-                        FailMode::Stall => std::future::pending::<()>().await,
-                    }
+                    fail(fail_mode).await;
                 }
                 let event = if step < total {
                     tokio::time::sleep(pause).await;
@@ -460,5 +454,18 @@ impl Engine {
             Body::from_stream(events),
         )
             .into_response()
+    }
+}
+
+/// Injected failure mid-answer: the engine dies, or the answer hangs.
+async fn fail(mode: FailMode) {
+    match mode {
+        FailMode::Exit => {
+            // The tokens sent so far reach the client first, as a crash between two tokens
+            // leaves them.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            std::process::exit(1)
+        }
+        FailMode::Stall => std::future::pending::<()>().await,
     }
 }
