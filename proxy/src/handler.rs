@@ -64,6 +64,7 @@ fn respond(started: Started, mut tracker: Tracker, start: Instant) -> Response {
         overhead,
         route,
         watch,
+        resume,
     } = started;
     let first_at = decode.first_at;
     tracker.metrics().first_byte(first_at.duration_since(start));
@@ -91,7 +92,8 @@ fn respond(started: Started, mut tracker: Tracker, start: Instant) -> Response {
         tracker.finish(Outcome::Ok);
         Body::from(decode.first.unwrap_or_default())
     } else {
-        Body::from_stream(Relay::new(decode, decode_call, prefill, sse, tracker).watched(watch))
+        let relay = Relay::new(decode, decode_call, prefill, sse, tracker);
+        Body::from_stream(relay.watched(watch).resumable(resume))
     };
     let mut response = Response::new(body);
     *response.status_mut() = status;

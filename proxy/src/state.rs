@@ -7,7 +7,7 @@ use pd_router::backend::Pool;
 use pd_router::{Router, RouterError};
 use pd_service::{BearerToken, Draining};
 
-use crate::config::{Config, Mode};
+use crate::config::{Config, MigrationSettings, Mode};
 use crate::ids::Ids;
 use crate::intake::Intake;
 use crate::metrics::{Metrics, RouteMetrics};
@@ -43,6 +43,8 @@ pub(crate) struct Shared {
     /// Whether it runs beside a decode as a gateway's sidecar: the gateway's endpoint picker
     /// chose the path, and names the prefill in `x-prefiller-host-port`.
     pub sidecar: bool,
+    /// How answers move to another decode when theirs fails.
+    pub migration: MigrationSettings,
 }
 
 impl Shared {
@@ -69,6 +71,7 @@ impl Shared {
             intake: Intake::new(&config.clients),
             draining: Draining::new(),
             sidecar: config.sidecar,
+            migration: config.migration,
         })
     }
 

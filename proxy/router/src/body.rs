@@ -120,6 +120,12 @@ impl<'a> Body<'a> {
         self.fields.get(name).copied()
     }
 
+    /// Sets the field `name` to `value` (what [`Body::render`] then writes, as if the client
+    /// had sent it).
+    pub fn insert(&mut self, name: &'static str, value: &'a RawValue) {
+        self.fields.insert(Key(Cow::Borrowed(name)), value);
+    }
+
     /// The body with `edits` made, as bytes: the client's fields in name order (each as sent,
     /// unless edited), then the fields the edits add.
     pub fn render(&self, edits: &[Edit<'_>]) -> Vec<u8> {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser};
 use pd_service::{parse_seconds, parse_seconds_or_zero, LogFormat};
 
-pub use self::settings::{ClientLimits, Config};
+pub use self::settings::{ClientLimits, Config, MigrationSettings};
 pub use pd_router::config::*;
 pub use pd_router::flags::*;
 
@@ -49,6 +49,15 @@ pub struct Args {
     /// taken out until it passes its health checks again. At most the request timeout.
     #[arg(long, env = "PD_PROXY_PREFILL_TIMEOUT", default_value = "30", value_parser = parse_seconds)]
     pub prefill_timeout: Duration,
+    /// How many times one request's answer may move to another decode when its decode fails:
+    /// mid-answer (a streamed answer goes on from the tokens the client has) or after its
+    /// prefill answered (placed again with a fresh prefill). 0 turns migration off.
+    #[arg(long, env = "PD_PROXY_MIGRATION_LIMIT", default_value_t = 2)]
+    pub migration_limit: u32,
+    /// Seconds a decode streaming an answer may send nothing before it is taken as stalled:
+    /// the answer then goes on on another decode (when it can, see --migration-limit).
+    #[arg(long, env = "PD_PROXY_DECODE_STALL_TIMEOUT", default_value = "30", value_parser = parse_seconds)]
+    pub decode_stall_timeout: Duration,
     /// Seconds a client may take to send a request's headers (also while idle between
     /// keep-alive requests) before its connection is closed.
     #[arg(long, env = "PD_PROXY_HEADER_READ_TIMEOUT", default_value = "10", value_parser = parse_seconds)]
@@ -117,6 +126,10 @@ impl Args {
         config.request_timeout = self.request_timeout;
         config.prefill_timeout = self.prefill_timeout.min(self.request_timeout);
         config.decode_first_byte_timeout = self.decode_first_byte_timeout.min(self.request_timeout);
+        config.migration = MigrationSettings {
+            limit: self.migration_limit,
+            stall: self.decode_stall_timeout,
+        };
         config.clients = ClientLimits {
             header_read_timeout: self.header_read_timeout,
             body_read_timeout: self.body_read_timeout,

@@ -35,6 +35,8 @@ pub struct Config {
     pub prefill_timeout: Duration,
     /// Time limit of D's first byte, from P's answer.
     pub decode_first_byte_timeout: Duration,
+    /// How answers move to another decode when theirs fails.
+    pub migration: MigrationSettings,
     /// Time limit of a TCP connect to any backend.
     pub connect_timeout: Duration,
     /// How long requests in flight may run on once the proxy stops accepting.
@@ -60,6 +62,10 @@ impl Config {
             request_timeout: Duration::from_secs(600),
             prefill_timeout: Duration::from_secs(30),
             decode_first_byte_timeout: Duration::from_secs(60),
+            migration: MigrationSettings {
+                limit: 2,
+                stall: Duration::from_secs(30),
+            },
             connect_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(30),
             clients: ClientLimits {
@@ -74,4 +80,14 @@ impl Config {
             sidecar: false,
         }
     }
+}
+
+/// How answers move to another decode when theirs fails (`--migration-limit`,
+/// `--decode-stall-timeout`).
+#[derive(Debug, Clone, Copy)]
+pub struct MigrationSettings {
+    /// At most this many migrations per request (0: none).
+    pub limit: u32,
+    /// A streaming decode that sends nothing for this long is taken as stalled.
+    pub stall: Duration,
 }

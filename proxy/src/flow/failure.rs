@@ -1,5 +1,7 @@
 //! What a failed call to P or D means for the client.
 
+use std::sync::Arc;
+
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -18,6 +20,9 @@ pub(crate) struct Refusal {
     pub response: Box<Response>,
     /// How the request is counted.
     pub outcome: Outcome,
+    /// The decode that failed after the prefill answered: a fresh placement (prefill
+    /// included) that avoids it may still serve the request.
+    pub replaceable: Option<Arc<Backend>>,
 }
 
 impl From<Failure> for Refusal {
@@ -25,6 +30,7 @@ impl From<Failure> for Refusal {
         Refusal {
             response: Box::new(error.into_response()),
             outcome,
+            replaceable: None,
         }
     }
 }
@@ -75,6 +81,7 @@ pub(super) fn decode_refusal(decode: &Backend, err: UpstreamError) -> Refusal {
                 } else {
                     Outcome::DecodeError
                 },
+                replaceable: None,
             }
         }
         UpstreamError::Timeout(limit) => Refusal::from((
@@ -114,6 +121,7 @@ pub(super) fn overloaded(shed: &Shed) -> Refusal {
     Refusal {
         response: Box::new(response),
         outcome: Outcome::Overloaded,
+        replaceable: None,
     }
 }
 

@@ -10,29 +10,39 @@
 //!    (a (prefill, dp rank) pair and a decode, or a decode alone), its decision counted, traced
 //!    and told in `x-pd-route` when asked;
 //! 3. [`dispatch`]: P and D called as `--mode` says (one file per mode), D retried once
-//!    elsewhere.
+//!    elsewhere; a decode that fails after its prefill answered is placed again with a fresh
+//!    prefill ([`migration`]).
 //!
-//! The fourth stage, relaying D's answer, is [`crate::relay`]'s. Every call ends by the request's
+//! The fourth stage, relaying D's answer, is [`crate::relay`]'s; a streamed answer that can be
+//! continued exactly is followed there and continued on another decode should its decode fail
+//! mid-answer ([`migration`] makes the continuation). Every call ends by the request's
 //! deadline (`--request-timeout` from its arrival). Every future is owned by the request, so a
 //! client that goes away cancels both calls.
 
 mod dispatch;
 mod failure;
 mod intake;
+mod migration;
 mod placement;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderValue};
+use bytes::Bytes;
+use pd_router::admission::RequestClass;
+use pd_router::backend::Backend;
+use pd_router::body::Body;
 use pd_router::models;
 
 pub(crate) use failure::Refusal;
 
 use crate::metrics::RouteMetrics;
-use crate::relay::{PrefillCall, Tracker};
+use crate::models::ModelHandles;
+use crate::relay::{PrefillCall, Resumption, Tracker};
 use crate::route::Route;
 use crate::state::AppState;
+use crate::trace::RequestTrace;
 use crate::upstream::DecodeStart;
 
 /// D answered; its body can be relayed.
@@ -50,6 +60,9 @@ pub(crate) struct Started {
     /// The answer's latencies watched, to teach the engines' models (streamed answers on the
     /// decode placed).
     pub watch: Option<pd_router::placement::Watch>,
+    /// How the answer goes on elsewhere should its decode fail mid-answer (streamed answers
+    /// whose continuation is exact).
+    pub resume: Option<Resumption>,
 }
 
 /// What every stage knows of the request.
@@ -67,7 +80,11 @@ struct Request<'a> {
     /// When the whole request must be over.
     deadline: Instant,
     /// Its priority, tenant and latency targets.
-    class: pd_router::admission::RequestClass,
+    class: &'a RequestClass,
+    /// Decodes it must not go to (they failed it).
+    avoid: &'a [Arc<Backend>],
+    /// Whether it continues a request already admitted (a migration).
+    continued: bool,
 }
 
 /// Runs the stages: returns once D's answer has begun (or the request failed).
@@ -87,10 +104,11 @@ pub(crate) async fn start(
     let model = asked.as_deref().map(|m| state.router.models().canonical(m));
     let aliased = models::aliased(&parsed, asked.as_deref(), model);
     let bytes = aliased.as_ref().unwrap_or(&arrived);
-    let body = match &aliased {
+    let mut body = match &aliased {
         Some(rewritten) => intake::parse(rewritten)?,
         None => parsed,
     };
+    let followed = migration::follow(state, route, &mut body);
     let handles = state.model_metrics(model);
     let metrics = handles.route(route).clone();
     tracker.retarget(metrics.clone());
@@ -105,8 +123,38 @@ pub(crate) async fn start(
         metrics,
         start,
         deadline,
-        class,
+        class: &class,
+        avoid: &[],
+        continued: false,
     };
-    let placed = placement::place(&request, bytes, &body, &handles, tracker).await?;
-    dispatch::run(&request, body, placed, tracker).await
+    let started = placed_and_called(&request, bytes, &body, &handles, tracker.trace()).await?;
+    Ok(match followed {
+        Some(asked) => Started {
+            resume: Some(migration::Migrator::resumption(
+                &request,
+                bytes.clone(),
+                asked,
+            )),
+            ..started
+        },
+        None => started,
+    })
+}
+
+/// Places the request and calls its engines; should its decode fail after its prefill
+/// answered, places it again with a fresh prefill (within the migration limit).
+async fn placed_and_called(
+    request: &Request<'_>,
+    raw: &Bytes,
+    body: &Body<'_>,
+    handles: &ModelHandles,
+    trace: Option<&RequestTrace>,
+) -> Result<Started, Refusal> {
+    let placed = placement::place(request, raw, body, handles, trace).await?;
+    match dispatch::run(request, body, placed, trace).await {
+        Err(refusal) if refusal.replaceable.is_some() => {
+            migration::replace(request, raw, body, handles, trace, refusal).await
+        }
+        done => done,
+    }
 }

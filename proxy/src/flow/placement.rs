@@ -10,7 +10,7 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use bytes::Bytes;
-use pd_router::backend::Reservation;
+use pd_router::backend::{Backend, Reservation};
 use pd_router::body::Body;
 use pd_router::routing::decision::X_PD_ROUTE;
 use pd_router::routing::queued_work::Pending;
@@ -21,7 +21,7 @@ use super::failure::{no_decode, no_prefill, overloaded, refused, Refusal};
 use super::Request;
 use crate::metrics::Outcome;
 use crate::models::ModelHandles;
-use crate::relay::Tracker;
+use crate::trace::RequestTrace;
 
 /// A placed request, and what placing it found that the dispatch needs.
 pub(super) struct Placed {
@@ -53,16 +53,17 @@ pub(super) async fn place(
     raw: &Bytes,
     body: &Body<'_>,
     handles: &ModelHandles,
-    tracker: &Tracker,
+    trace: Option<&RequestTrace>,
 ) -> Result<Placed, Refusal> {
     let (router, model) = (&request.state.router, request.model);
     let tokens = router.tokens(request.route.prompt_kind(), raw, body).await;
     // Admitted once the prompt is tokenized, so that the queue lets the next request in as soon
-    // as this one's engines count it; held until they do (its reservations, below).
-    let admitted = match request.state.sidecar {
+    // as this one's engines count it; held until they do (its reservations, below). A
+    // continuation was admitted as its request.
+    let admitted = match request.state.sidecar || request.continued {
         true => None,
         false => Some(
-            (router.admit(&request.class, model, request.deadline).await)
+            (router.admit(request.class, model, request.deadline).await)
                 .map_err(|shed| overloaded(&shed))?,
         ),
     };
@@ -70,14 +71,19 @@ pub(super) async fn place(
     let info = RequestInfo::new(body, request.headers)
         .with_tokens(tokens.as_deref())
         .with_adapter(adapter);
-    let pick_started = tracker.trace().map(|_| SystemTime::now());
+    let pick_started = trace.map(|_| SystemTime::now());
+    let avoid = request.avoid;
+    let other = |decode: &Backend| !avoid.iter().any(|failed| std::ptr::eq(&**failed, decode));
     let facts = Facts {
         request: &info,
         model,
         authorization: request.headers.get(AUTHORIZATION),
         deadline: request.deadline,
-        decodes: None,
-        class: &request.class,
+        decodes: match avoid.is_empty() {
+            true => None,
+            false => Some(&other),
+        },
+        class: request.class,
     };
     let placed = match request.state.sidecar {
         true => router.place_named(&facts, named_prefill(request.headers)?),
@@ -98,7 +104,7 @@ pub(super) async fn place(
                 .filter(|_| explain)
                 .map(|d| d.header(None, None, ""));
             if why == Unplaceable::TargetsUnmet {
-                let shed = router.admission().shed_for_targets(&request.class);
+                let shed = router.admission().shed_for_targets(request.class);
                 return Err(explained(overloaded(&shed), header));
             }
             return Err(explained(refusal(why), header));
@@ -106,7 +112,7 @@ pub(super) async fn place(
     };
     let prefill = (placement.prefill.as_ref()).map(|p| (p.backend.url(), p.dp_rank));
     let decode = placement.decode.url();
-    if let (Some(trace), Some(started)) = (tracker.trace(), pick_started) {
+    if let (Some(trace), Some(started)) = (trace, pick_started) {
         trace.picked(started, placement.decision, prefill, Some(decode), model);
     }
     let route_header = explain.then(|| {
@@ -179,10 +185,12 @@ fn refusal(why: Unplaceable) -> Refusal {
         Unplaceable::ModelUnavailable { model, side } => Refusal {
             response: Box::new(crate::models::unavailable(&model, side.as_str()).into_response()),
             outcome: Outcome::Unavailable,
+            replaceable: None,
         },
         Unplaceable::ModelNotFound { model, served } => Refusal {
             response: Box::new(crate::models::not_found(&model, &served).into_response()),
             outcome: Outcome::ModelNotFound,
+            replaceable: None,
         },
         Unplaceable::ModelMismatch {
             model,

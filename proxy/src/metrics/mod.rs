@@ -4,9 +4,11 @@
 //! Label sets that the hot path touches are resolved once (per backend, per route) so a request
 //! only bumps atomics.
 
+mod migration;
 mod outcome;
 mod route;
 
+pub(crate) use migration::{Break, Migrated, MigrationMetrics};
 pub(crate) use outcome::Outcome;
 pub(crate) use pd_router::metrics::{CallOutcome, FleetMetrics};
 pub(crate) use route::{DecisionMetrics, RouteMetrics};
@@ -20,6 +22,7 @@ pub(crate) struct Metrics {
     registry: prometheus::Registry,
     fleet: FleetMetrics,
     routes: RouteFamilies,
+    migrations: MigrationMetrics,
 }
 
 impl Default for Metrics {
@@ -35,16 +38,23 @@ impl Metrics {
             .expect("a valid metric prefix");
         let fleet = FleetMetrics::new(&registry);
         let routes = RouteFamilies::new(&registry);
+        let migrations = MigrationMetrics::new(&registry);
         Metrics {
             registry,
             fleet,
             routes,
+            migrations,
         }
     }
 
     /// The fleet's metrics (backends, discovery, KV events, tokenization, adapters, DNS).
     pub(crate) fn fleet(&self) -> &FleetMetrics {
         &self.fleet
+    }
+
+    /// The metrics of answers continued on another decode.
+    pub(crate) fn migrations(&self) -> &MigrationMetrics {
+        &self.migrations
     }
 
     /// The routing decision counters of requests for `model` (a label value: see

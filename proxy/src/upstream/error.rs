@@ -61,6 +61,12 @@ impl UpstreamError {
         }
     }
 
+    /// Whether the backend went away while it worked on the request (its connection broke
+    /// before the answer was complete): a decode may then have pulled the KV already.
+    pub(crate) fn broke_while_working(&self) -> bool {
+        matches!(self, UpstreamError::Broken(_))
+    }
+
     /// Whether trying another decode may help: no connection, a broken answer, or a status
     /// that says "busy or broken" (408, 429, 5xx). A timeout is never retried: a call that
     /// already took all the time it had is not made again.

@@ -401,7 +401,7 @@ pub struct Call {
 
 impl Call {
     /// The backend called.
-    pub fn backend(&self) -> &Backend {
+    pub fn backend(&self) -> &Arc<Backend> {
         &self.backend
     }
 

@@ -8,7 +8,7 @@ use super::{Call, Refusal, Started};
 use pd_router::body::{self, Body};
 
 /// Runs the concurrent flow.
-pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refusal> {
+pub(super) async fn run(call: Call<'_>, body: &Body<'_>) -> Result<Started, Refusal> {
     let decode_body = Bytes::from(body.decode(&body::decode_params(&call.transfer_id, &call.pair)));
     let prefill_body = Bytes::from(body.prefill(&body::prefill_params(&call.transfer_id, false)));
     let prefill = call.prefill(prefill_body);
@@ -20,7 +20,7 @@ pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refus
         Bytes::from(body.decode(&params))
     };
     call.decode(
-        &body,
+        body,
         decode_body,
         Some(prefill),
         None,

@@ -20,11 +20,11 @@ pub(super) async fn run(
     decode: Arc<Backend>,
     reserved: Option<Reservation>,
     common: &HeaderMap,
-    body: Body<'_>,
+    body: &Body<'_>,
 ) -> Result<Started, Refusal> {
     let alone = Bytes::from(body.alone());
     let overhead = request.start.elapsed();
-    let info = RequestInfo::new(&body, request.headers);
+    let info = RequestInfo::new(body, request.headers);
     let decoding = retry::decode_with_retry(DecodeCall {
         state: request.state,
         route: request.route,

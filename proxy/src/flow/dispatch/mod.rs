@@ -29,8 +29,8 @@ use super::placement::{explained, Placed};
 use super::{Request, Started};
 use crate::config::Mode;
 use crate::ids::X_REQUEST_ID;
-use crate::relay::{PrefillCall, Tracker};
-use crate::trace::Phase;
+use crate::relay::PrefillCall;
+use crate::trace::{Phase, RequestTrace};
 use retry::{DecodeCall, Decoding};
 
 /// `X-data-parallel-rank`: which dp rank of P serves the request.
@@ -39,9 +39,9 @@ static X_DATA_PARALLEL_RANK: HeaderName = HeaderName::from_static("x-data-parall
 /// Calls the placed request's backends: a decode alone, or P and D as `--mode` says.
 pub(super) async fn run(
     request: &Request<'_>,
-    body: Body<'_>,
+    body: &Body<'_>,
     placed: Placed,
-    tracker: &mut Tracker,
+    trace: Option<&RequestTrace>,
 ) -> Result<Started, Refusal> {
     let state = request.state;
     let Placed {
@@ -53,7 +53,7 @@ pub(super) async fn run(
         reserved,
     } = placed;
     let (decode, forecast) = (placement.decode, placement.forecast);
-    let streamed = streams(&body);
+    let streamed = streams(body);
     let mut common = HeaderMap::with_capacity(4);
     common.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     common.insert(X_REQUEST_ID.clone(), request.request_id.clone());
@@ -61,9 +61,7 @@ pub(super) async fn run(
         common.insert(AUTHORIZATION, authorization.clone());
     }
     // D's phase: what `common` carries to D (P's headers get P's phase instead).
-    let decode_phase = tracker
-        .trace()
-        .map(|trace| trace.phase("decode", decode.url()));
+    let decode_phase = trace.map(|trace| trace.phase("decode", decode.url()));
     match &decode_phase {
         Some(phase) => phase.inject(&mut common),
         None => crate::trace::pass_through(request.headers, &mut common),
@@ -73,9 +71,7 @@ pub(super) async fn run(
         end_phase(decode_phase, &started);
         return with_route(started, route_header).map(|s| s.watched(forecast, streamed));
     };
-    let prefill_phase = tracker
-        .trace()
-        .map(|trace| trace.phase("prefill", pair.backend.url()));
+    let prefill_phase = trace.map(|trace| trace.phase("prefill", pair.backend.url()));
     let call = Call {
         request,
         pair,
@@ -89,7 +85,7 @@ pub(super) async fn run(
         decode_reserved: Mutex::new(reserved.decode),
         prefill_reserved: Mutex::new(reserved.prefill),
     };
-    if let Some(trace) = tracker.trace() {
+    if let Some(trace) = trace {
         trace.transfer(&call.transfer_id);
     }
     let started = match state.mode {
@@ -225,6 +221,7 @@ impl Started {
             overhead,
             route: None,
             watch: None,
+            resume: None,
         }
     }
 }

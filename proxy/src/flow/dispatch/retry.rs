@@ -111,6 +111,14 @@ pub(super) async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decodi
                 }
             }
         }
+        let prefilled = call.prefilled.is_some() && call.pair.is_some();
+        if prefilled && err.broke_while_working() && state.migration.limit > 0 {
+            // D went away after P answered: it may have pulled P's KV (P frees it then), so a
+            // fresh placement, P included, serves the request, not a retry of the transfer.
+            let mut refusal = decode_refusal(&decode, err);
+            refusal.replaceable = Some(decode);
+            return Err(refusal);
+        }
         if !retried && err.retryable() {
             let next = (state.router)
                 .pick_decode(Some(&decode), call.model, call.request)

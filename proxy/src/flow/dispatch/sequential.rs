@@ -18,7 +18,7 @@ struct PrefillAnswer {
 }
 
 /// Runs the sequential flow.
-pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refusal> {
+pub(super) async fn run(call: Call<'_>, body: &Body<'_>) -> Result<Started, Refusal> {
     let prefill_body = Bytes::from(body.prefill(&body::prefill_params(&call.transfer_id, true)));
     let before_prefill = call.start().elapsed();
     let answer = call.prefill(prefill_body).await.map_err(Refusal::from)?;
@@ -42,6 +42,6 @@ pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refus
     let decode_body = Bytes::from(body.decode(&body::raw_json(&params)));
     let overhead = before_prefill + answered.elapsed();
     // D's first byte is due --decode-first-byte-timeout after P's answer.
-    call.decode(&body, decode_body, None, Some(answered), overhead, None)
+    call.decode(body, decode_body, None, Some(answered), overhead, None)
         .await
 }

@@ -31,7 +31,7 @@ fn bootstrap_of(addr: &str) -> Option<(String, u16)> {
 }
 
 /// Runs the SGLang flow.
-pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refusal> {
+pub(super) async fn run(call: Call<'_>, body: &Body<'_>) -> Result<Started, Refusal> {
     let addr = call.pair.bootstrap_addr.as_deref();
     let Some((host, port)) = addr.and_then(bootstrap_of) else {
         return Err(Refusal::from((
@@ -65,7 +65,7 @@ pub(super) async fn run(call: Call<'_>, body: Body<'_>) -> Result<Started, Refus
     let prefill_body = Bytes::from(body.render(&[host, port, room, Edit::Set("stream", "false")]));
     let prefill = call.prefill(prefill_body);
     let overhead = call.start().elapsed();
-    call.decode(&body, decode_body, Some(prefill), None, overhead, None)
+    call.decode(body, decode_body, Some(prefill), None, overhead, None)
         .await
 }
 
