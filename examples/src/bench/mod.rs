@@ -7,6 +7,7 @@ pub mod chart;
 pub mod epp;
 pub mod kv_index;
 pub mod loadgen;
+pub mod migration;
 pub mod mock_events;
 pub mod mocks;
 pub mod output;

@@ -55,6 +55,18 @@ pub enum Suite {
         #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
         loads: Vec<f64>,
     },
+    /// A decode lost mid-answer: the time from killing (SIGKILL) or freezing (SIGSTOP) the
+    /// decode streaming an answer to the client's next token, over repeated faults, with sim
+    /// engines (and the real vLLM CPU engines with --real).
+    Migration {
+        /// Faults of each kind.
+        #[arg(long, default_value_t = 20)]
+        faults: usize,
+        /// Also with the real vLLM CPU engines (examples/vllm/cpu/venv.sh's environment): two
+        /// kills and --faults freezes.
+        #[arg(long)]
+        real: bool,
+    },
     /// TTFT with simulated engines: the proxy's concurrent fan-out against sequential P-then-D.
     Ttft {
         /// Streamed requests per mode and concurrency.

@@ -12,7 +12,8 @@ use pd_examples::bench::proxy::{self, ProxyCommand};
 use pd_examples::bench::report::Row;
 use pd_examples::bench::suite::Suite;
 use pd_examples::bench::{
-    epp, kv_index, overload, proxy_scale, real_vllm, routing, sglang, tokenize, transfer, watch,
+    epp, kv_index, migration, overload, proxy_scale, real_vllm, routing, sglang, tokenize,
+    transfer, watch,
 };
 use pd_examples::cluster::gateway::envoy_binary;
 
@@ -321,6 +322,11 @@ Completions through Envoy, with pd-epp and alone (one instant engine):
             &rows,
             overload::charts(&rows)?,
         )?;
+    }
+    if let Suite::Migration { faults, real } = args.suite {
+        let rows = migration::rows(&settings.bin_dir, &settings.work_dir, faults, real).await?;
+        let charts = migration::charts(&rows)?;
+        out.section("migration", &migration::table(&rows), &rows, charts)?;
     }
     if let Suite::RealVllm { requests } = args.suite {
         out.text(&real_vllm::section(&settings.bin_dir, &settings.work_dir, requests).await?);

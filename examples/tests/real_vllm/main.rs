@@ -13,6 +13,7 @@
 //! engine and shows the tail of its log.
 
 mod gateway;
+mod migration;
 mod mooncake;
 mod nixl;
 mod overload;
