@@ -87,8 +87,13 @@ impl Streamed {
 
 /// Streams `body` from the proxy's `path` to its end (within 20 s).
 async fn stream(cluster: &Cluster, path: &str, body: &Value) -> Streamed {
+    stream_from(&cluster.proxy.url, path, body).await
+}
+
+/// Streams `body` from `base` + `path` to its end (within 20 s).
+async fn stream_from(base: &str, path: &str, body: &Value) -> Streamed {
     let response = reqwest::Client::new()
-        .post(format!("{}{path}", cluster.proxy.url))
+        .post(format!("{base}{path}"))
         .json(body)
         .send()
         .await
@@ -186,11 +191,13 @@ async fn a_stalled_decode_is_left_and_a_chat_goes_on() {
     let chat = json!({"messages": [{"role": "user", "content": "a chat that goes on"}],
                       "max_completion_tokens": 24, "stream": true,
                       "stream_options": {"include_usage": true}});
-    // In turn: the stalling decode, then the other.
+    // The stalling decode first (in turn); the reference: the other decode alone.
     let started = Instant::now();
     let stalled = stream(&cluster, "/v1/chat/completions", &chat).await;
     let took = started.elapsed();
-    let reference = stream(&cluster, "/v1/chat/completions", &chat).await;
+    assert_eq!(migrations(&cluster, "stalled", "resumed").await, 1);
+    let healthy = &cluster.decodes[1].url;
+    let reference = stream_from(healthy, "/v1/chat/completions", &chat).await;
     assert_whole(&stalled, &reference);
     assert_eq!(
         stalled.events[0]["choices"][0]["delta"]["role"],
@@ -286,4 +293,29 @@ async fn migrations_stop_at_the_limit_and_when_no_decode_is_left() {
         "{answer:?}"
     );
     assert_eq!(migrations(&cluster, "stalled", "failed").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_error_event_mid_answer_moves_it_unless_it_cannot_go_on_exactly() {
+    let fault: &[&str] = &["--fail-after-tokens", "5", "--fail-mode", "error"];
+    let (cluster, _dir) = start_cluster("migration-error-", &[fault, &[]], &[]).await;
+    // In turn: the failing decode, the other, the failing one again.
+    let mut stopped = completion();
+    stopped["stop"] = json!(["never said"]);
+    let inexact = stream(&cluster, "/v1/completions", &stopped).await;
+    assert!(inexact.done, "{inexact:?}");
+    assert_eq!(
+        inexact.errors().len(),
+        1,
+        "the decode's own error: {inexact:?}"
+    );
+    let tokens = inexact
+        .events
+        .iter()
+        .filter(|e| e["choices"][0]["text"].is_string());
+    assert_eq!(tokens.count(), 5, "{inexact:?}");
+    let reference = stream(&cluster, "/v1/completions", &completion()).await;
+    let moved = stream(&cluster, "/v1/completions", &completion()).await;
+    assert_whole(&moved, &reference);
+    assert_eq!(migrations(&cluster, "error_event", "resumed").await, 1);
 }

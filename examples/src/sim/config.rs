@@ -28,6 +28,9 @@ pub enum FailMode {
     Exit,
     /// The answer stops and never ends.
     Stall,
+    /// The answer ends with an error, as vLLM tells one mid-stream (an error event, then
+    /// `[DONE]`; a whole answer: a 500).
+    Error,
 }
 
 /// Whose engine the simulator plays: which bootstrap wire it speaks and how P and D find each
@@ -131,8 +134,9 @@ pub struct SimArgs {
     /// that dies or hangs mid-answer (a whole answer then never comes); 0: never.
     #[arg(long, env = "SIM_FAIL_AFTER_TOKENS", default_value_t = 0)]
     pub fail_after_tokens: u32,
-    /// How a streamed answer fails after --fail-after-tokens: `exit` (the whole engine dies at
-    /// once, every stream cut) or `stall` (the answer sends nothing more and never ends).
+    /// How an answer fails after --fail-after-tokens: `exit` (the whole engine dies at once,
+    /// every stream cut), `stall` (the answer sends nothing more and never ends) or `error`
+    /// (an error event and the end of the stream).
     #[arg(long, env = "SIM_FAIL_MODE", value_enum, default_value_t = FailMode::Exit)]
     pub fail_mode: FailMode,
     /// How much each other request in the running batch slows a token: a token takes

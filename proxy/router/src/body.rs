@@ -194,24 +194,28 @@ pub fn raw_json(value: &impl Serialize) -> String {
     serde_json::to_string(value).expect("a JSON value serializes")
 }
 
-/// What P is sent in place of the client's fields: an answer of one token, whole.
-const PREFILL_EDITS: [Edit<'static>; 4] = [
+/// What P is sent in place of the client's fields: an answer of one token, whole, without the
+/// token ids (P's answer is not relayed).
+const PREFILL_EDITS: [Edit<'static>; 5] = [
     Edit::Set("stream", "false"),
     Edit::Set("max_tokens", "1"),
     Edit::Replace("max_completion_tokens", "1"),
     Edit::Remove("stream_options"),
+    Edit::Remove("return_token_ids"),
 ];
 
 impl Body<'_> {
     /// P's body: `stream: false`, `max_tokens: 1`, `max_completion_tokens: 1` when present, no
-    /// `stream_options`, and `kv_transfer_params` set to `params` (raw JSON).
+    /// `stream_options` nor `return_token_ids`, and `kv_transfer_params` set to `params` (raw
+    /// JSON).
     pub fn prefill(&self, params: &str) -> Vec<u8> {
-        let [stream, max_tokens, max_completion_tokens, stream_options] = PREFILL_EDITS;
+        let [stream, max_tokens, max_completion_tokens, stream_options, token_ids] = PREFILL_EDITS;
         self.render(&[
             stream,
             max_tokens,
             max_completion_tokens,
             stream_options,
+            token_ids,
             Edit::Set(KV_TRANSFER_PARAMS, params),
         ])
     }

@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::failure::Refusal;
-use super::{dispatch, placement, Request, Started};
+use super::{dispatch, placed_and_called, placement, Request, Started};
 use crate::config::Mode;
 use crate::error::ApiError;
 use crate::metrics::{Break, Migrated, Outcome, RouteMetrics};
@@ -38,16 +38,15 @@ static TRUE: LazyLock<Box<RawValue>> =
 
 /// Fields whose continuation would not be the same answer: stop strings (the engine holds
 /// back text that may begin one, so the client may lack text of tokens already generated),
-/// penalties on the output's tokens (the continuation counts them as the prompt's), log
-/// probabilities (their offsets and past), an echo or suffix, several choices, guided
-/// decoding (the grammar's state would start again), tools (their parser's state too), and a
-/// truncated prompt.
+/// penalties and bad words on the output's tokens (the continuation counts them as the
+/// prompt's), an echo or suffix, several choices, guided decoding (the grammar's state would
+/// start again), tools (their parser's state too), and a truncated prompt. (Log probabilities
+/// are told by the shape: [`asks_logprobs`].)
 const INEXACT: &[&str] = &[
     "stop",
     "presence_penalty",
     "frequency_penalty",
-    "logprobs",
-    "top_logprobs",
+    "bad_words",
     "echo",
     "suffix",
     "response_format",
@@ -74,6 +73,21 @@ const CHAT_ONLY: &[&str] = &[
     "reasoning_effort",
     "include_reasoning",
     "mm_processor_kwargs",
+    "logprobs",
+    "top_logprobs",
+];
+
+/// The content parts of a chat message that are not text: a continuation of the prompt's
+/// token ids would lose what they hold.
+const MEDIA_PARTS: &[&str] = &[
+    "image_url",
+    "input_audio",
+    "audio_url",
+    "video_url",
+    "image_embeds",
+    "image_pil",
+    "input_image",
+    "file",
 ];
 
 /// vLLM's `max_tokens` of a completion that names none.
@@ -98,8 +112,15 @@ pub(super) fn follow(state: &Shared, route: Route, body: &mut Body<'_>) -> Optio
     if !one("n") || !one("best_of") || INEXACT.iter().any(|name| raw(name).is_some_and(is_set)) {
         return None;
     }
-    if shape == Shape::Completion && !single_prompt(raw("prompt")?) {
+    if asks_logprobs(shape, raw("logprobs")) {
         return None;
+    }
+    match shape {
+        Shape::Completion if !single_prompt(raw("prompt")?) => return None,
+        // A reasoning parser's hidden reasoning streams nothing: it would look stalled.
+        Shape::Chat if raw("include_reasoning") == Some("false") => return None,
+        Shape::Chat if has_media(raw("messages")?) => return None,
+        _ => {}
     }
     let options: Value = raw("stream_options").map_or(Value::Null, |v| {
         serde_json::from_str(v).unwrap_or(Value::Null)
@@ -115,6 +136,32 @@ pub(super) fn follow(state: &Shared, route: Route, body: &mut Body<'_>) -> Optio
         shape,
         token_ids,
         usage: options["include_usage"] == Value::Bool(true),
+    })
+}
+
+/// Whether the request asks for log probabilities: a completion's `logprobs` (0 included: the
+/// sampled token's), a chat's `logprobs: true`.
+fn asks_logprobs(shape: Shape, logprobs: Option<&str>) -> bool {
+    match shape {
+        Shape::Completion => logprobs.is_some_and(|value| value != "null"),
+        Shape::Chat => logprobs == Some("true"),
+    }
+}
+
+/// Whether chat `messages` (raw JSON) hold a content part that is not text.
+fn has_media(messages: &str) -> bool {
+    let bytes = messages.as_bytes();
+    memchr::memmem::find_iter(bytes, b"\"type\"").any(|at| {
+        let rest = bytes[at + 6..].trim_ascii_start();
+        let Some(rest) = rest.strip_prefix(b":") else {
+            return false;
+        };
+        let rest = rest.trim_ascii_start();
+        MEDIA_PARTS.iter().any(|part| {
+            rest.strip_prefix(b"\"")
+                .and_then(|value| value.strip_prefix(part.as_bytes()))
+                .is_some_and(|after| after.starts_with(b"\""))
+        })
     })
 }
 
@@ -135,11 +182,15 @@ fn single_prompt(prompt: &str) -> bool {
 }
 
 /// The body of `continuation` of the answer to `original`: a completion of its token ids.
+/// `context` is the model's context length, which bounds a chat that names no limit (a
+/// completion that names none has vLLM's default of 16); without it, such a chat cannot be
+/// continued (`None`).
 pub(super) fn continuation_body(
     original: &Body<'_>,
     asked: Asked,
     continuation: &Continuation,
-) -> Vec<u8> {
+    context: Option<u64>,
+) -> Option<Vec<u8>> {
     let number = |name: &str| {
         original
             .get(name)
@@ -150,11 +201,17 @@ pub(super) fn continuation_body(
         Shape::Chat => number("max_completion_tokens").or_else(|| number("max_tokens")),
     };
     let done = continuation.generated as u64;
+    // What the chat had: the context left after its prompt.
+    let limit = match limit {
+        Some(limit) => limit,
+        None => context?.saturating_sub(continuation.prompt.len() as u64 - done),
+    };
     let prompt = raw_json(&continuation.prompt);
-    let remaining = limit.map(|limit| limit.saturating_sub(done).max(1).to_string());
+    let remaining = limit.saturating_sub(done).max(1).to_string();
     let min_tokens = number("min_tokens").map(|min| min.saturating_sub(done).to_string());
     let mut edits = vec![
         Edit::Set("prompt", &prompt),
+        Edit::Set("max_tokens", &remaining),
         Edit::Set("stream", "true"),
         Edit::Set(RETURN_TOKEN_IDS, "true"),
         Edit::Remove("prompt_logprobs"),
@@ -164,23 +221,19 @@ pub(super) fn continuation_body(
             false => Edit::Remove("stream_options"),
         },
     ];
-    match &remaining {
-        Some(remaining) => edits.push(Edit::Set("max_tokens", remaining)),
-        None => edits.push(Edit::Remove("max_tokens")),
-    }
     if let Some(min_tokens) = &min_tokens {
         edits.push(Edit::Replace("min_tokens", min_tokens));
     }
     if asked.shape == Shape::Chat {
         edits.extend(CHAT_ONLY.iter().map(|name| Edit::Remove(name)));
     }
-    original.render(&edits)
+    Some(original.render(&edits))
 }
 
 /// The request, whose decode failed after its prefill answered (`refusal`), placed again with
 /// a fresh prefill and never on a decode that failed it, within the migration limit, the
 /// request's deadline and the retry budget; else (or with no other decode) the last decode's
-/// failure is the answer.
+/// failure is the answer. Returns the decodes that failed it too.
 pub(super) async fn replace(
     request: &Request<'_>,
     raw: &Bytes,
@@ -188,7 +241,7 @@ pub(super) async fn replace(
     handles: &ModelHandles,
     trace: Option<&RequestTrace>,
     mut refusal: Refusal,
-) -> Result<Started, Refusal> {
+) -> Result<(Started, Vec<Arc<Backend>>), Refusal> {
     let state = request.state;
     let metrics = state.metrics.migrations();
     let since = Instant::now();
@@ -223,7 +276,7 @@ pub(super) async fn replace(
         match dispatch::run(&again, body, placed, trace).await {
             Ok(started) => {
                 metrics.resumed(Break::Failed, 0, since.elapsed());
-                return Ok(started);
+                return Ok((started, avoid));
             }
             Err(next) if next.replaceable.is_some() => refusal = next,
             Err(next) => {
@@ -238,7 +291,6 @@ pub(super) async fn replace(
 /// What a request's answer needs to be continued elsewhere: the request itself, owned.
 pub(super) struct Migrator {
     state: AppState,
-    route: Route,
     headers: HeaderMap,
     request_id: HeaderValue,
     model: Option<String>,
@@ -251,12 +303,17 @@ pub(super) struct Migrator {
 }
 
 impl Migrator {
-    /// The resumption of `request`'s answer (its body `body`), asked for as `asked` says.
-    pub(super) fn resumption(request: &Request<'_>, body: Bytes, asked: Asked) -> Resumption {
+    /// The resumption of `request`'s answer (its body `body`), asked for as `asked` says;
+    /// `failed`: the decodes that failed it before its answer began.
+    pub(super) fn resumption(
+        request: &Request<'_>,
+        body: Bytes,
+        asked: Asked,
+        failed: Vec<Arc<Backend>>,
+    ) -> Resumption {
         let state = request.state;
         let migrator = Migrator {
             state: state.clone(),
-            route: request.route,
             headers: request.headers.clone(),
             request_id: request.request_id.clone(),
             model: request.model.map(str::to_owned),
@@ -274,18 +331,27 @@ impl Migrator {
             request_id: request.request_id.clone(),
             continuer: Box::new(Arc::new(migrator)),
             metrics: state.metrics.migrations().clone(),
+            failed,
         }
     }
 
-    /// Places and calls `continuation`, avoiding the decodes in `avoid`.
+    /// Places and calls `continuation`, avoiding the decodes in `avoid` (and placed again
+    /// should its decode fail after its prefill answered).
     async fn start_continuation(
         &self,
         continuation: Continuation,
         avoid: Vec<Arc<Backend>>,
-    ) -> Result<Resumed, Refusal> {
-        let original = Body::parse(&self.body).map_err(|_| unparsable())?;
-        let bytes = Bytes::from(continuation_body(&original, self.asked, &continuation));
-        let body = Body::parse(&bytes).map_err(|_| unparsable())?;
+    ) -> Result<Resumed, Failure> {
+        let model = self.model.as_deref();
+        let context = (avoid.iter().chain(self.state.pool().decodes().iter()))
+            .find_map(|decode| decode.context_length(model));
+        let unreadable = || broke_off("its body could not be read again");
+        let original = Body::parse(&self.body).map_err(|_| unreadable())?;
+        let made = continuation_body(&original, self.asked, &continuation, context);
+        let bytes = Bytes::from(made.ok_or_else(|| {
+            broke_off("the chat names no token limit and no decode's card gives the context length")
+        })?);
+        let body = Body::parse(&bytes).map_err(|_| unreadable())?;
         let request = Request {
             state: &self.state,
             route: Route::Completions,
@@ -299,10 +365,16 @@ impl Migrator {
             avoid: &avoid,
             continued: true,
         };
-        debug_assert!(self.route != Route::Generate);
         let handles = self.state.model_metrics(request.model);
-        let placed = placement::place(&request, &bytes, &body, &handles, None).await?;
-        let started = dispatch::run(&request, &body, placed, None).await?;
+        let called = placed_and_called(&request, &bytes, &body, &handles, None).await;
+        let (started, _) = called.map_err(|refusal| {
+            broke_off(match refusal.outcome {
+                Outcome::Unavailable | Outcome::ModelMismatch => "no other engine is ready",
+                Outcome::Overloaded => "the other engines are saturated",
+                Outcome::DecodeTimeout | Outcome::PrefillTimeout => "it did not start in time",
+                _ => "its engines failed too",
+            })
+        })?;
         Ok(Resumed {
             decode: started.decode,
             call: started.decode_call,
@@ -318,19 +390,7 @@ impl Continuer for Arc<Migrator> {
         avoid: Vec<Arc<Backend>>,
     ) -> BoxFuture<'static, Result<Resumed, Failure>> {
         let migrator = self.clone();
-        Box::pin(async move {
-            (migrator.start_continuation(continuation, avoid).await).map_err(|refusal| {
-                let why = match refusal.outcome {
-                    Outcome::Unavailable | Outcome::ModelMismatch => "no other engine is ready",
-                    Outcome::Overloaded => "the other engines are saturated",
-                    Outcome::DecodeTimeout | Outcome::PrefillTimeout => "it did not start in time",
-                    _ => "its engines failed too",
-                };
-                let message =
-                    format!("decode's answer broke off and could not be continued: {why}");
-                (ApiError::bad_gateway(message), Outcome::StreamError)
-            })
-        })
+        Box::pin(async move { migrator.start_continuation(continuation, avoid).await })
     }
 
     fn may_retry(&self) -> bool {
@@ -338,12 +398,10 @@ impl Continuer for Arc<Migrator> {
     }
 }
 
-/// The client's body, parsed once before, no longer parses (it cannot happen).
-fn unparsable() -> Refusal {
-    Refusal::from((
-        ApiError::bad_gateway("the request's body could not be read again"),
-        Outcome::StreamError,
-    ))
+/// What the client is told when its answer broke off and its continuation could not start.
+fn broke_off(why: &str) -> Failure {
+    let message = format!("decode's answer broke off and could not be continued: {why}");
+    (ApiError::bad_gateway(message), Outcome::StreamError)
 }
 
 #[cfg(test)]
@@ -365,7 +423,8 @@ mod tests {
             generated: 1,
         };
         let made: Value =
-            serde_json::from_slice(&continuation_body(&body, ASKED, &continuation)).unwrap();
+            serde_json::from_slice(&continuation_body(&body, ASKED, &continuation, None).unwrap())
+                .unwrap();
         assert_eq!(made["prompt"], serde_json::json!([1, 2, 3, 9]));
         assert_eq!(made["max_tokens"], 9);
         assert_eq!(made["min_tokens"], 3);
@@ -390,8 +449,37 @@ mod tests {
             generated: 5,
         };
         let made: Value =
-            serde_json::from_slice(&continuation_body(&body, asked, &continuation)).unwrap();
+            serde_json::from_slice(&continuation_body(&body, asked, &continuation, None).unwrap())
+                .unwrap();
         assert_eq!(made["max_tokens"], 11);
+    }
+
+    #[test]
+    fn a_chat_without_a_limit_gets_the_context_left() {
+        let body = Body::parse(br#"{"messages":[],"stream":true}"#).unwrap();
+        let continuation = Continuation {
+            prompt: vec![7; 100],
+            generated: 40,
+        };
+        assert_eq!(continuation_body(&body, ASKED, &continuation, None), None);
+        let made = continuation_body(&body, ASKED, &continuation, Some(1000)).unwrap();
+        let made: Value = serde_json::from_slice(&made).unwrap();
+        // 60 prompt tokens: 940 for the whole answer, 40 of them done.
+        assert_eq!(made["max_tokens"], 900);
+    }
+
+    #[test]
+    fn media_and_log_probabilities_are_not_followed() {
+        assert!(has_media(
+            r#"[{"role":"user","content":[{"type": "image_url","image_url":{"url":"x"}}]}]"#
+        ));
+        assert!(!has_media(
+            r#"[{"role":"user","content":[{"type":"text","text":"\"type\":\"image_url\""}]}]"#
+        ));
+        assert!(asks_logprobs(Shape::Completion, Some("0")));
+        assert!(!asks_logprobs(Shape::Completion, Some("null")));
+        assert!(!asks_logprobs(Shape::Chat, Some("false")));
+        assert!(asks_logprobs(Shape::Chat, Some("true")));
     }
 
     #[test]

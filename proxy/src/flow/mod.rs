@@ -127,34 +127,37 @@ pub(crate) async fn start(
         avoid: &[],
         continued: false,
     };
-    let started = placed_and_called(&request, bytes, &body, &handles, tracker.trace()).await?;
+    let trace = tracker.trace();
+    let (started, failed) = placed_and_called(&request, bytes, &body, &handles, trace).await?;
     Ok(match followed {
-        Some(asked) => Started {
-            resume: Some(migration::Migrator::resumption(
-                &request,
-                bytes.clone(),
-                asked,
-            )),
-            ..started
-        },
+        Some(asked) => {
+            let resumption =
+                migration::Migrator::resumption(&request, bytes.clone(), asked, failed);
+            Started {
+                resume: Some(resumption),
+                ..started
+            }
+        }
         None => started,
     })
 }
 
 /// Places the request and calls its engines; should its decode fail after its prefill
-/// answered, places it again with a fresh prefill (within the migration limit).
+/// answered, places it again with a fresh prefill (within the migration limit). Returns the
+/// decodes that failed it too.
 async fn placed_and_called(
     request: &Request<'_>,
     raw: &Bytes,
     body: &Body<'_>,
     handles: &ModelHandles,
     trace: Option<&RequestTrace>,
-) -> Result<Started, Refusal> {
+) -> Result<(Started, Vec<Arc<Backend>>), Refusal> {
     let placed = placement::place(request, raw, body, handles, trace).await?;
     match dispatch::run(request, body, placed, trace).await {
+        Ok(started) => Ok((started, request.avoid.to_vec())),
         Err(refusal) if refusal.replaceable.is_some() => {
             migration::replace(request, raw, body, handles, trace, refusal).await
         }
-        done => done,
+        Err(refusal) => Err(refusal),
     }
 }

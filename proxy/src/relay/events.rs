@@ -9,8 +9,10 @@ use memchr::memmem;
 /// The end of an event: a blank line (vLLM and SGLang end each event with `\n\n`).
 const END: &[u8] = b"\n\n";
 
-/// The most bytes a partial event may hold; an event longer than this is not followed.
-pub(super) const MAX_EVENT: usize = 1 << 20;
+/// The most bytes a partial event may hold; an event longer than this is not followed. The
+/// first event carries the prompt's token ids (about 7 bytes a token): 8 MiB holds a prompt of
+/// a million tokens.
+pub(super) const MAX_EVENT: usize = 8 << 20;
 
 /// The bytes of a stream that do not end an event yet.
 #[derive(Default)]

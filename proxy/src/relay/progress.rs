@@ -6,7 +6,10 @@
 //! A token's text can come later than the token: the engine holds back an incomplete UTF-8
 //! sequence (a character split across tokens) until it completes. The client has the text of
 //! every token up to the last event that carried text, so the continuation starts after those
-//! ([`Progress::committed`]); the tokens after it are generated again, with their text.
+//! (`committed`); the tokens after it are generated again, with their text. An event of
+//! several tokens with text may still hold back the last one's: until an event of one token
+//! with text comes, the answer is not continued. A chat whose tokens came without any text
+//! yet may be a reasoning parser's silent start: not continued either.
 //!
 //! After a migration the events come from the continuation, a completion of the prompt's
 //! tokens plus the committed ones: each is written back in the answer's own shape (its id,
@@ -17,10 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use super::events::{self, framed};
-use super::scan::{scan, without};
-
-/// The fields D adds for migration, taken out unless the client asked for them.
-const TOKEN_ID_FIELDS: [&[u8]; 2] = [b"\"prompt_token_ids\":", b"\"token_ids\":"];
+use super::scan::{framed_without_ids, scan};
 
 /// The shape of the answer's chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +46,9 @@ pub(crate) struct Asked {
 #[derive(Debug, Deserialize)]
 struct Head {
     id: Value,
+    #[serde(default)]
     created: Value,
+    #[serde(default)]
     model: Value,
 }
 
@@ -59,6 +61,11 @@ pub(crate) struct Progress {
     committed: usize,
     /// How many generated tokens the last continuation took as its prompt's.
     carried: usize,
+    /// Whether the client may lack the text of the last committed token (it came in an event
+    /// of several tokens).
+    uncertain: bool,
+    /// Ids the client has that the continuation generates again (when it asked for ids).
+    resent: usize,
     finished: bool,
     usage_sent: bool,
     done: bool,
@@ -123,6 +130,8 @@ impl Progress {
             generated: Vec::new(),
             committed: 0,
             carried: 0,
+            uncertain: false,
+            resent: 0,
             finished: false,
             usage_sent: false,
             done: false,
@@ -135,6 +144,11 @@ impl Progress {
     /// Whether the stream ended as it should (`[DONE]`).
     pub(super) fn done(&self) -> bool {
         self.done
+    }
+
+    /// Whether the events now come from a continuation.
+    pub(super) fn continued(&self) -> bool {
+        self.continued
     }
 
     /// Whether the answer's choice finished (so a break after it loses nothing).
@@ -159,38 +173,44 @@ impl Progress {
         if self.continued {
             return self.continued_event(data);
         }
-        let scanned = scan(data);
+        let scanned = scan(data, self.prompt.is_none(), &mut self.generated);
         if scanned.error {
             return Step::Broke;
         }
         if self.head.is_none() {
-            self.head = serde_json::from_slice(data).ok();
+            self.head = head(data);
         }
         if self.prompt.is_none() {
             self.prompt = scanned.prompt_token_ids;
         }
-        match scanned.token_ids {
-            Some(ids) => self.generated.extend(ids),
-            None if scanned.text => {
-                self.unresumable = Some("the decode sent text without token ids")
-            }
-            None => {}
+        if scanned.token_ids.is_none() && scanned.text {
+            self.unresumable = Some("the decode sent text without token ids");
         }
         if scanned.reasoning {
             self.unresumable = Some("the answer carries reasoning text");
         }
-        if scanned.text || scanned.finished {
-            self.committed = self.generated.len();
-        }
-        self.finished |= scanned.finished;
+        self.progressed(
+            scanned.text,
+            scanned.finished,
+            scanned.token_ids.unwrap_or(0),
+        );
         self.usage_sent |= scanned.usage;
         if self.asked.token_ids {
             return Step::Send(event);
         }
-        match without(data, &TOKEN_ID_FIELDS) {
-            Some(stripped) => Step::Send(Bytes::from(framed(&stripped))),
+        match framed_without_ids(data) {
+            Some(stripped) => Step::Send(Bytes::from(stripped)),
             None => Step::Send(event),
         }
+    }
+
+    /// Counts an event of `tokens` tokens, with `text` or not, `finished` or not.
+    fn progressed(&mut self, text: bool, finished: bool, tokens: usize) {
+        if text || finished {
+            self.committed = self.generated.len();
+            self.uncertain = text && tokens > 1 && !finished;
+        }
+        self.finished |= finished;
     }
 
     /// The continuation the answer needs now, or why it cannot go on exactly.
@@ -204,6 +224,13 @@ impl Progress {
         if self.head.is_none() {
             return Err("the answer broke before its first chunk");
         }
+        if self.uncertain {
+            return Err("its last event of several tokens may hold back a character's text");
+        }
+        let silent = self.generated.len() > self.committed && self.committed == 0;
+        if silent && self.asked.shape == Shape::Chat {
+            return Err("the chat's first tokens came without text (a parser's silent start?)");
+        }
         let mut ids = Vec::with_capacity(prompt.len() + self.committed);
         ids.extend_from_slice(prompt);
         ids.extend_from_slice(&self.generated[..self.committed]);
@@ -215,6 +242,7 @@ impl Progress {
 
     /// The answer goes on from `continuation`: its later tokens are generated again.
     pub(super) fn continue_from(&mut self, continuation: &Continuation) {
+        self.resent = self.generated.len() - continuation.generated;
         self.generated.truncate(continuation.generated);
         self.carried = continuation.generated;
         self.continued = true;
@@ -250,6 +278,7 @@ impl Progress {
         let mut choices = Vec::with_capacity(1);
         if let Some(choice) = chunk.choices.into_iter().next() {
             let finished = choice.finish_reason.as_ref().is_some_and(|r| !r.is_null());
+            let had_ids = choice.token_ids.is_some();
             let ids = choice.token_ids.unwrap_or_default();
             if choice.text.is_empty() && ids.is_empty() && !finished {
                 return match usage {
@@ -259,12 +288,16 @@ impl Progress {
                     None => Step::Nothing,
                 };
             }
-            self.generated.extend_from_slice(&ids);
-            if !choice.text.is_empty() || finished {
-                self.committed = self.generated.len();
+            if !had_ids && !choice.text.is_empty() {
+                self.unresumable = Some("the decode sent text without token ids");
             }
-            self.finished |= finished;
-            choices.push(self.choice(choice.text, choice.finish_reason, choice.stop_reason, ids));
+            self.generated.extend_from_slice(&ids);
+            self.progressed(!choice.text.is_empty(), finished, ids.len());
+            // Ids the client already has, of tokens generated again, are not sent twice.
+            let repeated = self.resent.min(ids.len());
+            self.resent -= repeated;
+            let sent = ids[repeated..].to_vec();
+            choices.push(self.choice(choice.text, choice.finish_reason, choice.stop_reason, sent));
         }
         Step::Send(Bytes::from(framed(&self.chunk(choices, usage))))
     }
@@ -310,6 +343,14 @@ impl Progress {
         }
         serde_json::to_vec(&chunk).expect("a JSON value serializes into memory")
     }
+}
+
+/// The answer's identity from its first event's JSON: the fields before `choices` (vLLM writes
+/// them first, and the choices may hold a long prompt's ids), else the whole event.
+fn head(data: &[u8]) -> Option<Head> {
+    let prefix = memchr::memmem::find(data, b",\"choices\":")
+        .and_then(|at| serde_json::from_slice(&[&data[..at], b"}"].concat()).ok());
+    prefix.or_else(|| serde_json::from_slice(data).ok())
 }
 
 /// OpenAI's usage object.
@@ -414,6 +455,48 @@ mod tests {
             progress.observe(event(r#"{"error":{"message":"x"}}"#)),
             Step::Broke
         ));
+    }
+
+    #[test]
+    fn text_possibly_held_back_or_a_silent_chat_start_is_not_continued() {
+        let mut progress = Progress::new(ASKED);
+        let first = r#"{"id":"c1","choices":[{"index":0,"text":"a","prompt_token_ids":[1],"token_ids":[4,5]}]}"#;
+        sent(progress.observe(event(first)));
+        assert!(progress.continuation().is_err(), "two tokens, one text");
+        let next = r#"{"id":"c1","choices":[{"index":0,"text":"b","token_ids":[6]}]}"#;
+        sent(progress.observe(event(next)));
+        assert_eq!(progress.continuation().unwrap().generated, 3);
+
+        let mut chat = Progress::new(Asked {
+            shape: Shape::Chat,
+            ..ASKED
+        });
+        let role = r#"{"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[1]}"#;
+        sent(chat.observe(event(role)));
+        let think = r#"{"id":"x","choices":[{"index":0,"delta":{},"token_ids":[9]}]}"#;
+        sent(chat.observe(event(think)));
+        assert!(
+            chat.continuation().is_err(),
+            "a parser may have swallowed it"
+        );
+    }
+
+    #[test]
+    fn ids_the_client_has_are_not_sent_twice() {
+        let mut progress = Progress::new(Asked {
+            token_ids: true,
+            ..ASKED
+        });
+        let first = r#"{"id":"c1","choices":[{"index":0,"text":"a","prompt_token_ids":[1],"token_ids":[4]}]}"#;
+        sent(progress.observe(event(first)));
+        let held = r#"{"id":"c1","choices":[{"index":0,"text":"","token_ids":[5]}]}"#;
+        sent(progress.observe(event(held)));
+        let continuation = progress.continuation().unwrap();
+        progress.continue_from(&continuation);
+        let again = r#"{"id":"n","choices":[{"index":0,"text":"bc","token_ids":[5,6]}]}"#;
+        let chunk = sent(progress.observe(event(again)));
+        assert!(chunk.contains(r#""token_ids":[6]"#), "{chunk}");
+        assert!(chunk.contains(r#""text":"bc""#), "{chunk}");
     }
 
     #[test]

@@ -68,6 +68,8 @@ pub(crate) struct Resumption {
     pub continuer: Box<dyn Continuer>,
     /// The migration metrics.
     pub metrics: MigrationMetrics,
+    /// The decodes that failed the request before its answer began (each one migration).
+    pub failed: Vec<Arc<Backend>>,
 }
 
 /// A migration under way.
@@ -83,14 +85,18 @@ struct Migrating {
 pub(super) enum Relayed {
     /// These bytes (possibly none).
     Send(Bytes),
-    /// D told an error: its answer broke.
-    Broke,
+    /// D told an error after these bytes (possibly none): its answer broke.
+    Broke(Bytes),
     /// An event outgrew the cap: these bytes as they are, and the answer is no longer followed.
     GaveUp(Bytes),
+    /// An event of a continuation outgrew the cap: the answer cannot go on.
+    Overflowed,
 }
 
 /// A followed answer's state.
 pub(super) struct Follow {
+    /// A break seen after bytes the client must get first: handled at the next poll.
+    pub pending: Option<Break>,
     resumption: Resumption,
     progress: Progress,
     events: Events,
@@ -106,12 +112,13 @@ impl Follow {
         let stall = Box::pin(tokio::time::sleep(resumption.stall));
         Follow {
             progress: Progress::new(resumption.asked),
+            migrations: resumption.failed.len() as u32,
+            failed: resumption.failed.clone(),
             resumption,
             events: Events::default(),
             stall,
             migrating: None,
-            migrations: 0,
-            failed: Vec::new(),
+            pending: None,
         }
     }
 
@@ -127,15 +134,20 @@ impl Follow {
             .reset((Instant::now() + self.resumption.stall).into());
         let events = match self.events.push(chunk) {
             Ok(events) => events,
+            Err(_) if self.progress.continued() => return Relayed::Overflowed,
             Err(Overflow(held)) => return Relayed::GaveUp(held),
         };
         let mut out: Option<BytesMut> = None;
         let mut single = None;
+        let mut broke = false;
         for event in events {
             let bytes = match self.progress.observe(event) {
                 Step::Send(bytes) => bytes,
                 Step::Nothing => continue,
-                Step::Broke => return Relayed::Broke,
+                Step::Broke => {
+                    broke = true;
+                    break;
+                }
             };
             match (&mut out, single.take()) {
                 (None, None) => single = Some(bytes),
@@ -147,10 +159,14 @@ impl Follow {
                 (Some(joined), _) => joined.extend_from_slice(&bytes),
             }
         }
-        Relayed::Send(match out {
+        let bytes = match out {
             Some(joined) => joined.freeze(),
             None => single.unwrap_or_default(),
-        })
+        };
+        match broke {
+            true => Relayed::Broke(bytes),
+            false => Relayed::Send(bytes),
+        }
     }
 
     /// Whether the decode has sent nothing for the stall timeout.
@@ -170,8 +186,10 @@ impl Follow {
         self.events.clear();
         let backend = call.backend().clone();
         call.finish(crate::metrics::CallOutcome::Error);
-        if reason != Break::ErrorEvent {
-            backend.eject(&format!("its answer {} mid-stream", reason.as_str()));
+        // A decode whose connection broke is likely gone: out until its health checks pass. A
+        // quiet or erring one may only be busy: it is just avoided by this answer.
+        if reason == Break::Broken {
+            backend.eject("its answer broke off mid-stream");
         }
         if self.progress.finished() {
             return Ok(Some(self.progress.ending()));

@@ -173,14 +173,21 @@ impl Relay {
     fn poll_followed(&mut self, cx: &mut Context<'_>) -> Poll<Option<<Self as Stream>::Item>> {
         loop {
             let follow = self.follow.as_mut().expect("the answer is followed");
+            if let Some(reason) = follow.pending.take() {
+                match self.broke(reason) {
+                    Some(end) => return end,
+                    None => continue,
+                }
+            }
             if let Some(started) = std::task::ready!(follow.poll_migration(cx)) {
                 match started {
                     Ok(resumed) => self.resume(resumed),
                     Err((error, outcome)) => return self.fail(error, outcome),
                 }
             }
-            let chunk = match self.first.take() {
-                Some(first) => Some(Ok(first)),
+            // The first chunk was noted by the latency watch when the answer began.
+            let (chunk, first) = match self.first.take() {
+                Some(first) => (Some(Ok(first)), true),
                 None => {
                     if let Some(failed) = self.poll_prefill(cx) {
                         return failed;
@@ -189,7 +196,7 @@ impl Relay {
                         return Poll::Ready(None);
                     };
                     match stream.poll_next_unpin(cx) {
-                        Poll::Ready(chunk) => chunk,
+                        Poll::Ready(chunk) => (chunk, false),
                         Poll::Pending => {
                             let follow = self.follow.as_mut().expect("the answer is followed");
                             if !follow.stalled(cx) {
@@ -209,7 +216,7 @@ impl Relay {
                     if let Some((_, call)) = &self.decode {
                         call.progressed();
                     }
-                    if let Some(watch) = &mut self.watch {
+                    if let Some(watch) = self.watch.as_mut().filter(|_| !first) {
                         watch.chunk(&chunk);
                     }
                     match follow.chunk(chunk) {
@@ -219,24 +226,33 @@ impl Relay {
                             self.follow = None;
                             return Poll::Ready(Some(Ok(held)));
                         }
-                        Relayed::Broke => match self.broke(Break::ErrorEvent) {
-                            Some(end) => return end,
-                            None => continue,
-                        },
+                        Relayed::Overflowed => {
+                            let error = ApiError::bad_gateway(
+                                "the continued answer sent an event over the proxy's limit",
+                            );
+                            return self.fail(error, Outcome::StreamError);
+                        }
+                        Relayed::Broke(bytes) if bytes.is_empty() => {
+                            match self.broke(Break::ErrorEvent) {
+                                Some(end) => return end,
+                                None => continue,
+                            }
+                        }
+                        Relayed::Broke(bytes) => {
+                            follow.pending = Some(Break::ErrorEvent);
+                            return Poll::Ready(Some(Ok(bytes)));
+                        }
                     }
                 }
+                // The whole answer is in: whatever its connection does now changes nothing.
+                _ if follow.done() => return self.ended(),
                 // The request's deadline: no time is left to go on elsewhere.
                 Some(Err(err @ UpstreamError::Timeout(_))) => {
                     let (_, call) = self.decode.take().expect("decode is set");
                     call.finish(err.outcome());
                     return self.decode_failed(err);
                 }
-                Some(Err(_)) => match self.broke(Break::Broken) {
-                    Some(end) => return end,
-                    None => continue,
-                },
-                None if follow.done() => return self.ended(),
-                None => match self.broke(Break::Broken) {
+                Some(Err(_)) | None => match self.broke(Break::Broken) {
                     Some(end) => return end,
                     None => continue,
                 },
@@ -247,8 +263,15 @@ impl Relay {
     /// D failed mid-answer: `Some` ends the stream (the answer had finished, or cannot go on),
     /// `None` lets a continuation start.
     fn broke(&mut self, reason: Break) -> Option<Poll<Option<<Self as Stream>::Item>>> {
+        if self.follow.as_ref().is_some_and(|follow| follow.done()) {
+            // The whole answer is in: its decode going quiet or away changes nothing.
+            return Some(self.ended());
+        }
         let (_, call) = self.decode.take().expect("decode is set");
-        self.prefill = None;
+        // P's answer no longer matters; it ends in the background (keeping its connection).
+        if let Some(prefill) = self.prefill.take() {
+            detach(prefill);
+        }
         self.watch = None;
         let follow = self.follow.as_mut().expect("the answer is followed");
         match follow.broke(reason, call, self.tracker.trace()) {

@@ -27,7 +27,7 @@ use futures_util::StreamExt;
 use pd_service::{serve, ServeLimits};
 use pd_tokenize::Tokenizer;
 use pd_transfer::{ExportConfig, KvExporter, KvPuller, TransferError};
-use serde_json::Value;
+use serde_json::{json, Value};
 use worker_client::{BootstrapClient, ClientError, EngineDirectory, LeaseKeeper};
 
 use super::api::{parse_prompt, sse_event, with_token_ids, Api, Prompt, ResponseMeta, SSE_DONE};
@@ -385,6 +385,10 @@ impl Engine {
                 (0..total).map(|_| generator.next_token()).unzip();
             for step in 0..total {
                 if fail_after == Some(step) {
+                    if fail_mode == FailMode::Error {
+                        let error = injected_error();
+                        return (StatusCode::INTERNAL_SERVER_ERROR, Json(error)).into_response();
+                    }
                     fail(fail_mode).await;
                 }
                 tokio::time::sleep(self.scheduler.per_token(per_token)).await;
@@ -410,6 +414,12 @@ impl Engine {
             async move {
                 let mut so_far = so_far;
                 if fail_after == Some(step) && step < total {
+                    if fail_mode == FailMode::Error {
+                        let error = sse_event(&injected_error());
+                        let ended = [&error[..], SSE_DONE].concat();
+                        let state = (total + 3, so_far, generator);
+                        return Some((Ok(Bytes::from(ended)), state));
+                    }
                     fail(fail_mode).await;
                 }
                 let event = if step < total {
@@ -457,7 +467,14 @@ impl Engine {
     }
 }
 
-/// Injected failure mid-answer: the engine dies, or the answer hangs.
+/// The error an injected `--fail-mode error` tells, as vLLM's `ErrorResponse`.
+fn injected_error() -> Value {
+    json!({"error": {"message": "injected failure (--fail-mode error)",
+                     "type": "InternalServerError", "param": null, "code": 500}})
+}
+
+/// Injected failure mid-answer: the engine dies, or the answer hangs (an error is told by the
+/// caller, in the answer's own shape, instead).
 async fn fail(mode: FailMode) {
     match mode {
         FailMode::Exit => {
@@ -466,6 +483,6 @@ async fn fail(mode: FailMode) {
             tokio::time::sleep(Duration::from_millis(100)).await;
             std::process::exit(1)
         }
-        FailMode::Stall => std::future::pending::<()>().await,
+        FailMode::Stall | FailMode::Error => std::future::pending::<()>().await,
     }
 }

@@ -42,6 +42,7 @@ pub(super) async fn run(
         reroute: None,
         reserved,
         awaiting: None,
+        avoid: request.avoid,
     })
     .await?;
     Ok(Started::new(decoding, overhead))

@@ -195,6 +195,7 @@ impl Call<'_> {
             reroute,
             reserved,
             awaiting: None,
+            avoid: self.request.avoid,
         })
         .await?;
         Ok(Started::new(decoding, overhead))

@@ -59,6 +59,8 @@ pub(super) struct DecodeCall<'a> {
     pub reserved: Option<Reservation>,
     /// D's call counted among the decode's requests waiting for their prefill, while P runs.
     pub awaiting: Option<AwaitingPrefill>,
+    /// Decodes a retry must not go to (they failed the request before).
+    pub avoid: &'a [Arc<Backend>],
 }
 
 /// D's answer has begun.
@@ -120,8 +122,10 @@ pub(super) async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decodi
             return Err(refusal);
         }
         if !retried && err.retryable() {
+            let avoid = call.avoid;
+            let other = |d: &Backend| !avoid.iter().any(|failed| std::ptr::eq(&**failed, d));
             let next = (state.router)
-                .pick_decode(Some(&decode), call.model, call.request)
+                .pick_decode_among(Some(&decode), call.model, call.request, Some(&other))
                 .filter(|_| state.router.may_retry("decode"));
             if let Some(next) = next {
                 tracing::debug!(decode = decode.url(), error = %err, "decode failed before its first byte; retrying");
