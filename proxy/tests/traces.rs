@@ -188,3 +188,85 @@ async fn without_a_collector_the_clients_context_still_reaches_p_and_d() {
     assert_eq!(prefill.wait_seen(2).await[1].header("traceparent"), None);
     child.kill().await.unwrap();
 }
+
+/// A streamed answer whose decode breaks mid-answer goes on on the other decode: the move is
+/// a `migration` span of the request, from the failure to the continuation's first byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_is_a_span_of_its_request() {
+    let receiver = OtlpReceiver::start().await.unwrap();
+    let (prefill, bootstrap, broken) = engines().await;
+    let other = Mock::decode().await;
+    // The first decode sends a token (and the prompt's ids) and closes; the other goes on.
+    broken.set(|b| {
+        b.chunks = vec![
+            r#"{"id":"c1","created":1,"model":"m","choices":[{"index":0,"text":"Hel","prompt_token_ids":[1,2],"token_ids":[7]}]}"#.into(),
+        ];
+    });
+    other.set(|b| {
+        b.chunks = vec![
+            r#"{"id":"c2","created":2,"model":"m","choices":[{"index":0,"text":"lo","finish_reason":"length","prompt_token_ids":[1,2,7],"token_ids":[8]}]}"#.into(),
+            "[DONE]".into(),
+        ];
+    });
+    let port = bootstrap.url().rsplit(':').next().unwrap().to_owned();
+    let (prefill_url, broken_url, other_url) = (prefill.url(), broken.url(), other.url());
+    let args = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--prefill",
+        &prefill_url,
+        &port,
+        "--decode",
+        &broken_url,
+        "--decode",
+        &other_url,
+        "--decode-policy",
+        "round_robin",
+    ];
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+    ];
+    let (mut child, addr) = listening(&args, &env).await;
+    let url = format!("http://{addr}");
+    wait_ready_at(&url).await;
+    let answer = client()
+        .post(format!("{url}/v1/completions"))
+        .header("traceparent", format!("00-{TRACE}-{CLIENT_SPAN}-01"))
+        .json(&json!({"prompt": "moved", "max_tokens": 2, "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        answer.contains(r#""text":"Hel""#) && answer.contains(r#""text":"lo""#),
+        "{answer}"
+    );
+    assert!(
+        answer.contains(r#""id":"c1""#) && !answer.contains("c2"),
+        "one id: {answer}"
+    );
+    assert!(!answer.contains("token_ids"), "{answer}");
+    let continued = other.wait_seen(1).await.remove(0);
+    assert_eq!(continued.body["prompt"], json!([1, 2, 7]));
+    assert_eq!(continued.body["max_tokens"], 1);
+    let spans = receiver
+        .wait_for(Duration::from_secs(10), |spans| {
+            ["migration", "POST /v1/completions"]
+                .iter()
+                .all(|n| spans.iter().any(|s| s.trace_id == TRACE && s.name == *n))
+        })
+        .await;
+    let request = named(&spans, TRACE, "POST /v1/completions");
+    let migration = named(&spans, TRACE, "migration");
+    assert_eq!(migration.parent_span_id, request.span_id);
+    assert_eq!(
+        migration.attributes.get("server.address").cloned(),
+        Some(broken.url())
+    );
+    child.kill().await.unwrap();
+}
