@@ -18,6 +18,9 @@ pub(crate) enum Break {
 }
 
 impl Break {
+    /// Every reason.
+    const ALL: [Break; 4] = [Break::Broken, Break::ErrorEvent, Break::Stalled, Break::Failed];
+
     /// The label value.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
@@ -47,6 +50,16 @@ pub(crate) enum Migrated {
 }
 
 impl Migrated {
+    /// Every outcome.
+    const ALL: [Migrated; 6] = [
+        Migrated::Resumed,
+        Migrated::Failed,
+        Migrated::Limit,
+        Migrated::Deadline,
+        Migrated::Budget,
+        Migrated::Inexact,
+    ];
+
     /// The label value.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
@@ -94,6 +107,12 @@ impl MigrationMetrics {
             ]),
         )
         .expect("valid metric");
+        // Every series exists from the start, at 0 (dashboards and alerts see them).
+        for reason in Break::ALL {
+            for outcome in Migrated::ALL {
+                migrations.with_label_values(&[reason.as_str(), outcome.as_str()]);
+            }
+        }
         for metric in [
             Box::new(migrations.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(reprefilled.clone()),
