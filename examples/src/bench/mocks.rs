@@ -28,11 +28,34 @@ const TAIL_GAP: Duration = Duration::from_millis(20);
 struct Answers {
     /// A whole completion.
     whole: Bytes,
-    /// The streamed answer: [`STREAM_EVENTS`] SSE events and `[DONE]`, in one piece.
+    /// The streamed answer, as it is sent without token ids and with them (vLLM's
+    /// `return_token_ids`: the prompt's on the first chunk, each chunk's own).
+    plain: Streamed,
+    with_ids: Streamed,
+}
+
+/// A streamed answer: [`STREAM_EVENTS`] SSE events and `[DONE]`.
+struct Streamed {
+    /// In one piece.
     stream: Bytes,
-    /// The streamed answer's first event, and the rest (for a D that pauses between them).
+    /// The first event, and the rest (for a D that pauses between them).
     first_event: Bytes,
     later_events: Bytes,
+}
+
+impl Streamed {
+    /// The answer of `chunk(i)` for each event `i`.
+    fn of(chunk: impl Fn(usize) -> Value) -> Self {
+        let mut events: Vec<Bytes> = (0..STREAM_EVENTS)
+            .map(|i| Bytes::from(format!("data: {}\n\n", chunk(i))))
+            .collect();
+        events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        Streamed {
+            stream: Bytes::from(events.concat()),
+            first_event: events[0].clone(),
+            later_events: Bytes::from(events[1..].concat()),
+        }
+    }
 }
 
 static ANSWERS: LazyLock<Answers> = LazyLock::new(|| {
@@ -41,28 +64,31 @@ static ANSWERS: LazyLock<Answers> = LazyLock::new(|| {
            "usage": {"prompt_tokens": 24, "completion_tokens": 16, "total_tokens": 40}});
     let chunk = json!({"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "sim-model",
                        "choices": [{"index": 0, "text": " tok", "logprobs": null, "finish_reason": null}]});
-    let mut events: Vec<Bytes> = (0..STREAM_EVENTS)
-        .map(|_| Bytes::from(format!("data: {chunk}\n\n")))
-        .collect();
-    events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    let prompt: Vec<u32> = (1000..1024).collect();
     Answers {
         whole: Bytes::from(whole.to_string()),
-        stream: Bytes::from(events.concat()),
-        first_event: events[0].clone(),
-        later_events: Bytes::from(events[1..].concat()),
+        plain: Streamed::of(|_| chunk.clone()),
+        with_ids: Streamed::of(|i| {
+            let mut chunk = chunk.clone();
+            chunk["choices"][0]["prompt_token_ids"] = json!((i == 0).then_some(&prompt));
+            chunk["choices"][0]["token_ids"] = json!([2000 + i]);
+            chunk
+        }),
     }
 });
 
-/// The one field of a request the mocks read (the rest is skipped, not parsed into values).
+/// The fields of a request the mocks read (the rest is skipped, not parsed into values).
 #[derive(Deserialize)]
 struct StreamFlag {
     stream: Option<bool>,
+    return_token_ids: Option<bool>,
 }
 
 async fn answer(body: Bytes, tail_gap: Option<Duration>) -> Response {
-    let stream = serde_json::from_slice::<StreamFlag>(&body)
-        .ok()
-        .and_then(|flag| flag.stream)
+    let flags = serde_json::from_slice::<StreamFlag>(&body).ok();
+    let stream = flags.as_ref().and_then(|flag| flag.stream).unwrap_or(false);
+    let ids = flags
+        .and_then(|flag| flag.return_token_ids)
         .unwrap_or(false);
     let answers = &*ANSWERS;
     if !stream {
@@ -72,12 +98,16 @@ async fn answer(body: Bytes, tail_gap: Option<Duration>) -> Response {
         )
             .into_response();
     }
+    let streamed = match ids {
+        true => &answers.with_ids,
+        false => &answers.plain,
+    };
     let body = match tail_gap {
-        None => Body::from(answers.stream.clone()),
+        None => Body::from(streamed.stream.clone()),
         Some(gap) => {
             let parts = futures_util::stream::iter([
-                (answers.first_event.clone(), Duration::ZERO),
-                (answers.later_events.clone(), gap),
+                (streamed.first_event.clone(), Duration::ZERO),
+                (streamed.later_events.clone(), gap),
             ]);
             Body::from_stream(futures_util::StreamExt::then(
                 parts,

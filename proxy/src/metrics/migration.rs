@@ -19,7 +19,12 @@ pub(crate) enum Break {
 
 impl Break {
     /// Every reason.
-    const ALL: [Break; 4] = [Break::Broken, Break::ErrorEvent, Break::Stalled, Break::Failed];
+    const ALL: [Break; 4] = [
+        Break::Broken,
+        Break::ErrorEvent,
+        Break::Stalled,
+        Break::Failed,
+    ];
 
     /// The label value.
     pub(crate) fn as_str(self) -> &'static str {

@@ -15,12 +15,12 @@
 //! tokens plus the committed ones: each is written back in the answer's own shape (its id,
 //! `created`, model, a chat chunk's `delta`), and its usage counts the whole answer.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use super::events::{self, framed};
-use super::scan::{framed_without_ids, scan};
+use super::scan::{scan, write_without, TextKey};
 
 /// The shape of the answer's chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,12 +76,11 @@ pub(crate) struct Progress {
     continued: bool,
 }
 
-/// What the relay does with one event.
+/// What one event was.
+#[derive(Debug, PartialEq, Eq)]
 pub(super) enum Step {
-    /// Sends these bytes to the client.
-    Send(Bytes),
-    /// Sends nothing (an event with nothing for the client).
-    Nothing,
+    /// Part of the answer (what the client gets of it, if anything, is written out).
+    Relayed,
     /// D told an error mid-answer: the answer broke.
     Broke,
 }
@@ -161,19 +160,25 @@ impl Progress {
         self.generated.len()
     }
 
-    /// Reads one whole event of the answer: what the client gets of it.
-    pub(super) fn observe(&mut self, event: Bytes) -> Step {
-        let Some(data) = events::data(&event) else {
-            return Step::Send(event);
+    /// Reads one whole event of the answer, writing what the client gets of it to `out`.
+    pub(super) fn observe(&mut self, event: &[u8], out: &mut BytesMut) -> Step {
+        let Some(data) = events::data(event) else {
+            out.extend_from_slice(event);
+            return Step::Relayed;
         };
         if data == b"[DONE]" {
             self.done = true;
-            return Step::Send(event);
+            out.extend_from_slice(event);
+            return Step::Relayed;
         }
         if self.continued {
-            return self.continued_event(data);
+            return self.continued_event(data, out);
         }
-        let scanned = scan(data, self.prompt.is_none(), &mut self.generated);
+        let text = match self.asked.shape {
+            Shape::Completion => TextKey::Text,
+            Shape::Chat => TextKey::Content,
+        };
+        let scanned = scan(data, text, self.prompt.is_none(), &mut self.generated);
         if scanned.error {
             return Step::Broke;
         }
@@ -195,13 +200,11 @@ impl Progress {
             scanned.token_ids.unwrap_or(0),
         );
         self.usage_sent |= scanned.usage;
-        if self.asked.token_ids {
-            return Step::Send(event);
+        match self.asked.token_ids {
+            true => out.extend_from_slice(event),
+            false => write_without(data, &scanned.id_fields, out),
         }
-        match framed_without_ids(data) {
-            Some(stripped) => Step::Send(Bytes::from(stripped)),
-            None => Step::Send(event),
-        }
+        Step::Relayed
     }
 
     /// Counts an event of `tokens` tokens, with `text` or not, `finished` or not.
@@ -251,7 +254,7 @@ impl Progress {
     /// The end of an answer whose choice finished before its stream broke: its usage when the
     /// client asked and has not had it, and `[DONE]`.
     pub(super) fn ending(&mut self) -> Bytes {
-        let mut out = Vec::new();
+        let mut out = BytesMut::new();
         if self.asked.usage && !self.usage_sent {
             let prompt = self.prompt.as_ref().map_or(0, Vec::len);
             let usage = usage(prompt, self.generated.len());
@@ -259,11 +262,11 @@ impl Progress {
         }
         out.extend_from_slice(b"data: [DONE]\n\n");
         self.done = true;
-        Bytes::from(out)
+        out.freeze()
     }
 
-    /// A continuation's event in the answer's shape.
-    fn continued_event(&mut self, data: &[u8]) -> Step {
+    /// A continuation's event, written to `out` in the answer's shape.
+    fn continued_event(&mut self, data: &[u8], out: &mut BytesMut) -> Step {
         let Ok(chunk) = serde_json::from_slice::<ContinuedChunk>(data) else {
             return Step::Broke;
         };
@@ -281,12 +284,10 @@ impl Progress {
             let had_ids = choice.token_ids.is_some();
             let ids = choice.token_ids.unwrap_or_default();
             if choice.text.is_empty() && ids.is_empty() && !finished {
-                return match usage {
-                    Some(usage) => {
-                        Step::Send(Bytes::from(framed(&self.chunk(choices, Some(usage)))))
-                    }
-                    None => Step::Nothing,
-                };
+                if let Some(usage) = usage {
+                    out.extend(framed(&self.chunk(choices, Some(usage))));
+                }
+                return Step::Relayed;
             }
             if !had_ids && !choice.text.is_empty() {
                 self.unresumable = Some("the decode sent text without token ids");
@@ -299,7 +300,8 @@ impl Progress {
             let sent = ids[repeated..].to_vec();
             choices.push(self.choice(choice.text, choice.finish_reason, choice.stop_reason, sent));
         }
-        Step::Send(Bytes::from(framed(&self.chunk(choices, usage))))
+        out.extend(framed(&self.chunk(choices, usage)));
+        Step::Relayed
     }
 
     /// One choice in the answer's shape.
@@ -371,12 +373,12 @@ mod tests {
         Bytes::from(format!("data: {data}\n\n"))
     }
 
-    fn sent(step: Step) -> String {
-        match step {
-            Step::Send(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
-            Step::Nothing => String::new(),
-            Step::Broke => panic!("the answer broke"),
-        }
+    /// What the client gets of the event of `data`.
+    fn sent(progress: &mut Progress, data: &str) -> String {
+        let mut out = BytesMut::new();
+        let step = progress.observe(&event(data), &mut out);
+        assert_eq!(step, Step::Relayed, "the answer broke");
+        String::from_utf8(out.to_vec()).unwrap()
     }
 
     const ASKED: Asked = Asked {
@@ -390,12 +392,12 @@ mod tests {
         let mut progress = Progress::new(ASKED);
         let first = r#"{"id":"c1","created":5,"model":"m","choices":[{"index":0,"text":"a","prompt_token_ids":[1,2],"token_ids":[10]}]}"#;
         assert_eq!(
-            sent(progress.observe(event(first))),
+            sent(&mut progress, first),
             "data: {\"id\":\"c1\",\"created\":5,\"model\":\"m\",\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"
         );
         // A token whose text the engine holds back (half a character): not committed.
         let held = r#"{"id":"c1","choices":[{"index":0,"text":"","prompt_token_ids":null,"token_ids":[11]}]}"#;
-        sent(progress.observe(event(held)));
+        sent(&mut progress, held);
         assert_eq!(progress.generated(), 2);
         let continuation = progress.continuation().unwrap();
         assert_eq!(
@@ -414,15 +416,15 @@ mod tests {
             ..ASKED
         });
         let first = r#"{"id":"chat-1","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[1,2]}"#;
-        sent(progress.observe(event(first)));
+        sent(&mut progress, first);
         let token =
             r#"{"id":"chat-1","choices":[{"index":0,"delta":{"content":"x"},"token_ids":[10]}]}"#;
-        sent(progress.observe(event(token)));
+        sent(&mut progress, token);
         let continuation = progress.continuation().unwrap();
         progress.continue_from(&continuation);
         let next = r#"{"id":"cmpl-9","object":"text_completion","created":9,"model":"m","choices":[{"index":0,"text":"y","finish_reason":"length","stop_reason":null,"token_ids":[11],"prompt_token_ids":[1,2,10]}]}"#;
         let chunk: Value = serde_json::from_str(
-            sent(progress.observe(event(next)))
+            sent(&mut progress, next)
                 .strip_prefix("data: ")
                 .unwrap()
                 .trim(),
@@ -434,7 +436,7 @@ mod tests {
         assert_eq!(chunk["choices"][0]["finish_reason"], "length");
         assert!(chunk["choices"][0].get("token_ids").is_none());
         let usage = r#"{"id":"cmpl-9","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
-        let chunk = sent(progress.observe(event(usage)));
+        let chunk = sent(&mut progress, usage);
         assert!(
             chunk.contains(r#""usage":{"completion_tokens":2,"prompt_tokens":2,"total_tokens":4}"#),
             "{chunk}"
@@ -446,25 +448,23 @@ mod tests {
         let mut progress = Progress::new(ASKED);
         assert!(progress.continuation().is_err());
         let no_ids = r#"{"id":"c1","choices":[{"index":0,"text":"a"}]}"#;
-        sent(progress.observe(event(no_ids)));
+        sent(&mut progress, no_ids);
         assert_eq!(
             progress.continuation(),
             Err("the decode sent text without token ids")
         );
-        assert!(matches!(
-            progress.observe(event(r#"{"error":{"message":"x"}}"#)),
-            Step::Broke
-        ));
+        let error = event(r#"{"error":{"message":"x"}}"#);
+        assert_eq!(progress.observe(&error, &mut BytesMut::new()), Step::Broke);
     }
 
     #[test]
     fn text_possibly_held_back_or_a_silent_chat_start_is_not_continued() {
         let mut progress = Progress::new(ASKED);
         let first = r#"{"id":"c1","choices":[{"index":0,"text":"a","prompt_token_ids":[1],"token_ids":[4,5]}]}"#;
-        sent(progress.observe(event(first)));
+        sent(&mut progress, first);
         assert!(progress.continuation().is_err(), "two tokens, one text");
         let next = r#"{"id":"c1","choices":[{"index":0,"text":"b","token_ids":[6]}]}"#;
-        sent(progress.observe(event(next)));
+        sent(&mut progress, next);
         assert_eq!(progress.continuation().unwrap().generated, 3);
 
         let mut chat = Progress::new(Asked {
@@ -472,9 +472,9 @@ mod tests {
             ..ASKED
         });
         let role = r#"{"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[1]}"#;
-        sent(chat.observe(event(role)));
+        sent(&mut chat, role);
         let think = r#"{"id":"x","choices":[{"index":0,"delta":{},"token_ids":[9]}]}"#;
-        sent(chat.observe(event(think)));
+        sent(&mut chat, think);
         assert!(
             chat.continuation().is_err(),
             "a parser may have swallowed it"
@@ -488,13 +488,13 @@ mod tests {
             ..ASKED
         });
         let first = r#"{"id":"c1","choices":[{"index":0,"text":"a","prompt_token_ids":[1],"token_ids":[4]}]}"#;
-        sent(progress.observe(event(first)));
+        sent(&mut progress, first);
         let held = r#"{"id":"c1","choices":[{"index":0,"text":"","token_ids":[5]}]}"#;
-        sent(progress.observe(event(held)));
+        sent(&mut progress, held);
         let continuation = progress.continuation().unwrap();
         progress.continue_from(&continuation);
         let again = r#"{"id":"n","choices":[{"index":0,"text":"bc","token_ids":[5,6]}]}"#;
-        let chunk = sent(progress.observe(event(again)));
+        let chunk = sent(&mut progress, again);
         assert!(chunk.contains(r#""token_ids":[6]"#), "{chunk}");
         assert!(chunk.contains(r#""text":"bc""#), "{chunk}");
     }
@@ -503,7 +503,7 @@ mod tests {
     fn a_finished_answer_ends_with_its_usage() {
         let mut progress = Progress::new(ASKED);
         let last = r#"{"id":"c1","choices":[{"index":0,"text":"a","finish_reason":"stop","prompt_token_ids":[1],"token_ids":[4,5]}]}"#;
-        sent(progress.observe(event(last)));
+        sent(&mut progress, last);
         assert!(progress.finished());
         let ending = String::from_utf8(progress.ending().to_vec()).unwrap();
         assert!(ending.contains(r#""completion_tokens":2"#), "{ending}");

@@ -137,36 +137,13 @@ impl Follow {
             Err(_) if self.progress.continued() => return Relayed::Overflowed,
             Err(Overflow(held)) => return Relayed::GaveUp(held),
         };
-        let mut out: Option<BytesMut> = None;
-        let mut single = None;
-        let mut broke = false;
+        let mut out = BytesMut::new();
         for event in events {
-            let bytes = match self.progress.observe(event) {
-                Step::Send(bytes) => bytes,
-                Step::Nothing => continue,
-                Step::Broke => {
-                    broke = true;
-                    break;
-                }
-            };
-            match (&mut out, single.take()) {
-                (None, None) => single = Some(bytes),
-                (None, Some(previous)) => {
-                    let mut joined = BytesMut::from(&previous[..]);
-                    joined.extend_from_slice(&bytes);
-                    out = Some(joined);
-                }
-                (Some(joined), _) => joined.extend_from_slice(&bytes),
+            if self.progress.observe(&event, &mut out) == Step::Broke {
+                return Relayed::Broke(out.freeze());
             }
         }
-        let bytes = match out {
-            Some(joined) => joined.freeze(),
-            None => single.unwrap_or_default(),
-        };
-        match broke {
-            true => Relayed::Broke(bytes),
-            false => Relayed::Send(bytes),
-        }
+        Relayed::Send(out.freeze())
     }
 
     /// Whether the decode has sent nothing for the stall timeout.
