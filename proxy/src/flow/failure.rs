@@ -39,7 +39,9 @@ impl From<Failure> for Refusal {
 pub(super) fn prefill_failure(pair: &Pair, err: &UpstreamError) -> Failure {
     let who = format!("prefill {} (dp rank {})", pair.backend.url(), pair.dp_rank);
     match err {
-        UpstreamError::Timeout(limit) | UpstreamError::FirstByteTimeout(limit) => (
+        UpstreamError::Timeout(limit)
+        | UpstreamError::FirstByteTimeout(limit)
+        | UpstreamError::Stalled(limit) => (
             ApiError::gateway_timeout(format!("{who} did not answer within {limit:?}")),
             Outcome::PrefillTimeout,
         ),

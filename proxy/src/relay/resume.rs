@@ -1,5 +1,6 @@
 //! Following a streamed answer so that it can go on elsewhere: its events are relayed whole,
-//! its tokens counted ([`Progress`]), its decode watched for a stall; when the decode fails
+//! its tokens counted ([`Progress`]), its decode's silences limited (by its answer's own
+//! timer, [`crate::upstream::Answer::limit_silences`]); when the decode fails
 //! mid-answer (the connection closes or resets, an error event, no token for
 //! `--decode-stall-timeout`), the answer is continued on another decode, within the request's
 //! `--migration-limit`, deadline and the router's retry budget.
@@ -8,8 +9,6 @@
 //! placed and dispatched as a new request would be, never on a decode that failed this answer)
 //! is the flow's: the relay reaches it through [`Continuer`].
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -17,7 +16,6 @@ use std::time::{Duration, Instant};
 use axum::http::HeaderValue;
 use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
-use tokio::time::Sleep;
 
 use super::events::{Events, Overflow};
 use super::progress::{Asked, Continuation, Progress, Step};
@@ -100,7 +98,6 @@ pub(super) struct Follow {
     resumption: Resumption,
     progress: Progress,
     events: Events,
-    stall: Pin<Box<Sleep>>,
     migrating: Option<Migrating>,
     migrations: u32,
     failed: Vec<Arc<Backend>>,
@@ -109,14 +106,12 @@ pub(super) struct Follow {
 impl Follow {
     /// Starts following an answer.
     pub(super) fn new(resumption: Resumption) -> Self {
-        let stall = Box::pin(tokio::time::sleep(resumption.stall));
         Follow {
             progress: Progress::new(resumption.asked),
             migrations: resumption.failed.len() as u32,
             failed: resumption.failed.clone(),
             resumption,
             events: Events::default(),
-            stall,
             migrating: None,
             pending: None,
         }
@@ -127,11 +122,13 @@ impl Follow {
         self.progress.done()
     }
 
+    /// How long the decode may send nothing before it is taken as stalled.
+    pub(super) fn silence_limit(&self) -> Duration {
+        self.resumption.stall
+    }
+
     /// Reads a chunk of D's answer: what the client gets of it.
     pub(super) fn chunk(&mut self, chunk: Bytes) -> Relayed {
-        self.stall
-            .as_mut()
-            .reset((Instant::now() + self.resumption.stall).into());
         let events = match self.events.push(chunk) {
             Ok(events) => events,
             Err(_) if self.progress.continued() => return Relayed::Overflowed,
@@ -144,11 +141,6 @@ impl Follow {
             }
         }
         Relayed::Send(out.freeze())
-    }
-
-    /// Whether the decode has sent nothing for the stall timeout.
-    pub(super) fn stalled(&mut self, cx: &mut Context<'_>) -> bool {
-        self.stall.as_mut().poll(cx).is_ready()
     }
 
     /// The decode of `call` failed mid-answer by `reason`: starts the continuation, or says
@@ -252,9 +244,6 @@ impl Follow {
                     decode = resumed.call.backend().url(),
                     "answer continued on another decode"
                 );
-                self.stall
-                    .as_mut()
-                    .reset((Instant::now() + self.resumption.stall).into());
             }
             Err((error, _)) => {
                 metrics.count(reason, Migrated::Failed);

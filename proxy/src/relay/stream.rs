@@ -68,7 +68,11 @@ impl Relay {
         let follow = resumption
             .filter(|_| self.sse)
             .map(|resumption| Box::new(Follow::new(resumption)));
-        Relay { follow, ..self }
+        let mut relay = Relay { follow, ..self };
+        if let (Some(follow), Some((answer, _))) = (&relay.follow, &mut relay.decode) {
+            answer.limit_silences(follow.silence_limit());
+        }
+        relay
     }
 
     /// Ends the stream with `error`: an SSE error event, or a broken body.
@@ -195,19 +199,7 @@ impl Relay {
                     let Some((stream, _)) = &mut self.decode else {
                         return Poll::Ready(None);
                     };
-                    match stream.poll_next_unpin(cx) {
-                        Poll::Ready(chunk) => (chunk, false),
-                        Poll::Pending => {
-                            let follow = self.follow.as_mut().expect("the answer is followed");
-                            if !follow.stalled(cx) {
-                                return Poll::Pending;
-                            }
-                            match self.broke(Break::Stalled) {
-                                Some(end) => return end,
-                                None => continue,
-                            }
-                        }
-                    }
+                    (std::task::ready!(stream.poll_next_unpin(cx)), false)
                 }
             };
             let follow = self.follow.as_mut().expect("the answer is followed");
@@ -252,6 +244,10 @@ impl Relay {
                     call.finish(err.outcome());
                     return self.decode_failed(err);
                 }
+                Some(Err(UpstreamError::Stalled(_))) => match self.broke(Break::Stalled) {
+                    Some(end) => return end,
+                    None => continue,
+                },
                 Some(Err(_)) | None => match self.broke(Break::Broken) {
                     Some(end) => return end,
                     None => continue,
@@ -286,8 +282,12 @@ impl Relay {
 
     /// A continuation's answer has begun: it is relayed from now on.
     fn resume(&mut self, resumed: Resumed) {
+        let mut answer = resumed.decode.rest;
+        if let Some(follow) = &self.follow {
+            answer.limit_silences(follow.silence_limit());
+        }
         self.first = resumed.decode.first;
-        self.decode = Some((resumed.decode.rest, resumed.call));
+        self.decode = Some((answer, resumed.call));
         self.prefill = resumed.prefill;
     }
 }

@@ -1,9 +1,11 @@
-//! The body of a backend's answer, read as a stream under the call's time limit.
+//! The body of a backend's answer, read as a stream under the call's time limit and, for an
+//! answer being followed, a limit on its silences: one timer for both, re-armed only when it
+//! fires (not at every chunk).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::stream::{BoxStream, Stream};
@@ -19,8 +21,13 @@ use super::error::{UpstreamError, MAX_ERROR_BODY};
 /// The body of a backend's answer, read under the call's time limit.
 pub(crate) struct Answer {
     pub(super) source: Source,
+    /// Fires at the call's deadline, or earlier at the end of the silence allowed.
     pub(super) deadline: Pin<Box<Sleep>>,
+    /// The call's deadline.
+    pub(super) due: Instant,
     pub(super) timeout: Duration,
+    /// The silence allowed, and when the last bytes came (see [`Answer::limit_silences`]).
+    pub(super) silence: Option<(Duration, Instant)>,
 }
 
 /// Where the body's bytes come from: a pooled connection for plain HTTP, reqwest for HTTPS.
@@ -54,10 +61,46 @@ impl Stream for Answer {
                 item.map(|chunk| chunk.map_err(|err| UpstreamError::from_reqwest(&err, timeout)))
             }),
         };
-        if polled.is_pending() && this.deadline.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err(UpstreamError::Timeout(timeout))));
+        match &polled {
+            Poll::Ready(Some(Ok(_))) => {
+                if let Some((_, last)) = &mut this.silence {
+                    *last = Instant::now();
+                }
+            }
+            Poll::Pending => return this.poll_timer(cx),
+            _ => {}
         }
         polled
+    }
+}
+
+impl Answer {
+    /// Ends the answer with [`UpstreamError::Stalled`] should it send nothing for `limit`.
+    pub(crate) fn limit_silences(&mut self, limit: Duration) {
+        let now = Instant::now();
+        self.silence = Some((limit, now));
+        self.deadline
+            .as_mut()
+            .reset((now + limit).min(self.due).into());
+    }
+
+    /// While the body has nothing: its failure once the timer fires for the deadline or for
+    /// a silence that lasted; a timer that fired early (bytes came since it was armed) is armed
+    /// again for the silence's new end.
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamError>>> {
+        while self.deadline.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            let Some((limit, last)) = self.silence.filter(|_| now < self.due) else {
+                return Poll::Ready(Some(Err(UpstreamError::Timeout(self.timeout))));
+            };
+            if now >= last + limit {
+                return Poll::Ready(Some(Err(UpstreamError::Stalled(limit))));
+            }
+            self.deadline
+                .as_mut()
+                .reset((last + limit).min(self.due).into());
+        }
+        Poll::Pending
     }
 }
 

@@ -25,6 +25,9 @@ pub(crate) enum UpstreamError {
     /// D sent no first byte within this long of P's answer (`--decode-first-byte-timeout`).
     #[error("no first byte within {0:?} of the prefill's answer")]
     FirstByteTimeout(Duration),
+    /// An answer being streamed sent nothing for this long (`--decode-stall-timeout`).
+    #[error("sent nothing for {0:?}")]
+    Stalled(Duration),
     /// A non-2xx answer.
     #[error("answered {status}")]
     Status {
@@ -55,7 +58,9 @@ impl UpstreamError {
     pub(crate) fn outcome(&self) -> CallOutcome {
         match self {
             UpstreamError::Connect(_) => CallOutcome::ConnectError,
-            UpstreamError::Timeout(_) | UpstreamError::FirstByteTimeout(_) => CallOutcome::Timeout,
+            UpstreamError::Timeout(_)
+            | UpstreamError::FirstByteTimeout(_)
+            | UpstreamError::Stalled(_) => CallOutcome::Timeout,
             UpstreamError::Status { .. } => CallOutcome::HttpError,
             UpstreamError::Broken(_) => CallOutcome::Error,
         }
@@ -73,7 +78,9 @@ impl UpstreamError {
     pub(crate) fn retryable(&self) -> bool {
         match self {
             UpstreamError::Connect(_) | UpstreamError::Broken(_) => true,
-            UpstreamError::Timeout(_) | UpstreamError::FirstByteTimeout(_) => false,
+            UpstreamError::Timeout(_)
+            | UpstreamError::FirstByteTimeout(_)
+            | UpstreamError::Stalled(_) => false,
             UpstreamError::Status { status, .. } => {
                 status.is_server_error()
                     || *status == StatusCode::REQUEST_TIMEOUT

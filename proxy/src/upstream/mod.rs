@@ -143,7 +143,9 @@ impl Upstream {
             body: Answer {
                 source,
                 deadline,
+                due,
                 timeout,
+                silence: None,
             },
         })
     }
