@@ -60,6 +60,11 @@ impl Process {
         self.child.try_wait().ok().flatten()
     }
 
+    /// Whether it has exited, or was killed and reaped already ([`Process::kill`]).
+    pub fn exited_or_reaped(&mut self) -> bool {
+        self.pid().is_none() || self.exited().is_some()
+    }
+
     /// Sends `signal` to every process of its group: itself and what it started (vLLM's
     /// engine core and workers). A group's id stays reserved while any member lives, so this
     /// reaches no other process.

@@ -2,8 +2,8 @@
 //! after its first tokens the decode serving it (the one `x-pd-route` names) is killed
 //! (SIGKILL) or frozen (SIGSTOP, thawed afterwards); the answer goes on on another decode. The
 //! figure is the time from the fault to the client's next token, over repeated faults: with
-//! sim engines (a fresh cluster per kill) and with the real vLLM CPU engines (three decodes: two
-//! kills, the freezes on the survivors). [`disturbed`] is also what the tests use.
+//! sim engines (a fresh cluster per fault) and with the real vLLM CPU engines (three decodes,
+//! each killed one started again on its port). [`disturbed`] is also what the tests use.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -12,8 +12,8 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use super::chart::{grouped_bars, Series};
-use crate::cluster::{Cluster, ClusterSpec, PrefillShape};
-use crate::vllm::{Connector, VllmEngines, TINY_MODEL_NAME};
+use crate::cluster::{free_port, Cluster, ClusterSpec, PrefillShape};
+use crate::vllm::{wait_ready, Connector, EngineRole, VllmEngines, TINY_MODEL_NAME};
 
 /// What is done to the decode serving an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,7 +174,7 @@ const STALL_TIMEOUT_S: f64 = 1.0;
 const BEFORE: usize = 8;
 
 /// Measures `faults` kills and freezes with sim engines, and with the real vLLM engines when
-/// `real` (two kills, `faults` freezes).
+/// `real` (`faults` freezes, [`REAL_KILLS`] kills).
 pub async fn rows(
     bin_dir: &Path,
     run_dir: &Path,
@@ -212,7 +212,10 @@ fn cluster_spec(bin_dir: &Path, run_dir: &Path, decodes: usize) -> ClusterSpec {
     spec
 }
 
-/// The real engines: three decodes, `faults` freezes (each thawed), then two kills.
+/// Kills of real engines measured (each killed decode is started again, 20 to 60 s).
+const REAL_KILLS: usize = 8;
+
+/// The real engines: three decodes, `faults` freezes (each thawed), then [`REAL_KILLS`] kills.
 async fn real_rows(
     bin_dir: &Path,
     run_dir: &Path,
@@ -222,28 +225,58 @@ async fn real_rows(
     let vllm =
         (VllmEngines::cpu(&run_dir, Connector::Mooncake).await).map_err(|e| e.to_string())?;
     let mut spec = cluster_spec(bin_dir, &run_dir, 3);
-    spec.vllm = Some(vllm);
+    spec.vllm = Some(vllm.clone());
     let mut cluster = Cluster::start(&spec).await.map_err(|e| e.to_string())?;
+    let measured = real_faults(&mut cluster, &vllm, &run_dir, faults).await;
+    cluster.shutdown().await;
+    measured
+}
+
+/// The faults of [`real_rows`] on its `cluster`.
+async fn real_faults(
+    cluster: &mut Cluster,
+    vllm: &VllmEngines,
+    run_dir: &Path,
+    faults: usize,
+) -> Result<Vec<MigrationRow>, String> {
     let mut rows = Vec::new();
-    for (fault, count) in [(Fault::Freeze, faults), (Fault::Kill, 2)] {
+    for (fault, count) in [(Fault::Freeze, faults), (Fault::Kill, REAL_KILLS)] {
         let mut measured = Vec::new();
         for i in 0..count {
             let body = json!({"model": TINY_MODEL_NAME, "prompt": format!("Answer {i}: the sky"),
                               "max_tokens": 64, "temperature": 0, "ignore_eos": true,
                               "stream": true});
-            let answer = disturbed(&mut cluster, "/v1/completions", &body, fault, BEFORE).await;
-            match answer.and_then(checked) {
-                Ok(answer) => measured.push(answer),
-                Err(err) => {
-                    cluster.shutdown().await;
-                    return Err(err);
-                }
+            let answer = disturbed(cluster, "/v1/completions", &body, fault, BEFORE).await?;
+            measured.push(checked(answer)?);
+            if fault == Fault::Kill {
+                restart_killed(cluster, vllm, run_dir).await?;
             }
         }
         rows.push(row("vLLM (CPU)", fault, &measured));
     }
-    cluster.shutdown().await;
     Ok(rows)
+}
+
+/// Starts the decode of `cluster` that was killed again, on its port, and waits until it is
+/// up.
+async fn restart_killed(
+    cluster: &mut Cluster,
+    vllm: &VllmEngines,
+    run_dir: &Path,
+) -> Result<(), String> {
+    let Some(killed) = (cluster.decodes.iter_mut()).position(|d| d.exited_or_reaped()) else {
+        return Ok(());
+    };
+    let old = &cluster.decodes[killed];
+    let port: u16 = (old.url.rsplit(':').next())
+        .and_then(|port| port.parse().ok())
+        .ok_or_else(|| format!("no port in {}", old.url))?;
+    let name = format!("{}-again", old.name);
+    let mut engine = (vllm.spawn(run_dir, &name, EngineRole::Decode, port, None, free_port()))
+        .map_err(|e| e.to_string())?;
+    wait_ready(&mut engine).await.map_err(|e| e.to_string())?;
+    cluster.decodes[killed] = engine;
+    Ok(())
 }
 
 /// `answer`, when it went on to its end.
