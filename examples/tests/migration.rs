@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use pd_examples::bench::migration;
 use pd_examples::cluster::{Cluster, ClusterSpec, PrefillShape};
 use serde_json::{json, Value};
 
@@ -124,16 +125,9 @@ async fn stream_from(base: &str, path: &str, body: &Value) -> Streamed {
 
 /// The proxy's migrations of answers broken by `reason` that ended as `outcome`.
 async fn migrations(cluster: &Cluster, reason: &str, outcome: &str) -> u64 {
-    let metrics = reqwest::get(format!("{}/metrics", cluster.proxy.url))
+    migration::migrations(&cluster.proxy.url, reason, outcome)
         .await
         .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let series = format!("pd_proxy_migrations_total{{outcome=\"{outcome}\",reason=\"{reason}\"}} ");
-    (metrics.lines())
-        .find_map(|line| line.strip_prefix(&series))
-        .map_or(0, |value| value.trim().parse().unwrap())
 }
 
 /// A streamed completion of 24 tokens with its usage.
@@ -234,24 +228,16 @@ async fn a_whole_answer_whose_decode_dies_is_placed_again_with_a_fresh_prefill()
     let body = json!({"prompt": "a whole answer", "max_tokens": 12});
     let url = format!("{}/v1/completions", cluster.proxy.url);
     let http = reqwest::Client::new();
-    let first: Value = http
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let again: Value = http
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = || async {
+        http.post(&url)
+            .json(&body)
+            .send()
+            .await?
+            .json::<Value>()
+            .await
+    };
+    let first = answer().await.unwrap();
+    let again = answer().await.unwrap();
     assert_eq!(
         first["choices"][0]["text"], again["choices"][0]["text"],
         "{first}"

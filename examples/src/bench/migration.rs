@@ -147,6 +147,23 @@ pub async fn disturbed(
     Ok(answer)
 }
 
+/// How many answers the proxy at `proxy_url` moved after their decode failed by `reason`, that
+/// ended as `outcome` (its `pd_proxy_migrations_total`).
+pub async fn migrations(proxy_url: &str, reason: &str, outcome: &str) -> Result<u64, String> {
+    let metrics = reqwest::get(format!("{proxy_url}/metrics"))
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .map_err(|err| err.to_string())?
+        .text()
+        .await
+        .map_err(|err| err.to_string())?;
+    let series = format!("pd_proxy_migrations_total{{outcome=\"{outcome}\",reason=\"{reason}\"}} ");
+    Ok((metrics.lines())
+        .find_map(|line| line.strip_prefix(&series))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0))
+}
+
 /// The figures of one kind of fault on one kind of engine.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct MigrationRow {
