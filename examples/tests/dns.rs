@@ -422,7 +422,14 @@ async fn a_rolling_update_behind_dns_loses_no_request() {
     .await;
     let drain = tokio::process::Command::new(bin_dir.join("worker-client"))
         .args(["--url", &p[0].1, "drain", "--engine-host", "127.0.0.1"])
-        .args(["--wait-idle", &url, "--idle-timeout", "10"])
+        .args([
+            "--wait-idle",
+            &url,
+            "--admin-key",
+            "rollout",
+            "--idle-timeout",
+            "10",
+        ])
         .output()
         .await
         .expect("worker-client runs (built by cargo test --workspace)");

@@ -184,6 +184,7 @@ async fn one_proxy_routes_two_models_and_their_adapters() {
     // The metrics by model.
     let metrics = client()
         .get(format!("{proxy}/metrics"))
+        .bearer_auth(ADMIN_KEY)
         .send()
         .await
         .unwrap()

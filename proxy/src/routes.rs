@@ -1,5 +1,7 @@
-//! The routes: the proxied `/v1` ones behind their layers, and `/health`, `/ready`, `/metrics`,
-//! with JSON 404 and 405 for anything else.
+//! The routes: the proxied `/v1` ones behind their layers, the probes (`/health`, `/ready`) and
+//! the operator's (`/metrics`, `/admin/*`, the live pages), with JSON 404 and 405 for anything
+//! else. The operator's are on the serving port behind the admin key once any key is set
+//! ([`RequireOperator`]), or on a listener of their own (`--admin-port`, [`admin_router`]).
 
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -10,15 +12,40 @@ use tower::ServiceBuilder;
 
 use crate::error::ApiError;
 use crate::layers::auth::RequireApiKey;
+use crate::layers::operator::RequireOperator;
 use crate::layers::request_id::AssignRequestIdLayer;
 use crate::layers::track::TrackLayer;
 use crate::readiness::readiness;
 use crate::state::AppState;
 use crate::{admin, handler, model_list, ui};
 
-/// Builds the router: the proxied routes behind their layers (see [`crate::layers`]), the
-/// operational ones open.
+/// The serving port's router: the proxied routes behind their layers (see [`crate::layers`]),
+/// the probes, and (without `--admin-port`) the operator's routes.
 pub(crate) fn router(state: AppState) -> Router {
+    let serving = clients(&state).merge(probes());
+    let serving = match state.admin_listener {
+        true => serving,
+        false => serving.merge(operator()),
+    };
+    finished(serving, &state).layer(RequireOperator::layer(&state))
+}
+
+/// The `--admin-port` listener's router: the operator's routes and the probes, no key asked
+/// beyond the admin routes' own.
+pub(crate) fn admin_router(state: AppState) -> Router {
+    finished(operator().merge(probes()), &state)
+}
+
+/// The routes with the fallbacks' JSON errors and the state.
+fn finished(routes: Router<AppState>, state: &AppState) -> Router {
+    routes
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state.clone())
+}
+
+/// The clients' routes, behind their layers.
+fn clients(state: &AppState) -> Router<AppState> {
     let completions = Router::new()
         .route("/v1/completions", post(handler::proxied))
         .route("/v1/chat/completions", post(handler::proxied))
@@ -28,24 +55,30 @@ pub(crate) fn router(state: AppState) -> Router {
             ServiceBuilder::new()
                 .layer(AssignRequestIdLayer(state.clone()))
                 .layer(TrackLayer(state.clone()))
-                .layer(RequireApiKey::layer(&state)),
+                .layer(RequireApiKey::layer(state)),
         );
     let models = Router::new()
         .route("/v1/models", get(model_list::models))
-        .route_layer(RequireApiKey::layer(&state));
-    completions
-        .merge(models)
+        .route_layer(RequireApiKey::layer(state));
+    completions.merge(models)
+}
+
+/// The probes: open everywhere.
+fn probes() -> Router<AppState> {
+    Router::new()
         .route("/health", get(health_route))
         .route("/ready", get(ready))
+}
+
+/// The operator's routes: the metrics, the admin routes, the live pages.
+fn operator() -> Router<AppState> {
+    Router::new()
         .route("/metrics", get(metrics))
         .route("/admin/backends", get(admin::backends))
         .route("/admin/drain", post(admin::drain))
         .route("/admin/kv-index", get(admin::kv_index))
         .route("/admin/kv-index/match", post(admin::kv_match))
         .merge(ui::routes())
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state)
 }
 
 async fn not_found(request: Request) -> ApiError {

@@ -1,9 +1,12 @@
-//! The lifecycle: bind, start discovery and health checks, serve, shut down gracefully.
+//! The lifecycle: bind (the serving port, and the operator's own with `--admin-port`), start
+//! discovery and health checks, serve, shut down gracefully.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 
+use futures_util::FutureExt;
 use pd_service::{bind, serve, Background, BindError, Draining, ServeLimits};
 use tokio::net::TcpListener;
 
@@ -14,6 +17,9 @@ use crate::metrics::Metrics;
 use crate::routes;
 use crate::state::{AppState, Shared};
 use crate::upstream::Upstream;
+
+/// The most connections the operator's listener holds at once.
+const ADMIN_CONNECTIONS: usize = 256;
 
 /// Why the proxy could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +41,8 @@ pub enum ProxyError {
 /// A bound proxy, ready to [`run`](Proxy::run).
 pub struct Proxy {
     listener: TcpListener,
+    /// The operator's listener (`--admin-port`), if any.
+    admin: Option<TcpListener>,
     state: AppState,
     config: Config,
 }
@@ -45,12 +53,22 @@ impl Proxy {
         let metrics = Arc::new(Metrics::new());
         let upstream = Upstream::new(&config)?;
         let listener = bind(&config.host, config.port).await?;
+        let admin = match &config.admin_listener {
+            Some((host, port)) => Some(bind(host, *port).await?),
+            None => None,
+        };
         let state = Arc::new(Shared::new(&config, upstream, metrics)?);
         Ok(Proxy {
             listener,
+            admin,
             state,
             config,
         })
+    }
+
+    /// The address of the operator's listener (`--admin-port`), if there is one.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        (self.admin.as_ref()).map(|admin| admin.local_addr().expect("a bound TCP listener"))
     }
 
     /// The address actually bound.
@@ -77,14 +95,17 @@ impl Proxy {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ProxyError> {
+        let admin_addr = self.admin_addr();
         let Proxy {
             listener,
+            admin,
             state,
             config,
         } = self;
         let running = state.router.start()?;
         tracing::info!(
             addr = %listener.local_addr()?,
+            admin_addr = admin_addr.map(|addr| addr.to_string()),
             prefills = ?config.router.prefills.iter().map(|p| format!("{} (bootstrap {})", p.url, p.bootstrap_addr.as_deref().unwrap_or("none"))).collect::<Vec<_>>(),
             decodes = ?config.router.decodes,
             dns = ?state.router.dns_labels(),
@@ -102,7 +123,30 @@ impl Proxy {
             draining: Some(state.draining.clone()),
             ..ServeLimits::default()
         };
+        let shutdown =
+            FutureExt::shared(Box::pin(shutdown) as Pin<Box<dyn Future<Output = ()> + Send>>);
+        // The operator's listener: a few connections, the same grace (its live page streams).
+        let admin = admin.map(|admin| {
+            let limits = ServeLimits {
+                header_read_timeout: config.clients.header_read_timeout,
+                max_connections: Some(ADMIN_CONNECTIONS),
+                wire_error_body: Some(crate::error::wire_error_body),
+                shutdown_grace: config.shutdown_grace,
+                ..ServeLimits::default()
+            };
+            tokio::spawn(serve(
+                admin,
+                routes::admin_router(state.clone()),
+                shutdown.clone(),
+                limits,
+            ))
+        });
         let served = serve(listener, routes::router(state), shutdown, limits).await;
+        if let Some(admin) = admin {
+            if let Ok(Err(err)) = admin.await {
+                tracing::warn!(error = %err, "the admin listener failed");
+            }
+        }
         running.stop();
         tracing::info!("pd-proxy stopped");
         served.map_err(ProxyError::from)

@@ -32,6 +32,10 @@ pub(crate) struct Shared {
     pub api_key: Option<BearerToken>,
     /// The key of the admin routes (off without one).
     pub admin_key: Option<BearerToken>,
+    /// Whether the operator's routes have a listener of their own (`--admin-port`).
+    pub admin_listener: bool,
+    /// Whether `/metrics` on the serving port needs no key (`--metrics-open`).
+    pub metrics_open: bool,
     /// Request and transfer ids.
     pub ids: Ids,
     /// Reads client bodies under the limits.
@@ -67,6 +71,8 @@ impl Shared {
             mode: config.router.mode,
             api_key: config.api_key.as_deref().and_then(BearerToken::new),
             admin_key: config.admin_key.as_deref().and_then(BearerToken::new),
+            admin_listener: config.admin_listener.is_some(),
+            metrics_open: config.metrics_open,
             ids: Ids::default(),
             intake: Intake::new(&config.clients),
             draining: Draining::new(),

@@ -242,8 +242,10 @@ async fn sequential_mode_refuses_a_prefill_answer_without_params() {
 
 #[tokio::test]
 async fn api_key_is_required_and_forwarded() {
+    // The metrics read below are left open to scrapers (a key is set).
     let cluster = Cluster::start(1, &[(0, "engine-0")], |config| {
-        config.api_key = Some("secret".into())
+        config.api_key = Some("secret".into());
+        config.metrics_open = true;
     })
     .await;
     for auth in [None, Some("Bearer wrong"), Some("secret")] {

@@ -29,6 +29,8 @@ async fn start(
     let bootstrap = Bootstrap::start(topology(&[(0, "engine-0")])).await;
     let mut config = config(vec![target(&prefill, &bootstrap.url())], vec![decode.url()]);
     config.admin_key = Some(KEY.to_owned());
+    // The metrics the tests read are left open to scrapers (a key is set).
+    config.metrics_open = true;
     config.router.kv_events = Some(KvEventsConfig {
         max_blocks: 1_000_000,
         rescan: Duration::from_millis(100),

@@ -199,11 +199,17 @@ async fn the_proxy_page_shows_backends_routing_and_drains() {
     let mut spec = ClusterSpec::demo(bin_dir(), run_dir.path().to_path_buf());
     spec.prefills = vec![PrefillShape { dp: 2, tp: 1 }];
     spec.decodes = 2;
-    spec.proxy_args = vec!["--admin-key".into(), "ui".into()];
+    // With a key set, the page is served on the operator's own listener (a browser sends no
+    // key); the clients' routes stay on the serving port.
+    let admin_port = pd_examples::cluster::free_port();
+    spec.proxy_args = ["--admin-key", "ui", "--admin-port", &admin_port.to_string()]
+        .map(String::from)
+        .to_vec();
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");
     let url = cluster.proxy.url.clone();
+    let admin = format!("http://127.0.0.1:{admin_port}");
     let browser = Browser::start().await;
-    browser.open_live_page(&url).await;
+    browser.open_live_page(&admin).await;
     browser
         .until(
             "every backend",
@@ -244,7 +250,7 @@ async fn the_proxy_page_shows_backends_routing_and_drains() {
     // A drain at the proxy is on the page within a second or two (one snapshot a second).
     let decode = &cluster.decodes[0].url;
     let drained = reqwest::Client::new()
-        .post(format!("{url}/admin/drain"))
+        .post(format!("{admin}/admin/drain"))
         .bearer_auth("ui")
         .json(&json!({"url": decode}))
         .send()

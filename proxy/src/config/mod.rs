@@ -83,9 +83,23 @@ pub struct Args {
     #[arg(long, env = "PD_PROXY_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Key an operator must send as `Authorization: Bearer <key>` to drain backends
-    /// (`POST /admin/drain`); without it that route is off.
+    /// (`POST /admin/drain`) and read the KV index; without it those routes are off. While any
+    /// key is set and there is no --admin-port, every operator's route on the serving port
+    /// (`/metrics`, `/admin/*`, `/ui`) needs it.
     #[arg(long, env = "PD_PROXY_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: Option<String>,
+    /// Serve the operator's routes (`/metrics`, `/admin/*`, `/ui`, and `/health`, `/ready`) on a
+    /// listener of their own, on this port (0: any free one): the serving port then answers them
+    /// with 404.
+    #[arg(long, env = "PD_PROXY_ADMIN_PORT")]
+    pub admin_port: Option<u16>,
+    /// Address of the --admin-port listener.
+    #[arg(long, env = "PD_PROXY_ADMIN_HOST", default_value = "127.0.0.1")]
+    pub admin_host: String,
+    /// Leave `GET /metrics` on the serving port open to scrapers that send no key, while keys are
+    /// set (the other operator's routes still need the admin key).
+    #[arg(long, env = "PD_PROXY_METRICS_OPEN")]
+    pub metrics_open: bool,
     /// Log format.
     #[arg(long, env = "PD_PROXY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -142,6 +156,8 @@ impl Args {
         // An empty key would be "no key"; treat it so rather than demanding `Bearer `.
         config.api_key = self.api_key.filter(|key| !key.is_empty());
         config.admin_key = self.admin_key.filter(|key| !key.is_empty());
+        config.admin_listener = self.admin_port.map(|port| (self.admin_host, port));
+        config.metrics_open = self.metrics_open;
         config.sidecar = self.sidecar;
         Ok(config)
     }

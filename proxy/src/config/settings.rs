@@ -47,6 +47,10 @@ pub struct Config {
     pub api_key: Option<String>,
     /// The key of the admin routes, if they are on.
     pub admin_key: Option<String>,
+    /// Where the operator's routes are served on their own (host, port), if they are.
+    pub admin_listener: Option<(String, u16)>,
+    /// Whether `/metrics` on the serving port needs no key.
+    pub metrics_open: bool,
     /// Whether it runs beside a decode as a gateway's sidecar (see `--sidecar`).
     pub sidecar: bool,
 }
@@ -77,6 +81,8 @@ impl Config {
             },
             api_key: None,
             admin_key: None,
+            admin_listener: None,
+            metrics_open: false,
             sidecar: false,
         }
     }
