@@ -60,6 +60,8 @@ impl Cluster {
             .collect();
         let mut config = config(targets, decodes.iter().map(Mock::url).collect());
         config.admin_key = Some(KEY.to_owned());
+        // The metrics the tests read are left open to scrapers (a key is set).
+        config.metrics_open = true;
         config.router.routing.prefill_policy = Policy::PrecisePrefix;
         config.router.routing.decode_policy = Policy::PrecisePrefix;
         config.router.kv_events = Some(KvEventsConfig {
@@ -300,7 +302,8 @@ async fn queued_work_outweighs_a_partial_hit() {
     // Their work done (P's calls over, not only D's answers), the holder is the cheapest again.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let backends = get_json(&cluster.proxy, "/admin/backends").await;
+        let url = format!("{}/admin/backends", cluster.proxy.url());
+        let backends = json_of(client().get(url).bearer_auth(KEY)).await;
         if backends["prefills"][0]["in_flight"] == 0 {
             break;
         }
