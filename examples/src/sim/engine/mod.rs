@@ -4,6 +4,7 @@
 //! dialect's: [`vllm`] or [`sglang`]; pulling and verifying the KV is [`pull`]'s.
 
 mod caches;
+mod generate;
 mod models;
 mod pull;
 mod report;
@@ -12,28 +13,25 @@ mod sglang;
 mod vllm;
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use futures_util::StreamExt;
 use pd_service::{serve, ServeLimits};
 use pd_tokenize::Tokenizer;
 use pd_transfer::{ExportConfig, KvExporter, KvPuller, TransferError};
-use serde_json::{json, Value};
+use serde_json::Value;
 use worker_client::{BootstrapClient, ClientError, EngineDirectory, LeaseKeeper};
 
-use super::api::{parse_prompt, sse_event, with_token_ids, Api, Prompt, ResponseMeta, SSE_DONE};
-use super::config::{Dialect, FailMode, Registration, Role, SimArgs};
+use super::api::{parse_prompt, Api, Prompt};
+use super::config::{Dialect, Registration, Role, SimArgs};
 use super::failure::Failure;
-use super::kv::{kv_bytes, shard_len, Generator, Shard};
+use super::kv::{kv_bytes, shard_len, Shard};
 use super::kv_events::Publisher;
 use super::lora::Adapters;
 use super::prefix_cache::PrefixCache;
@@ -364,125 +362,5 @@ impl Engine {
             self.stats.kv_published.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
-    }
-
-    /// Generates `max_tokens` tokens at the decode pace, whole or as SSE chunks.
-    async fn generate(&self, api: Api, prompt: Prompt, kv_params: Value) -> Response {
-        let served = prompt
-            .lora
-            .as_ref()
-            .map_or(&self.args.model, |lora| &lora.name);
-        let meta = ResponseMeta::new(api, served);
-        let per_token = Duration::from_millis(self.args.decode_ms_per_token);
-        let prompt_tokens = prompt.token_count();
-        let total = prompt.max_tokens;
-        let ids = prompt.return_token_ids;
-        let fail_after = Some(self.args.fail_after_tokens).filter(|n| *n > 0);
-        let fail_mode = self.args.fail_mode;
-        if !prompt.stream {
-            let mut generator = Generator::new(&prompt.tokens);
-            let (generated, text): (Vec<u32>, String) =
-                (0..total).map(|_| generator.next_token()).unzip();
-            for step in 0..total {
-                if fail_after == Some(step) {
-                    if fail_mode == FailMode::Error {
-                        let error = injected_error();
-                        return (StatusCode::INTERNAL_SERVER_ERROR, Json(error)).into_response();
-                    }
-                    fail(fail_mode).await;
-                }
-                tokio::time::sleep(self.scheduler.per_token(per_token)).await;
-            }
-            let answer = meta.full(&text, prompt_tokens, total, kv_params);
-            let answer = match ids && api != Api::Generate {
-                true => with_token_ids(answer, &generated, Some(&prompt.tokens)),
-                false => answer,
-            };
-            return Json(answer).into_response();
-        }
-        let scheduler = self.scheduler.clone();
-        let include_usage = prompt.include_usage && api != Api::Generate;
-        // Steps: one event per token, then (OpenAI only) the closing chunk and optional usage,
-        // then [DONE]. SGLang's events carry the whole text so far and end on the last token.
-        let prompt_ids: Arc<[u32]> = prompt.tokens.clone().into();
-        let generator = Generator::new(&prompt.tokens);
-        let state = (0u32, String::new(), generator);
-        let events = futures_util::stream::unfold(state, move |(step, so_far, mut generator)| {
-            let meta = meta.clone();
-            let prompt_ids = prompt_ids.clone();
-            let pause = scheduler.per_token(per_token);
-            async move {
-                let mut so_far = so_far;
-                if fail_after == Some(step) && step < total {
-                    if fail_mode == FailMode::Error {
-                        let error = sse_event(&injected_error());
-                        let ended = [&error[..], SSE_DONE].concat();
-                        let state = (total + 3, so_far, generator);
-                        return Some((Ok(Bytes::from(ended)), state));
-                    }
-                    fail(fail_mode).await;
-                }
-                let event = if step < total {
-                    tokio::time::sleep(pause).await;
-                    let (id, piece) = generator.next_token();
-                    if api == Api::Generate {
-                        so_far.push_str(&piece);
-                        let done = step + 1 == total;
-                        sse_event(&meta.generated(&so_far, prompt_tokens, step + 1, done))
-                    } else {
-                        let chunk = meta.chunk(Some(&piece), step == 0, false);
-                        let chunk = match ids {
-                            true => {
-                                with_token_ids(chunk, &[id], (step == 0).then_some(&prompt_ids[..]))
-                            }
-                            false => chunk,
-                        };
-                        sse_event(&chunk)
-                    }
-                } else if step == total && api != Api::Generate {
-                    sse_event(&meta.chunk(None, total == 0, true))
-                } else if step == total + 1 && include_usage {
-                    sse_event(&meta.usage_chunk(prompt_tokens, total))
-                } else if step <= total + 2 {
-                    Bytes::from_static(SSE_DONE)
-                } else {
-                    return None;
-                };
-                let next = match step {
-                    s if s + 1 == total && api == Api::Generate => total + 2,
-                    s if s == total && !include_usage => total + 2,
-                    s => s + 1,
-                };
-                Some((Ok::<_, Infallible>(event), (next, so_far, generator)))
-            }
-        });
-        (
-            [
-                (header::CONTENT_TYPE, "text/event-stream"),
-                (header::CACHE_CONTROL, "no-cache"),
-            ],
-            Body::from_stream(events),
-        )
-            .into_response()
-    }
-}
-
-/// The error an injected `--fail-mode error` tells, as vLLM's `ErrorResponse`.
-fn injected_error() -> Value {
-    json!({"error": {"message": "injected failure (--fail-mode error)",
-                     "type": "InternalServerError", "param": null, "code": 500}})
-}
-
-/// Injected failure mid-answer: the engine dies, or the answer hangs (an error is told by the
-/// caller, in the answer's own shape, instead).
-async fn fail(mode: FailMode) {
-    match mode {
-        FailMode::Exit => {
-            // The tokens sent so far reach the client first, as a crash between two tokens
-            // leaves them.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            std::process::exit(1)
-        }
-        FailMode::Stall | FailMode::Error => std::future::pending::<()>().await,
     }
 }

@@ -55,6 +55,19 @@ impl ModelCard {
     }
 }
 
+/// The context length (`max_model_len`) `cards` give `model` (an adapter: its base model's;
+/// no model: the first card's), if they give one.
+pub fn context_length(cards: &[ModelCard], model: Option<&str>) -> Option<u64> {
+    let card = match model {
+        Some(model) => cards.iter().find(|card| card.id == model)?,
+        None => cards.first()?,
+    };
+    let base = (card.parent.as_deref())
+        .and_then(|parent| cards.iter().find(|card| card.id == parent))
+        .unwrap_or(card);
+    base.raw.get("max_model_len")?.as_u64()
+}
+
 /// The cards `url` (a `/v1/models`) lists, or `None` when it does not answer them in time,
 /// within [`MAX_MODELS_BYTES`], in OpenAI's list shape.
 pub async fn read_cards(

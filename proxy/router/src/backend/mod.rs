@@ -293,15 +293,7 @@ impl Backend {
     /// model's; without a model: its first model's), if the card gives one.
     pub fn context_length(&self, model: Option<&str>) -> Option<u64> {
         let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
-        let cards = models.as_ref()?;
-        let card = match model {
-            Some(model) => cards.iter().find(|card| card.id == model)?,
-            None => cards.first()?,
-        };
-        let base = (card.parent.as_deref())
-            .and_then(|parent| cards.iter().find(|card| card.id == parent))
-            .unwrap_or(card);
-        base.raw.get("max_model_len")?.as_u64()
+        card::context_length(models.as_ref()?, model)
     }
 
     /// Whether the backend may serve `model`: it lists it, or nothing is known (of the
