@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::binary::listening;
-use common::{client, topology, wait_ready_at, Bootstrap, Mock};
+use common::binary::in_front_of;
+use common::{client, topology, Bootstrap, Mock};
 use reqwest::Method;
 use tokio::process::Child;
 
@@ -45,22 +45,7 @@ impl Engines {
 
     /// pd-proxy in front of them with `args`, ready: the process and its serving URL.
     async fn proxy(&self, args: &[&str]) -> (Child, String) {
-        let port = self.bootstrap.url().rsplit(':').next().unwrap().to_owned();
-        let (prefill, decode) = (self.prefill.url(), self.decode.url());
-        let base = [
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--prefill",
-            &prefill,
-            &port,
-        ];
-        let all = [&base[..], &["--decode", &decode], args].concat();
-        let (child, addr) = listening(&all, &[]).await;
-        let url = format!("http://{addr}");
-        wait_ready_at(&url).await;
-        (child, url)
+        in_front_of(&self.prefill, &self.bootstrap, &[&self.decode], args, &[]).await
     }
 }
 

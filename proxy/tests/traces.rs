@@ -7,8 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::binary::listening;
-use common::{client, topology, wait_ready_at, Bootstrap, Mock};
+use common::binary::in_front_of;
+use common::{client, topology, Bootstrap, Mock};
 use pd_service::otlp_receiver::{OtlpReceiver, ReceivedSpan};
 use serde_json::json;
 use tokio::process::Child;
@@ -17,29 +17,15 @@ const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
 
 /// The binary in front of `prefill` (its bootstrap server `bootstrap`) and `decode`, with
-/// `env`; once ready. Returns it and its URL.
+/// `env` (and `RUST_LOG=info`); once ready. Returns it and its URL.
 async fn proxy(
     prefill: &Mock,
     bootstrap: &Bootstrap,
     decode: &Mock,
     env: &[(&str, &str)],
 ) -> (Child, String) {
-    let port = bootstrap.url().rsplit(':').next().unwrap().to_owned();
-    let (prefill, decode) = (prefill.url(), decode.url());
-    let args = [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--prefill",
-        &prefill,
-        &port,
-    ];
     let env = [&[("RUST_LOG", "info")], env].concat();
-    let (child, addr) = listening(&[&args[..], &["--decode", &decode]].concat(), &env).await;
-    let url = format!("http://{addr}");
-    wait_ready_at(&url).await;
-    (child, url)
+    in_front_of(prefill, bootstrap, &[decode], &[], &env).await
 }
 
 /// `POST /v1/completions`, with `traceparent` when given.
@@ -208,30 +194,13 @@ async fn a_migration_is_a_span_of_its_request() {
             "[DONE]".into(),
         ];
     });
-    let port = bootstrap.url().rsplit(':').next().unwrap().to_owned();
-    let (prefill_url, broken_url, other_url) = (prefill.url(), broken.url(), other.url());
-    let args = [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--prefill",
-        &prefill_url,
-        &port,
-        "--decode",
-        &broken_url,
-        "--decode",
-        &other_url,
-        "--decode-policy",
-        "round_robin",
-    ];
     let env = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url.as_str()),
         ("OTEL_BSP_SCHEDULE_DELAY", "50"),
     ];
-    let (mut child, addr) = listening(&args, &env).await;
-    let url = format!("http://{addr}");
-    wait_ready_at(&url).await;
+    let policy = ["--decode-policy", "round_robin"];
+    let (mut child, url) =
+        in_front_of(&prefill, &bootstrap, &[&broken, &other], &policy, &env).await;
     let answer = client()
         .post(format!("{url}/v1/completions"))
         .header("traceparent", format!("00-{TRACE}-{CLIENT_SPAN}-01"))

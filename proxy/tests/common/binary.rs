@@ -42,3 +42,34 @@ pub async fn listening(args: &[&str], env: &[(&str, &str)]) -> (Child, String) {
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, addr)
 }
+
+/// The binary in front of `prefill` (its bootstrap server `bootstrap`) and `decodes`, with
+/// `args` after those and only the environment `env`; once ready: the process and its URL.
+pub async fn in_front_of(
+    prefill: &super::Mock,
+    bootstrap: &super::Bootstrap,
+    decodes: &[&super::Mock],
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Child, String) {
+    let port = bootstrap.url().rsplit(':').next().unwrap().to_owned();
+    let prefill = prefill.url();
+    let decodes: Vec<String> = decodes.iter().map(|decode| decode.url()).collect();
+    let mut all = vec![
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--prefill",
+        &prefill,
+        &port,
+    ];
+    for decode in &decodes {
+        all.extend(["--decode", decode.as_str()]);
+    }
+    all.extend_from_slice(args);
+    let (child, addr) = listening(&all, env).await;
+    let url = format!("http://{addr}");
+    super::wait_ready_at(&url).await;
+    (child, url)
+}
