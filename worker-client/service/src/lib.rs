@@ -20,7 +20,10 @@ mod metric_names;
 pub mod otlp_receiver;
 mod serve;
 mod shutdown;
+#[cfg(feature = "test-certs")]
+pub mod test_certs;
 mod text;
+pub mod tls;
 pub mod traces;
 mod wire_errors;
 
@@ -33,4 +36,5 @@ pub use metric_names::check_dashboard;
 pub use serve::{bind, serve, Background, BindError, ServeLimits};
 pub use shutdown::shutdown_signal;
 pub use text::{error_chain, parse_seconds, parse_seconds_or_zero};
+pub use tls::{ClientCertified, ServerTls, TlsError, TlsFiles};
 pub use wire_errors::{JsonWireErrors, WireErrorBody};

@@ -6,6 +6,7 @@
 //! read timeout, `TCP_NODELAY` on every connection, and a bounded grace period at shutdown (after
 //! the not-ready delay of a [`Draining`] server, when it has one).
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -17,15 +18,18 @@ use axum::http::HeaderValue;
 use axum::response::Response;
 use axum::Router;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
 use crate::draining::Draining;
+use crate::tls::{ClientCertified, ServerTls};
 use crate::wire_errors::{JsonWireErrors, WireErrorBody};
 
 /// The listening socket could not be bound.
@@ -103,20 +107,6 @@ impl<E: From<std::io::Error> + Send + 'static> Background<E> {
 /// The most bytes hyper buffers per connection (a request's headers must fit in it).
 const MAX_CONNECTION_BUFFER: usize = 128 * 1024;
 
-/// Runs one connection on its own task until it ends (then its slot, if any, is free).
-fn spawn_connection<E: std::fmt::Display>(
-    connection: impl Future<Output = Result<(), E>> + Send + 'static,
-    peer: SocketAddr,
-    slot: Option<tokio::sync::OwnedSemaphorePermit>,
-) {
-    tokio::spawn(async move {
-        let _slot = slot;
-        if let Err(err) = connection.await {
-            tracing::debug!(%peer, error = %err, "connection ended with an error");
-        }
-    });
-}
-
 /// Time limits and shutdown of [`serve`].
 #[derive(Debug, Clone)]
 pub struct ServeLimits {
@@ -143,6 +133,10 @@ pub struct ServeLimits {
     /// one out) instead of having the connection closed under them at the end of the delay; and
     /// it turns to stopping when the `shutdown` future resolves. `None`: the server has none.
     pub draining: Option<Draining>,
+    /// TLS on every connection (see [`ServerTls`]): the handshake must end within the header
+    /// read timeout, ALPN chooses HTTP/2 or HTTP/1.1, and a client speaking plain HTTP gets a
+    /// 400 saying so. `None`: plain HTTP/1.1.
+    pub tls: Option<ServerTls>,
 }
 
 impl Default for ServeLimits {
@@ -154,6 +148,7 @@ impl Default for ServeLimits {
             max_connections: None,
             upgrades: false,
             draining: None,
+            tls: None,
         }
     }
 }
@@ -166,7 +161,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     limits: ServeLimits,
 ) -> std::io::Result<()> {
-    let mut http = hyper::server::conn::http1::Builder::new();
+    let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         // What a connection may buffer before the handler reads it (headers must fit): bounds
@@ -202,41 +197,17 @@ pub async fn serve(
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = %err, "cannot set TCP_NODELAY");
         }
-        let service = app.clone().map_request(move |request: Request<Incoming>| {
-            let mut request = request.map(Body::new);
-            // Handlers and layers that need the peer (write allow-lists) read it here.
-            request.extensions_mut().insert(ConnectInfo(peer));
-            request
+        let connection = Connection {
+            app: app.clone(),
+            peer,
+            http: http.clone(),
+            graceful: graceful.watcher(),
+            limits: limits.clone(),
+        };
+        tokio::spawn(async move {
+            let _slot = slot;
+            connection.run(stream).await;
         });
-        let draining = limits.draining.clone();
-        let service = service.map_response(move |response| close_if_draining(response, &draining));
-        let service = TowerToHyperService::new(service);
-        match limits.wire_error_body {
-            Some(render) => {
-                let io = TokioIo::new(JsonWireErrors::new(stream, render));
-                spawn_connection(
-                    graceful.watch(http.serve_connection(io, service)),
-                    peer,
-                    slot,
-                );
-            }
-            None if limits.upgrades => {
-                let io = TokioIo::new(stream);
-                spawn_connection(
-                    http.serve_connection(io, service).with_upgrades(),
-                    peer,
-                    slot,
-                );
-            }
-            None => {
-                let io = TokioIo::new(stream);
-                spawn_connection(
-                    graceful.watch(http.serve_connection(io, service)),
-                    peer,
-                    slot,
-                );
-            }
-        }
     }
     drop(listener);
     if let Some(draining) = &limits.draining {
@@ -249,6 +220,152 @@ pub async fn serve(
         tracing::warn!(grace = ?limits.shutdown_grace, "requests still running after the shutdown grace period were cut off");
     }
     Ok(())
+}
+
+/// One accepted connection and what serving it takes.
+struct Connection {
+    app: Router,
+    peer: SocketAddr,
+    http: http1::Builder,
+    graceful: Watcher,
+    limits: ServeLimits,
+}
+
+impl Connection {
+    /// Serves the connection until it ends: through TLS first when the listener has it.
+    async fn run(self, stream: TcpStream) {
+        let Some(tls) = self.limits.tls.clone() else {
+            return self.serve_http1(stream, false).await;
+        };
+        if !starts_tls(&stream, self.limits.header_read_timeout).await {
+            return refuse_plain_http(stream, self.limits.wire_error_body).await;
+        }
+        let handshake = tls.acceptor().accept(stream);
+        let stream = match tokio::time::timeout(self.limits.header_read_timeout, handshake).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(err)) => {
+                return tracing::debug!(peer = %self.peer, error = %err, "TLS handshake failed")
+            }
+            Err(_) => return tracing::debug!(peer = %self.peer, "TLS handshake timed out"),
+        };
+        let (_, session) = stream.get_ref();
+        let certified = session.peer_certificates().is_some_and(|c| !c.is_empty());
+        match session.alpn_protocol() {
+            Some(b"h2") => self.serve_http2(stream, certified).await,
+            _ => self.serve_http1(stream, certified).await,
+        }
+    }
+
+    /// The router as a hyper service: each request carries its peer (handlers and layers that
+    /// need it read it, e.g. write allow-lists) and whether its client certificate verified,
+    /// and its answer says `Connection: close` while the server drains.
+    fn service(
+        &self,
+        certified: bool,
+    ) -> impl hyper::service::Service<
+        Request<Incoming>,
+        Response = Response,
+        Error = Infallible,
+        Future = impl Future<Output = Result<Response, Infallible>> + Send + 'static,
+    > + Clone
+           + Send
+           + 'static {
+        let peer = self.peer;
+        let service = self
+            .app
+            .clone()
+            .map_request(move |request: Request<Incoming>| {
+                let mut request = request.map(Body::new);
+                request.extensions_mut().insert(ConnectInfo(peer));
+                if certified {
+                    request.extensions_mut().insert(ClientCertified);
+                }
+                request
+            });
+        let draining = self.limits.draining.clone();
+        TowerToHyperService::new(
+            service.map_response(move |response| close_if_draining(response, &draining)),
+        )
+    }
+
+    async fn serve_http1<I>(self, io: I, certified: bool)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = self.service(certified);
+        let ended = match self.limits.wire_error_body {
+            Some(render) => {
+                let io = TokioIo::new(JsonWireErrors::new(io, render));
+                (self.graceful)
+                    .watch(self.http.serve_connection(io, service))
+                    .await
+            }
+            None if self.limits.upgrades => {
+                // Not drained at shutdown (see `ServeLimits::upgrades`): no watcher held.
+                drop(self.graceful);
+                let io = TokioIo::new(io);
+                self.http
+                    .serve_connection(io, service)
+                    .with_upgrades()
+                    .await
+            }
+            None => {
+                let io = TokioIo::new(io);
+                (self.graceful)
+                    .watch(self.http.serve_connection(io, service))
+                    .await
+            }
+        };
+        if let Err(err) = ended {
+            tracing::debug!(peer = %self.peer, error = %err, "connection ended with an error");
+        }
+    }
+
+    async fn serve_http2<I>(self, io: I, certified: bool)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut http = http2::Builder::new(TokioExecutor::new());
+        http.timer(TokioTimer::new())
+            .max_concurrent_streams(MAX_HTTP2_STREAMS)
+            .max_header_list_size(MAX_CONNECTION_BUFFER as u32);
+        let connection = http.serve_connection(TokioIo::new(io), self.service(certified));
+        if let Err(err) = self.graceful.watch(connection).await {
+            tracing::debug!(peer = %self.peer, error = %err, "connection ended with an error");
+        }
+    }
+}
+
+/// The most requests one HTTP/2 connection may have in flight at once.
+const MAX_HTTP2_STREAMS: u32 = 256;
+
+/// Whether the client's first byte opens a TLS handshake (a record of type 22), waiting for it
+/// at most `timeout`. A client that sends nothing in time gets the handshake's own timeout.
+async fn starts_tls(stream: &TcpStream, timeout: Duration) -> bool {
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => first[0] == 0x16,
+        _ => true,
+    }
+}
+
+/// Answers a plain HTTP request on a TLS port with a 400 that says to use https, and closes.
+async fn refuse_plain_http(mut stream: TcpStream, render: Option<WireErrorBody>) {
+    let reason = "This port speaks TLS: use https://";
+    let body = render.map_or_else(|| reason.as_bytes().to_vec(), |render| render(400, reason));
+    let content_type = if render.is_some() {
+        "application/json"
+    } else {
+        "text/plain"
+    };
+    let mut answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    answer.extend_from_slice(&body);
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&answer)).await;
+    let _ = stream.shutdown().await;
 }
 
 /// `response`, with `Connection: close` while `draining`.

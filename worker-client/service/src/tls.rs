@@ -1,0 +1,230 @@
+//! TLS on a server's listener: the certificate and key from PEM files, re-read when the files
+//! change (cert-manager and the like rotate them in place), HTTP/2 or HTTP/1.1 chosen by ALPN,
+//! and, optionally, client certificates verified against a CA bundle.
+//!
+//! A new certificate applies to the handshakes after it was read; connections already open keep
+//! theirs, so a rotation drops nothing. A file that cannot be read or does not parse at a reload
+//! leaves the current certificate in place (with a warning in the log); at start it is an error
+//! naming the file and the problem.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::{Duration, SystemTime};
+
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{RootCertStore, ServerConfig};
+use tokio_rustls::TlsAcceptor;
+
+/// How often the certificate and key files are checked for a change.
+pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
+
+/// The PEM files of a TLS listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, the server's own certificate first.
+    pub cert: PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// CA certificates that client certificates are verified against. A client presenting one
+    /// that does not verify is refused at the handshake; a client presenting none is served,
+    /// and its requests carry no [`ClientCertified`] (servers decide what that may do).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// A TLS file that cannot be used, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot use the TLS file {}: {problem}", file.display())]
+pub struct TlsError {
+    /// The file.
+    pub file: PathBuf,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl TlsError {
+    fn new(file: &Path, problem: impl std::fmt::Display) -> Self {
+        TlsError {
+            file: file.to_path_buf(),
+            problem: problem.to_string(),
+        }
+    }
+}
+
+/// Present in a request's extensions when its connection presented a client certificate that
+/// verified against the listener's `client_ca`.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientCertified;
+
+/// The crypto every TLS piece of the servers and clients uses (ring).
+pub fn crypto() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Reads a PEM certificate chain; an error names the file.
+pub fn read_certificates(file: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = std::fs::read(file).map_err(|err| TlsError::new(file, err))?;
+    let chain = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| TlsError::new(file, format!("not PEM certificates ({err})")))?;
+    if chain.is_empty() {
+        return Err(TlsError::new(file, "holds no PEM certificate"));
+    }
+    Ok(chain)
+}
+
+/// Reads a PEM private key; an error names the file.
+pub fn read_private_key(file: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let pem = std::fs::read(file).map_err(|err| TlsError::new(file, err))?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|err| {
+        TlsError::new(
+            file,
+            format!("holds no PEM private key (PKCS#8, PKCS#1 or SEC1): {err}"),
+        )
+    })
+}
+
+/// Reads a PEM bundle of CA certificates into a root store.
+pub fn read_roots(file: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for certificate in read_certificates(file)? {
+        (roots.add(certificate))
+            .map_err(|err| TlsError::new(file, format!("a CA certificate {err}")))?;
+    }
+    Ok(roots)
+}
+
+/// The certificate and key the files hold now, checked to belong together.
+fn load_certified(files: &TlsFiles, crypto: &CryptoProvider) -> Result<CertifiedKey, TlsError> {
+    let chain = read_certificates(&files.cert)?;
+    let key = read_private_key(&files.key)?;
+    CertifiedKey::from_der(chain, key, crypto).map_err(|err| {
+        TlsError::new(
+            &files.key,
+            format!(
+                "does not fit the certificate in {}: {err}",
+                files.cert.display()
+            ),
+        )
+    })
+}
+
+/// When each file was last changed, and its size: a change of either means "read it again".
+fn stamp(files: &TlsFiles) -> Vec<Option<(SystemTime, u64)>> {
+    [&files.cert, &files.key]
+        .iter()
+        .map(|file| {
+            let meta = std::fs::metadata(file).ok()?;
+            Some((meta.modified().ok()?, meta.len()))
+        })
+        .collect()
+}
+
+/// Hands every handshake the certificate read last.
+#[derive(Debug)]
+struct Reloading {
+    files: TlsFiles,
+    crypto: Arc<CryptoProvider>,
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl ResolvesServerCert for Reloading {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        )
+    }
+}
+
+impl Reloading {
+    /// Re-reads the files; keeps the current certificate when they cannot be used.
+    fn reload(&self) {
+        match load_certified(&self.files, &self.crypto) {
+            Ok(certified) => {
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(certified);
+                tracing::info!(cert = %self.files.cert.display(), "TLS certificate reloaded");
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "the TLS files changed but cannot be used; the current certificate stays")
+            }
+        }
+    }
+
+    /// Checks the files every `every` and reloads them when they changed; ends when the
+    /// listener is gone.
+    async fn watch(this: Weak<Reloading>, every: Duration) {
+        let mut seen = match this.upgrade() {
+            Some(reloading) => stamp(&reloading.files),
+            None => return,
+        };
+        loop {
+            tokio::time::sleep(every).await;
+            let Some(reloading) = this.upgrade() else {
+                return;
+            };
+            let now = stamp(&reloading.files);
+            if now != seen {
+                seen = now;
+                reloading.reload();
+            }
+        }
+    }
+}
+
+/// A listener's TLS: the acceptor its connections go through.
+#[derive(Clone)]
+pub struct ServerTls {
+    acceptor: TlsAcceptor,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServerTls")
+    }
+}
+
+impl ServerTls {
+    /// Loads `files` and starts watching them for changes (on the current runtime; the watch
+    /// ends when the last clone of this is dropped). ALPN offers HTTP/2 and HTTP/1.1.
+    pub fn load(files: &TlsFiles) -> Result<Self, TlsError> {
+        let crypto = crypto();
+        let certified = load_certified(files, &crypto)?;
+        let builder = ServerConfig::builder_with_provider(crypto.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|err| TlsError::new(&files.cert, err))?;
+        let builder = match &files.client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let roots = Arc::new(read_roots(ca)?);
+                let verifier = WebPkiClientVerifier::builder_with_provider(roots, crypto.clone())
+                    .allow_unauthenticated()
+                    .build()
+                    .map_err(|err| TlsError::new(ca, err))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let reloading = Arc::new(Reloading {
+            files: files.clone(),
+            crypto,
+            current: RwLock::new(Arc::new(certified)),
+        });
+        let mut config = builder.with_cert_resolver(reloading.clone());
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        tokio::spawn(Reloading::watch(Arc::downgrade(&reloading), RELOAD_EVERY));
+        // The watch holds a weak reference; the acceptor's config holds the strong one.
+        Ok(ServerTls {
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+        })
+    }
+
+    /// The acceptor that runs each connection's handshake.
+    pub(crate) fn acceptor(&self) -> &TlsAcceptor {
+        &self.acceptor
+    }
+}
