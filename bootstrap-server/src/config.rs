@@ -4,10 +4,12 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use ipnet::IpNet;
 use pd_protocol::{Rank, MAX_RANK};
-use pd_service::{parse_seconds, parse_seconds_or_zero, LogFormat};
+use pd_service::{parse_seconds, parse_seconds_or_zero, LogFormat, TlsFiles};
 
 use crate::registry::{EngineConflictPolicy, ExpectedTopology, RegistryConfig};
 use crate::server::ServerConfig;
@@ -20,9 +22,33 @@ pub struct Args {
     /// Address to listen on.
     #[arg(long, env = "PD_BOOTSTRAP_HOST", default_value = "0.0.0.0")]
     pub host: IpAddr,
-    /// Port to listen on (the same variable vLLM's Mooncake connector reads).
-    #[arg(long, env = "VLLM_MOONCAKE_BOOTSTRAP_PORT", default_value_t = 8998)]
+    /// Port to listen on. vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT (the variable its Mooncake
+    /// connector reads) is read too when neither the flag nor PD_BOOTSTRAP_PORT is set.
+    #[arg(long, env = "PD_BOOTSTRAP_PORT", default_value_t = 8998)]
     pub port: u16,
+    /// Serve HTTPS with this certificate chain (PEM), re-read when the file changes. Needs
+    /// --tls-key.
+    #[arg(long, env = "PD_BOOTSTRAP_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "PD_BOOTSTRAP_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM) that client certificates are verified against: a write whose
+    /// connection presented one that verified is let through (reads stay open). Needs
+    /// --tls-cert.
+    #[arg(long, env = "PD_BOOTSTRAP_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Serve the operator's routes (`/metrics`, `/ui`, and the probes) on a listener of their
+    /// own, on this port (0: any free one): the workers' port then answers them with 404.
+    #[arg(long, env = "PD_BOOTSTRAP_ADMIN_PORT")]
+    pub admin_port: Option<u16>,
+    /// Address of the --admin-port listener.
+    #[arg(long, env = "PD_BOOTSTRAP_ADMIN_HOST", default_value = "127.0.0.1")]
+    pub admin_host: IpAddr,
+    /// Leave `GET /metrics` on the workers' port open to scrapers while writes are protected
+    /// (the live page then still needs what writes need).
+    #[arg(long, env = "PD_BOOTSTRAP_METRICS_OPEN")]
+    pub metrics_open: bool,
     /// Folder of the embedded sled database (created if absent; unused with `--store etcd://`).
     #[arg(long, env = "PD_BOOTSTRAP_DATA_DIR", default_value = "bootstrap-data")]
     pub data_dir: PathBuf,
@@ -157,9 +183,51 @@ impl Args {
             },
             request_timeout: self.request_timeout,
             shutdown_grace: self.shutdown_grace,
+            tls: (self.tls_cert.clone().zip(self.tls_key.clone())).map(|(cert, key)| TlsFiles {
+                cert,
+                key,
+                client_ca: self.tls_client_ca.clone(),
+            }),
+            admin_addr: self.admin_port.map(|port| (self.admin_host, port).into()),
+            metrics_open: self.metrics_open,
         }
     }
+
+    /// Parses the process's command line and environment, exiting with clap's message on an
+    /// error.
+    pub fn parse_args() -> Self {
+        Self::try_parse_with_env(std::env::args_os(), |name| std::env::var(name).ok())
+            .unwrap_or_else(|err| err.exit())
+    }
+
+    /// Parses `argv`, reading the compatible environment names ([`PORT_ALIAS`]) through `env`
+    /// (clap reads the flags' own variables).
+    pub fn try_parse_with_env<I, T>(
+        argv: I,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let matches = Args::command().try_get_matches_from(argv)?;
+        let mut args = Args::from_arg_matches(&matches)?;
+        if matches.value_source("port") == Some(ValueSource::DefaultValue) {
+            if let Some(text) = env(PORT_ALIAS) {
+                args.port = text.trim().parse().map_err(|_| {
+                    Args::command().error(
+                        ErrorKind::InvalidValue,
+                        format!("{PORT_ALIAS}={text:?} is not a port number"),
+                    )
+                })?;
+            }
+        }
+        Ok(args)
+    }
 }
+
+/// vLLM's name of the bootstrap port, read when neither `--port` nor PD_BOOTSTRAP_PORT is set.
+pub const PORT_ALIAS: &str = "VLLM_MOONCAKE_BOOTSTRAP_PORT";
 
 #[cfg(test)]
 mod tests {
@@ -254,6 +322,63 @@ mod tests {
         ] {
             let argv = std::iter::once("bootstrap-server").chain(bad.iter().copied());
             assert!(Args::try_parse_from(argv).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn vllms_port_variable_is_read_when_nothing_else_sets_the_port() {
+        let env =
+            |value: &'static str| move |name: &str| (name == PORT_ALIAS).then(|| value.to_owned());
+        let parse =
+            |argv: &[&str], value| Args::try_parse_with_env(argv.iter().copied(), env(value));
+        assert_eq!(parse(&["bootstrap-server"], "9100").unwrap().port, 9100);
+        assert_eq!(
+            parse(&["bootstrap-server", "--port", "9200"], "9100")
+                .unwrap()
+                .port,
+            9200
+        );
+        let err = parse(&["bootstrap-server"], "http")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(PORT_ALIAS), "{err}");
+        let none = Args::try_parse_with_env(["bootstrap-server"], |_| None).unwrap();
+        assert_eq!(none.port, 8998);
+    }
+
+    #[test]
+    fn tls_and_admin_flags_map_to_config() {
+        let args = Args::try_parse_from([
+            "bootstrap-server",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--tls-client-ca",
+            "ca.pem",
+            "--admin-port",
+            "9099",
+            "--metrics-open",
+        ])
+        .unwrap();
+        let config = args.server_config();
+        let tls = config.tls.unwrap();
+        assert_eq!(
+            tls.client_ca.as_deref(),
+            Some(std::path::Path::new("ca.pem"))
+        );
+        assert_eq!(config.admin_addr, Some("127.0.0.1:9099".parse().unwrap()));
+        assert!(config.metrics_open);
+        for lone in [
+            ["--tls-cert", "c.pem"],
+            ["--tls-key", "k.pem"],
+            ["--tls-client-ca", "ca.pem"],
+        ] {
+            let argv = std::iter::once("bootstrap-server").chain(lone);
+            assert!(
+                Args::try_parse_from(argv).is_err(),
+                "{lone:?} alone was accepted"
+            );
         }
     }
 }

@@ -1,4 +1,3 @@
-use clap::Parser;
 use pd_service::traces::Traces;
 use pd_service::{disable_transparent_huge_pages, drain_on_signal, init_logging};
 
@@ -14,7 +13,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     disable_transparent_huge_pages();
-    let args = Args::parse();
+    let args = Args::parse_args();
     let _logging = init_logging(args.log_format);
     // Off unless OTEL_EXPORTER_OTLP_*ENDPOINT is set.
     let traces = Traces::start("bootstrap-server").await;

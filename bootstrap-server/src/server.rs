@@ -3,17 +3,25 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use ipnet::IpNet;
-use pd_service::{bind, serve, Background, BearerToken, BindError, Draining, ServeLimits};
+use pd_service::{
+    bind, serve, Background, BearerToken, BindError, Draining, ServeLimits, ServerTls, TlsError,
+    TlsFiles,
+};
 use tokio::net::TcpListener;
 
-use crate::http::{self, AppState, WriteGuard};
+use crate::http::{self, AppState, OperatorRoutes, WriteGuard};
 use crate::metrics::Metrics;
 use crate::registry::{Registry, RegistryConfig};
 use crate::store::{EtcdConfig, EtcdStore, SledStore, Store, StoreError};
+
+/// The most connections the operator's listener holds at once.
+const ADMIN_CONNECTIONS: usize = 64;
 
 /// Everything needed to start a server.
 #[derive(Debug, Clone)]
@@ -38,6 +46,13 @@ pub struct ServerConfig {
     /// How long the requests in flight when the server stops accepting may run on before their
     /// connections are closed.
     pub shutdown_grace: Duration,
+    /// HTTPS on every listener, when set; with its `client_ca`, a verified client certificate
+    /// lets a write through.
+    pub tls: Option<TlsFiles>,
+    /// Where the operator's routes (`/metrics`, `/ui`) are served on their own, if they are.
+    pub admin_addr: Option<SocketAddr>,
+    /// Whether `/metrics` on the workers' port needs nothing while writes are protected.
+    pub metrics_open: bool,
 }
 
 impl ServerConfig {
@@ -53,6 +68,9 @@ impl ServerConfig {
             registry: RegistryConfig::default(),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             shutdown_grace: ServeLimits::default().shutdown_grace,
+            tls: None,
+            admin_addr: None,
+            metrics_open: false,
         }
     }
 }
@@ -79,6 +97,9 @@ pub enum ServerError {
     /// The listening socket could not be bound.
     #[error(transparent)]
     Bind(#[from] BindError),
+    /// A TLS file cannot be used.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     /// Serving failed.
     #[error("server failed: {0}")]
     Serve(#[from] std::io::Error),
@@ -87,8 +108,12 @@ pub enum ServerError {
 /// A bound, loaded server, ready to [`run`](Server::run).
 pub struct Server {
     listener: TcpListener,
+    /// The operator's own listener, if any.
+    admin: Option<TcpListener>,
+    tls: Option<ServerTls>,
     state: AppState,
     guard: WriteGuard,
+    metrics_open: bool,
     shutdown_grace: Duration,
 }
 
@@ -126,10 +151,19 @@ impl Server {
                 store: described,
                 source,
             })?;
+        let tls = config.tls.as_ref().map(ServerTls::load).transpose()?;
         let listener = bind(&config.addr.ip().to_string(), config.addr.port()).await?;
+        let admin = match config.admin_addr {
+            Some(addr) => Some(bind(&addr.ip().to_string(), addr.port()).await?),
+            None => None,
+        };
         let guard = WriteGuard::new(
             config.auth_token.as_deref().and_then(BearerToken::new),
             config.allow_writes_from.clone(),
+            config
+                .tls
+                .as_ref()
+                .is_some_and(|tls| tls.client_ca.is_some()),
         );
         let metrics = Arc::new(Metrics::new());
         metrics.export_writes(registry.write_stats());
@@ -146,6 +180,9 @@ impl Server {
         metrics.set_writes_unprotected(open_writes.is_some());
         Ok(Server {
             listener,
+            admin,
+            tls,
+            metrics_open: config.metrics_open,
             state: AppState {
                 registry,
                 metrics,
@@ -165,6 +202,11 @@ impl Server {
         self.listener
             .local_addr()
             .expect("a bound TCP listener has an address")
+    }
+
+    /// The address of the operator's own listener, if there is one.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        (self.admin.as_ref()).map(|admin| admin.local_addr().expect("a bound TCP listener"))
     }
 
     /// The registry this server serves.
@@ -193,26 +235,56 @@ impl Server {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
+        let admin_addr = self.admin_addr();
         let Server {
             listener,
+            admin,
+            tls,
             state,
             guard,
+            metrics_open,
             shutdown_grace,
         } = self;
         let request_timeout = state.request_timeout;
         let draining = state.draining.clone();
         let registry = state.registry.clone();
         let pruner = tokio::spawn(prune_forever(state.clone()));
-        tracing::info!(addr = %listener.local_addr()?, "bootstrap server listening");
-        let app = http::router(state, guard);
+        tracing::info!(
+            addr = %listener.local_addr()?,
+            admin_addr = admin_addr.map(|addr| addr.to_string()),
+            tls = tls.is_some(),
+            "bootstrap server listening"
+        );
         let limits = ServeLimits {
             wire_error_body: Some(http::wire_error_body),
             header_read_timeout: request_timeout,
             shutdown_grace,
             draining: Some(draining),
+            tls,
             ..ServeLimits::default()
         };
+        let shutdown =
+            FutureExt::shared(Box::pin(shutdown) as Pin<Box<dyn Future<Output = ()> + Send>>);
+        let operator = match admin {
+            Some(_) => OperatorRoutes::Elsewhere,
+            None => OperatorRoutes::Guarded { metrics_open },
+        };
+        let admin = admin.map(|admin| {
+            let limits = ServeLimits {
+                max_connections: Some(ADMIN_CONNECTIONS),
+                draining: None,
+                ..limits.clone()
+            };
+            let app = http::admin_router(state.clone());
+            tokio::spawn(serve(admin, app, shutdown.clone(), limits))
+        });
+        let app = http::router(state, guard, operator);
         let served = serve(listener, app, shutdown, limits).await;
+        if let Some(admin) = admin {
+            if let Ok(Err(err)) = admin.await {
+                tracing::warn!(error = %err, "the admin listener failed");
+            }
+        }
         pruner.abort();
         // Awaited, so its registry handle is gone before `run` returns.
         let _ = pruner.await;

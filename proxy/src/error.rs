@@ -121,7 +121,9 @@ impl ApiError {
 pub(crate) fn wire_error_body(code: u16, reason: &str) -> Vec<u8> {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
     let message = match code {
-        400 => "the request is not valid HTTP/1.1 (a malformed request line or header)".to_owned(),
+        400 if reason == "Bad Request" => {
+            "the request is not valid HTTP/1.1 (a malformed request line or header)".to_owned()
+        }
         414 => "the request URI is too long".to_owned(),
         431 => "the request has too many headers or they are too large".to_owned(),
         _ => format!("{code} {reason}"),

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
-use pd_service::{bind, serve, Background, BindError, Draining, ServeLimits};
+use pd_service::{bind, serve, Background, BindError, Draining, ServeLimits, ServerTls, TlsError};
 use tokio::net::TcpListener;
 
 use pd_router::RouterError;
@@ -30,6 +30,9 @@ pub enum ProxyError {
     /// The listening socket could not be bound.
     #[error(transparent)]
     Bind(#[from] BindError),
+    /// The TLS certificate or key cannot be used.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     /// The router could not be built or started (its tokenizer, its DNS resolver).
     #[error(transparent)]
     Router(#[from] RouterError),
@@ -43,6 +46,8 @@ pub struct Proxy {
     listener: TcpListener,
     /// The operator's listener (`--admin-port`), if any.
     admin: Option<TcpListener>,
+    /// HTTPS on both listeners (`--tls-cert`), if on.
+    tls: Option<ServerTls>,
     state: AppState,
     config: Config,
 }
@@ -52,6 +57,7 @@ impl Proxy {
     pub async fn bind(config: Config) -> Result<Self, ProxyError> {
         let metrics = Arc::new(Metrics::new());
         let upstream = Upstream::new(&config)?;
+        let tls = config.tls.as_ref().map(ServerTls::load).transpose()?;
         let listener = bind(&config.host, config.port).await?;
         let admin = match &config.admin_listener {
             Some((host, port)) => Some(bind(host, *port).await?),
@@ -61,6 +67,7 @@ impl Proxy {
         Ok(Proxy {
             listener,
             admin,
+            tls,
             state,
             config,
         })
@@ -99,6 +106,7 @@ impl Proxy {
         let Proxy {
             listener,
             admin,
+            tls,
             state,
             config,
         } = self;
@@ -106,6 +114,7 @@ impl Proxy {
         tracing::info!(
             addr = %listener.local_addr()?,
             admin_addr = admin_addr.map(|addr| addr.to_string()),
+            tls = tls.is_some(),
             prefills = ?config.router.prefills.iter().map(|p| format!("{} (bootstrap {})", p.url, p.bootstrap_addr.as_deref().unwrap_or("none"))).collect::<Vec<_>>(),
             decodes = ?config.router.decodes,
             dns = ?state.router.dns_labels(),
@@ -121,6 +130,7 @@ impl Proxy {
             wire_error_body: Some(crate::error::wire_error_body),
             shutdown_grace: config.shutdown_grace,
             draining: Some(state.draining.clone()),
+            tls: tls.clone(),
             ..ServeLimits::default()
         };
         let shutdown =
@@ -132,6 +142,7 @@ impl Proxy {
                 max_connections: Some(ADMIN_CONNECTIONS),
                 wire_error_body: Some(crate::error::wire_error_body),
                 shutdown_grace: config.shutdown_grace,
+                tls: tls.clone(),
                 ..ServeLimits::default()
             };
             tokio::spawn(serve(

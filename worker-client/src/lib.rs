@@ -11,6 +11,7 @@
 //!   the bootstrap-room calls): what SGLang prefill ranks and decodes send.
 //! - [`EngineDirectory`]: D side; where a remote engine's workers are, cached per bootstrap
 //!   address with shared (single-flight) lookups.
+//! - [`ClientTls`]: a private CA and a client certificate, for `https://` servers.
 //! - [`protocol`]: the JSON of every route, one module per dialect.
 //!
 //! Nothing here waits without a bound: every attempt has a timeout and every retry loop a
@@ -23,6 +24,7 @@ mod error;
 mod lease;
 mod retry;
 mod sglang;
+mod tls;
 mod watch;
 
 pub use pd_protocol as protocol;
@@ -33,4 +35,5 @@ pub use error::ClientError;
 pub use lease::{LeaseKeeper, LeaseState};
 pub use retry::RetryPolicy;
 pub use sglang::PrefillRank;
+pub use tls::ClientTls;
 pub use watch::WatchUpdate;

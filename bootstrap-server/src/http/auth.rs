@@ -1,10 +1,13 @@
 //! Who may write: a bearer token (`--auth-token`), a list of writer networks
-//! (`--allow-writes-from`), both, or neither. Reads stay open, as SGLang's server does.
+//! (`--allow-writes-from`), client certificates (`--tls-client-ca`), any of them, or none.
+//! Reads stay open, as SGLang's server does. The operator's routes on the workers' port are
+//! guarded the same way.
 //!
 //! A write is let through when nothing is configured, when its peer is inside an allowed
 //! network (stock vLLM and SGLang workers send no token: this is how they write to a protected
-//! server), or when it carries the token. Otherwise it gets 401 (a token would help) or 403
-//! (the peer is outside every allowed network and no token is configured).
+//! server), when its connection presented a client certificate that verified against
+//! `--tls-client-ca`, or when it carries the token. Otherwise it gets 401 (a token would help)
+//! or 403 (nothing the request could add would help).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -13,7 +16,7 @@ use axum::extract::{ConnectInfo, Request};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use ipnet::IpNet;
-use pd_service::{BearerToken, Gate};
+use pd_service::{BearerToken, ClientCertified, Gate};
 
 use super::error::ApiError;
 
@@ -22,20 +25,24 @@ use super::error::ApiError;
 pub struct WriteGuard {
     token: Option<BearerToken>,
     allowed: Arc<[IpNet]>,
+    /// Whether a verified client certificate lets a write through.
+    certificates: bool,
 }
 
 impl WriteGuard {
-    /// Writes need `token` (if any), unless the peer is in one of `allowed` (if any).
-    pub fn new(token: Option<BearerToken>, allowed: Vec<IpNet>) -> Self {
+    /// Writes need `token` (if any), unless the peer is in one of `allowed` (if any), or
+    /// presented a verified client certificate (when `certificates`).
+    pub fn new(token: Option<BearerToken>, allowed: Vec<IpNet>, certificates: bool) -> Self {
         WriteGuard {
             token,
             allowed: allowed.into(),
+            certificates,
         }
     }
 
     /// True when anyone who reaches the port may write.
     pub fn is_open(&self) -> bool {
-        self.token.is_none() && self.allowed.is_empty()
+        self.token.is_none() && self.allowed.is_empty() && !self.certificates
     }
 
     fn allows(&self, peer: Option<IpAddr>) -> bool {
@@ -53,7 +60,9 @@ impl Gate for WriteGuard {
             .extensions()
             .get::<ConnectInfo<SocketAddr>>()
             .map(|info| info.0.ip());
-        if self.is_open() || self.allows(peer) {
+        let certified =
+            self.certificates && request.extensions().get::<ClientCertified>().is_some();
+        if self.is_open() || certified || self.allows(peer) {
             return None;
         }
         match &self.token {
@@ -63,6 +72,9 @@ impl Gate for WriteGuard {
                 if !self.allowed.is_empty() {
                     detail.push_str(" (or a peer inside --allow-writes-from)");
                 }
+                if self.certificates {
+                    detail.push_str(" (or a client certificate signed by --tls-client-ca)");
+                }
                 let mut response = ApiError::new(StatusCode::UNAUTHORIZED, detail).into_response();
                 response.headers_mut().insert(
                     header::WWW_AUTHENTICATE,
@@ -70,6 +82,13 @@ impl Gate for WriteGuard {
                 );
                 Some(response)
             }
+            None if self.allowed.is_empty() => Some(
+                ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "this route needs a client certificate signed by the server's --tls-client-ca",
+                )
+                .into_response(),
+            ),
             None => {
                 let nets: Vec<String> = self.allowed.iter().map(ToString::to_string).collect();
                 let who = peer.map_or_else(
@@ -80,8 +99,9 @@ impl Gate for WriteGuard {
                     ApiError::new(
                         StatusCode::FORBIDDEN,
                         format!(
-                            "writes are accepted only from --allow-writes-from {}; {who} is outside it",
-                            nets.join(",")
+                            "writes are accepted only from --allow-writes-from {}{}; {who} is outside it",
+                            nets.join(","),
+                            if self.certificates { " or with a client certificate signed by --tls-client-ca" } else { "" }
                         ),
                     )
                     .into_response(),

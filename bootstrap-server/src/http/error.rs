@@ -79,7 +79,9 @@ impl IntoResponse for ApiError {
 /// `pd_service::ServeLimits::wire_error_body`).
 pub fn wire_error_body(code: u16, reason: &str) -> Vec<u8> {
     let detail = match code {
-        400 => "the request is not valid HTTP/1.1 (a malformed request line or header)".to_owned(),
+        400 if reason == "Bad Request" => {
+            "the request is not valid HTTP/1.1 (a malformed request line or header)".to_owned()
+        }
         414 => "the request URI is too long (64 KiB at most)".to_owned(),
         431 => "the request has too many headers (100 at most) or they are too large".to_owned(),
         _ => format!("{code} {reason}"),

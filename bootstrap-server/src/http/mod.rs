@@ -1,6 +1,11 @@
 //! The HTTP API: one module per wire dialect ([`vllm`], [`sglang`], [`native`]) that maps its JSON to
-//! registry calls and renders answers and errors in its clients' words, and the layers every
-//! route shares (bearer token on writes, timeouts, metrics, JSON errors, body limit).
+//! registry calls and renders answers and errors in its clients' words, the operator's routes
+//! (`/metrics`, the live page), and the layers every route shares (the write guard, timeouts,
+//! metrics, JSON errors, body limit).
+//!
+//! The operator's routes are served on the workers' port, behind the write guard once writes
+//! are protected (`/metrics` may stay open to scrapers), or on a listener of their own
+//! ([`admin_router`]), the workers' port then answering them 404.
 
 mod auth;
 mod error;
@@ -48,19 +53,58 @@ pub struct AppState {
     pub draining: Draining,
 }
 
-/// Builds the full router; every write route goes through `guard` (see [`WriteGuard`]), and a
-/// request whose body or answer takes longer than the state's `request_timeout` is answered
-/// with a 408.
-pub fn router(state: AppState, guard: WriteGuard) -> Router {
-    let request_timeout = state.request_timeout;
-    vllm::writes()
+/// Where the operator's routes (`/metrics`, `/ui*`) are served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorRoutes {
+    /// On the workers' port, behind the write guard when writes are protected; `/metrics` open
+    /// to anyone when `metrics_open`.
+    Guarded {
+        /// Whether `/metrics` needs nothing.
+        metrics_open: bool,
+    },
+    /// On a listener of their own ([`admin_router`]): not on the workers' port.
+    Elsewhere,
+}
+
+/// Builds the workers' router; every write route goes through `guard` (see [`WriteGuard`]),
+/// the operator's routes as `operator` says, and a request whose body or answer takes longer
+/// than the state's `request_timeout` is answered with a 408.
+pub fn router(state: AppState, guard: WriteGuard, operator: OperatorRoutes) -> Router {
+    let routes = vllm::writes()
         .merge(sglang::writes())
         .merge(native::writes())
-        .route_layer(GateLayer(guard))
+        .route_layer(GateLayer(guard.clone()))
         .merge(vllm::reads())
         .merge(sglang::reads())
-        .merge(native::reads())
+        .merge(native::reads());
+    let routes = match operator {
+        OperatorRoutes::Elsewhere => routes,
+        OperatorRoutes::Guarded { metrics_open } => {
+            let metrics = match metrics_open {
+                true => native::metrics_route(),
+                false => native::metrics_route().route_layer(GateLayer(guard.clone())),
+            };
+            routes
+                .merge(ui::routes().route_layer(GateLayer(guard)))
+                .merge(metrics)
+        }
+    };
+    finish(routes, state)
+}
+
+/// The router of the operator's own listener (`--admin-port`): `/metrics`, the live page and
+/// the probes, open to whoever reaches that address.
+pub fn admin_router(state: AppState) -> Router {
+    let routes = native::metrics_route()
         .merge(ui::routes())
+        .merge(native::probes());
+    finish(routes, state)
+}
+
+/// `routes` with the JSON 404, the layers every route shares, and `state`.
+fn finish(routes: Router<AppState>, state: AppState) -> Router {
+    let request_timeout = state.request_timeout;
+    routes
         .fallback(not_found)
         // One layer, so one boxed service per route: each `Router::layer` call boxes every route
         // once more, and a request cloned every box of its route, each middleware cloning its

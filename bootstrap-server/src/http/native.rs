@@ -45,10 +45,20 @@ pub fn reads() -> Router<AppState> {
     Router::new()
         .route("/workers", get(workers))
         .route("/watch", get(watch))
+        .merge(probes())
+}
+
+/// Liveness and readiness (`/health` also says why writes are open, when they are).
+pub fn probes() -> Router<AppState> {
+    Router::new()
         .route("/health", get(health))
         .route("/readyz", get(readyz))
         .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
+}
+
+/// The registry's metrics, an operator's route.
+pub fn metrics_route() -> Router<AppState> {
+    Router::new().route("/metrics", get(metrics))
 }
 
 /// The wire form of a registered worker.

@@ -52,7 +52,7 @@ impl Epp {
     /// Builds the router and binds both listeners.
     pub async fn bind(config: Config) -> Result<Self, EppError> {
         let metrics = Arc::new(Metrics::new());
-        let client = reqwest::Client::builder()
+        let client = (config.router.upstream_tls.apply(reqwest::Client::builder()))
             .no_proxy()
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)

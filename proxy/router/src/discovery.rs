@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use pd_service::error_chain;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use worker_client::{BootstrapClient, RetryPolicy, WatchUpdate};
+use worker_client::{BootstrapClient, ClientTls, RetryPolicy, WatchUpdate};
 
 use crate::backend::{DiscoveredRank, Pool, Prefill};
 use crate::backoff::Backoff;
@@ -137,6 +137,7 @@ pub async fn run(
     prefill: Arc<Prefill>,
     client: reqwest::Client,
     config: DiscoveryConfig,
+    tls: ClientTls,
     recheck: Duration,
 ) {
     let poll = |bootstrap| poll_forever(&pool, &prefill, &client, bootstrap, &config, recheck);
@@ -146,6 +147,7 @@ pub async fn run(
     // Built from a validated prefill URL and port, so this does not fail in practice.
     let bootstrap = match BootstrapClient::builder(&**addr)
         .request_timeout(config.timeout)
+        .tls(tls)
         .retry_policy(RetryPolicy {
             initial_backoff: config.backoff_min,
             max_backoff: config.backoff_max,

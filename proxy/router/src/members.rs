@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::task::AbortHandle;
+use worker_client::ClientTls;
 
 use crate::backend::{Backend, Pool, Prefill};
 use crate::config::{DiscoveryConfig, HealthConfig, RouterConfig, SaturationConfig};
@@ -24,6 +25,7 @@ pub struct Members {
     client: reqwest::Client,
     health: HealthConfig,
     discovery: DiscoveryConfig,
+    upstream_tls: ClientTls,
     engine_metrics_interval: Option<Duration>,
     saturation: SaturationConfig,
     kv: Option<Arc<KvTracker>>,
@@ -46,6 +48,7 @@ impl Members {
             client,
             health: config.health.clone(),
             discovery: config.discovery.clone(),
+            upstream_tls: config.upstream_tls.clone(),
             engine_metrics_interval: config.engine_metrics_interval,
             saturation: config.saturation,
             kv,
@@ -123,6 +126,7 @@ impl Members {
             prefill.clone(),
             self.client.clone(),
             self.discovery.clone(),
+            self.upstream_tls.clone(),
             self.health.recovery(),
         ));
         let checks = tokio::spawn(health::check_forever(

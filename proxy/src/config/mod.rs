@@ -6,10 +6,11 @@
 
 mod settings;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
-use pd_service::{parse_seconds, parse_seconds_or_zero, LogFormat};
+use pd_service::{parse_seconds, parse_seconds_or_zero, LogFormat, TlsFiles};
 
 pub use self::settings::{ClientLimits, Config, MigrationSettings};
 pub use pd_router::config::*;
@@ -26,6 +27,13 @@ pub struct Args {
     /// Port to listen on.
     #[arg(long, env = "PD_PROXY_PORT", default_value_t = 8000)]
     pub port: u16,
+    /// Serve HTTPS with this certificate chain (PEM), on the serving port and --admin-port;
+    /// re-read when the file changes. Needs --tls-key.
+    #[arg(long, env = "PD_PROXY_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "PD_PROXY_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// The backends, how they are found, checked and chosen.
     #[command(flatten)]
     pub fleet: FleetArgs,
@@ -137,6 +145,11 @@ impl Args {
         config.router = self.fleet.into_config(prefill_env, true)?;
         config.host = self.host;
         config.port = self.port;
+        config.tls = (self.tls_cert.zip(self.tls_key)).map(|(cert, key)| TlsFiles {
+            cert,
+            key,
+            client_ca: None,
+        });
         config.request_timeout = self.request_timeout;
         config.prefill_timeout = self.prefill_timeout.min(self.request_timeout);
         config.decode_first_byte_timeout = self.decode_first_byte_timeout.min(self.request_timeout);

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use pd_service::TlsFiles;
+
 use super::{PrefillTarget, RouterConfig};
 
 /// What one client may cost the proxy: time to send a request, bytes held while it arrives,
@@ -29,6 +31,8 @@ pub struct Config {
     pub host: String,
     /// Port to listen on (0 picks a free one).
     pub port: u16,
+    /// HTTPS on the serving and admin listeners, when set.
+    pub tls: Option<TlsFiles>,
     /// Time limit of a whole request, from its arrival, streaming included.
     pub request_timeout: Duration,
     /// Time limit of one request to P.
@@ -63,6 +67,7 @@ impl Config {
             router: RouterConfig::new(prefills, decodes),
             host: "127.0.0.1".to_owned(),
             port: 0,
+            tls: None,
             request_timeout: Duration::from_secs(600),
             prefill_timeout: Duration::from_secs(30),
             decode_first_byte_timeout: Duration::from_secs(60),

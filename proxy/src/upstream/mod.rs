@@ -64,7 +64,7 @@ impl Upstream {
     /// TCP_NODELAY, the connect timeout, no system proxy. Starts the task that closes idle
     /// connections (it ends when the last clone of this is dropped).
     pub(crate) fn new(config: &Config) -> reqwest::Result<Self> {
-        let client = reqwest::Client::builder()
+        let client = (config.router.upstream_tls.apply(reqwest::Client::builder()))
             .no_proxy()
             .connect_timeout(config.connect_timeout)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)

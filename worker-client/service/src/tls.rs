@@ -97,17 +97,14 @@ pub fn read_roots(file: &Path) -> Result<RootCertStore, TlsError> {
     Ok(roots)
 }
 
-/// The certificate and key the files hold now, checked to belong together.
-fn load_certified(files: &TlsFiles, crypto: &CryptoProvider) -> Result<CertifiedKey, TlsError> {
-    let chain = read_certificates(&files.cert)?;
-    let key = read_private_key(&files.key)?;
-    CertifiedKey::from_der(chain, key, crypto).map_err(|err| {
+/// The certificate chain in `cert` and the key in `key`, checked to belong together.
+pub fn read_key_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
+    let chain = read_certificates(cert)?;
+    let private = read_private_key(key)?;
+    CertifiedKey::from_der(chain, private, &crypto()).map_err(|err| {
         TlsError::new(
-            &files.key,
-            format!(
-                "does not fit the certificate in {}: {err}",
-                files.cert.display()
-            ),
+            key,
+            format!("does not fit the certificate in {}: {err}", cert.display()),
         )
     })
 }
@@ -127,7 +124,6 @@ fn stamp(files: &TlsFiles) -> Vec<Option<(SystemTime, u64)>> {
 #[derive(Debug)]
 struct Reloading {
     files: TlsFiles,
-    crypto: Arc<CryptoProvider>,
     current: RwLock<Arc<CertifiedKey>>,
 }
 
@@ -145,7 +141,7 @@ impl ResolvesServerCert for Reloading {
 impl Reloading {
     /// Re-reads the files; keeps the current certificate when they cannot be used.
     fn reload(&self) {
-        match load_certified(&self.files, &self.crypto) {
+        match read_key_pair(&self.files.cert, &self.files.key) {
             Ok(certified) => {
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(certified);
                 tracing::info!(cert = %self.files.cert.display(), "TLS certificate reloaded");
@@ -194,7 +190,7 @@ impl ServerTls {
     /// ends when the last clone of this is dropped). ALPN offers HTTP/2 and HTTP/1.1.
     pub fn load(files: &TlsFiles) -> Result<Self, TlsError> {
         let crypto = crypto();
-        let certified = load_certified(files, &crypto)?;
+        let certified = read_key_pair(&files.cert, &files.key)?;
         let builder = ServerConfig::builder_with_provider(crypto.clone())
             .with_safe_default_protocol_versions()
             .map_err(|err| TlsError::new(&files.cert, err))?;
@@ -211,7 +207,6 @@ impl ServerTls {
         };
         let reloading = Arc::new(Reloading {
             files: files.clone(),
-            crypto,
             current: RwLock::new(Arc::new(certified)),
         });
         let mut config = builder.with_cert_resolver(reloading.clone());

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::{BootstrapClient, Settings};
 use crate::error::ClientError;
 use crate::retry::RetryPolicy;
+use crate::tls::ClientTls;
 
 /// Builds a [`BootstrapClient`]; every setting has a production default.
 ///
@@ -23,6 +24,7 @@ pub struct BootstrapClientBuilder {
     url: String,
     connect_timeout: Duration,
     settings: Settings,
+    tls: ClientTls,
 }
 
 impl BootstrapClientBuilder {
@@ -71,10 +73,16 @@ impl BootstrapClientBuilder {
         self
     }
 
+    /// The CA bundle and client certificate of an `https://` server (see [`ClientTls`]).
+    pub fn tls(mut self, tls: ClientTls) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// Checks the URL and builds the client.
     pub fn build(self) -> Result<BootstrapClient, ClientError> {
         let base = normalize_url(&self.url)?;
-        let http = reqwest::Client::builder()
+        let http = (self.tls.apply(reqwest::Client::builder()))
             .connect_timeout(self.connect_timeout)
             .timeout(self.settings.request_timeout)
             .pool_idle_timeout(Duration::from_secs(30))
@@ -97,6 +105,7 @@ impl BootstrapClient {
         BootstrapClientBuilder {
             url: url.into(),
             connect_timeout: Duration::from_secs(3),
+            tls: ClientTls::default(),
             settings: Settings {
                 request_timeout: Duration::from_secs(5),
                 register_deadline: Duration::from_secs(600),

@@ -8,6 +8,7 @@ mod targets;
 use std::time::Duration;
 
 use clap::ValueEnum;
+use worker_client::ClientTls;
 
 pub use self::targets::{
     base_url, parse_backend_url, parse_dns, parse_prefill, parse_prefill_entry, parse_prefill_env,
@@ -105,6 +106,9 @@ pub enum ConfigError {
     /// No prefill server was given.
     #[error("no prefill server: pass --prefill URL [BOOTSTRAP_PORT] at least once (or set {PREFILL_ENV})")]
     NoPrefill,
+    /// A TLS file of --upstream-ca, --upstream-cert or --upstream-key cannot be used.
+    #[error("{0}")]
+    Tls(String),
     /// No decode server was given.
     #[error("no decode server: pass --decode URL at least once (or set PD_PROXY_DECODE)")]
     NoDecode,
@@ -162,6 +166,8 @@ pub struct RouterConfig {
     pub kv_events: Option<KvEventsConfig>,
     /// Aliases, per-model policies, adapters.
     pub models: ModelsConfig,
+    /// The CA bundle and client certificate of calls to `https://` engines and registries.
+    pub upstream_tls: ClientTls,
 }
 
 impl RouterConfig {
@@ -200,6 +206,7 @@ impl RouterConfig {
                 load_timeout: Duration::from_secs(30),
                 ..ModelsConfig::default()
             },
+            upstream_tls: ClientTls::default(),
         }
     }
 }

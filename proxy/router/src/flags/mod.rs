@@ -15,6 +15,7 @@ mod file;
 
 use clap::{ArgAction, Args, Command, FromArgMatches};
 use pd_service::parse_seconds;
+use worker_client::ClientTls;
 
 pub use self::file::{ConfigFile, FileError, FileModels};
 pub use crate::admission::settings::AdmissionArgs;
@@ -104,6 +105,17 @@ pub struct FleetArgs {
     /// shorter, never under 1 s).
     #[arg(long, env = "PD_PROXY_DNS_INTERVAL", default_value = "5", value_parser = parse_seconds)]
     pub dns_interval: Duration,
+    /// CA certificates (PEM) trusted for `https://` engines and bootstrap servers, beside the
+    /// system's roots and the bundled Mozilla roots.
+    #[arg(long, env = "PD_PROXY_UPSTREAM_CA")]
+    pub upstream_ca: Option<PathBuf>,
+    /// Client certificate (PEM) presented to `https://` engines and bootstrap servers that ask
+    /// for one (vLLM's `--ssl-cert-reqs 2`, a bootstrap server's `--tls-client-ca`).
+    #[arg(long, env = "PD_PROXY_UPSTREAM_CERT", requires = "upstream_key")]
+    pub upstream_cert: Option<PathBuf>,
+    /// The private key (PEM) of --upstream-cert.
+    #[arg(long, env = "PD_PROXY_UPSTREAM_KEY", requires = "upstream_cert")]
+    pub upstream_key: Option<PathBuf>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub models: ModelsArgs,
@@ -261,6 +273,12 @@ impl FleetArgs {
             timeout: self.health_check_timeout.max(Duration::from_secs(5)),
             sglang: self.mode == Mode::Sglang,
         };
+        config.upstream_tls = ClientTls::load(
+            self.upstream_ca.as_deref(),
+            self.upstream_cert.as_deref(),
+            self.upstream_key.as_deref(),
+        )
+        .map_err(|err| ConfigError::Tls(err.to_string()))?;
         config.engine_metrics_interval =
             Some(self.engine_metrics_interval).filter(|interval| !interval.is_zero());
         config.saturation = SaturationConfig {
