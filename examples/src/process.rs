@@ -5,6 +5,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+use worker_client::ClientTls;
 
 use tokio::process::{Child, Command};
 
@@ -21,6 +22,8 @@ pub struct Process {
     /// How long [`Cluster::shutdown`](crate::cluster::Cluster::shutdown) waits after SIGTERM
     /// before SIGKILL (1 s unless the starter chose otherwise: vLLM takes longer).
     pub stop_grace: Duration,
+    /// What a caller trusts and presents to it (an `https://` server of a cluster with TLS).
+    pub client_tls: ClientTls,
     /// Its process group (it leads one of its own).
     group: i32,
     child: Child,
@@ -241,6 +244,7 @@ pub fn spawn_with_env(
         url,
         log,
         stop_grace: Duration::from_secs(1),
+        client_tls: ClientTls::default(),
         group,
         child,
     })
@@ -255,10 +259,10 @@ pub async fn wait_for(
     path: &str,
     timeout: Duration,
 ) -> Result<(), ClusterError> {
-    let http = reqwest::Client::builder()
+    let http = (process.client_tls.apply(reqwest::Client::builder()))
         .timeout(Duration::from_secs(2))
         .build()
-        .expect("a plain HTTP client builds");
+        .expect("an HTTP client of loaded certificates builds");
     let url = format!("{}{path}", process.url);
     let started = Instant::now();
     while started.elapsed() < timeout {

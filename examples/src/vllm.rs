@@ -89,6 +89,8 @@ pub struct VllmEngines {
     /// Export the engines' traces to this OTLP/HTTP traces endpoint (`--otlp-traces-endpoint`,
     /// protocol `http/protobuf`): vLLM continues the `traceparent` a request brings.
     pub otlp_traces: Option<String>,
+    /// Serve HTTPS requiring client certificates (vLLM's `--ssl-*` flags), with these files.
+    pub tls: Option<crate::cluster::ClusterTls>,
 }
 
 /// The Python of the pinned CPU environment, made by `venv.sh` in its cache folder if missing
@@ -131,6 +133,7 @@ impl VllmEngines {
             kv_events: false,
             extra_args: Vec::new(),
             otlp_traces: None,
+            tls: None,
         }
     }
 
@@ -235,6 +238,13 @@ impl VllmEngines {
             args.extend(["--kv-events-config".to_owned(), events.to_string()]);
         }
         args.extend(self.extra_args.iter().cloned());
+        let url = match &self.tls {
+            Some(tls) => {
+                args.extend(tls.vllm_args());
+                crate::cluster::ClusterTls::url(port)
+            }
+            None => format!("http://127.0.0.1:{port}"),
+        };
         if let Some(endpoint) = &self.otlp_traces {
             args.extend(["--otlp-traces-endpoint".to_owned(), endpoint.clone()]);
         }
@@ -267,15 +277,11 @@ impl VllmEngines {
                 ("OMP_NUM_THREADS", "1"),
             ]);
         }
-        let mut process = spawn_with_env(
-            run_dir,
-            name,
-            &self.python,
-            &args,
-            &env,
-            format!("http://127.0.0.1:{port}"),
-        )?;
+        let mut process = spawn_with_env(run_dir, name, &self.python, &args, &env, url)?;
         process.stop_grace = ENGINE_STOP_GRACE;
+        if let Some(tls) = &self.tls {
+            process.client_tls = tls.caller();
+        }
         Ok(process)
     }
 }

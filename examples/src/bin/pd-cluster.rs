@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use pd_examples::cluster::{demo, Cluster, ClusterSpec, GatewaySpec, PrefillShape, ServedModel};
+use pd_examples::cluster::{
+    demo, Cluster, ClusterSpec, ClusterTls, GatewaySpec, PrefillShape, ServedModel,
+};
 use pd_examples::sim::Dialect;
 use pd_examples::vllm::{self, Connector, VllmEngines};
 use pd_service::{init_logging, shutdown_signal, LogFormat};
@@ -116,6 +118,12 @@ struct Args {
     /// each prefill engine, under leases of --lease-ttl (10 if 0). vLLM only.
     #[arg(long, value_name = "PYTHON")]
     register_with_python: Option<PathBuf>,
+    /// Every listener speaks HTTPS with certificates of a CA made for the run (in
+    /// `<run-dir>/tls`): the proxy, the engines (requiring client certificates, as vLLM's
+    /// `--ssl-cert-reqs 2`), the bootstrap servers of simulated engines (letting writers in by
+    /// their client certificates). Not with --dns, --gateway or --register-with-python.
+    #[arg(long)]
+    tls: bool,
 }
 
 /// The gateways `--gateway` can put in front.
@@ -223,6 +231,15 @@ async fn main() -> std::process::ExitCode {
     spec.kv_events = !args.no_kv_events;
     spec.models = usize::from(args.models);
     spec.dns = args.dns;
+    if args.tls {
+        match ClusterTls::make(&run_dir) {
+            Ok(tls) => spec.tls = Some(tls),
+            Err(err) => {
+                eprintln!("error: {err}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
     spec.proxy_args = vec!["--policy".to_owned(), args.policy.clone()];
     spec.proxy_args.extend(args.proxy_arg.iter().cloned());
     if let Some(GatewayKind::Envoy) = args.gateway {
@@ -271,15 +288,17 @@ async fn main() -> std::process::ExitCode {
         }
     };
     describe(&cluster, &spec, &args.policy);
-    let outcome = demo::run(&cluster.proxy.url, spec.dialect, cluster.models()).await;
+    let outcome = demo::run(&cluster.proxy, spec.dialect, cluster.models()).await;
     let model = cluster.models().first().map_or("", |m| m.name.as_str());
     if let Err(err) = &outcome {
         eprintln!("error: {err}");
     } else if !args.once {
         // Listen before saying so: a SIGTERM right after the message must stop us gracefully.
         let stop = shutdown_signal();
+        let ca = (spec.tls.as_ref())
+            .map_or_else(String::new, |tls| format!(" --cacert {}", tls.ca.display()));
         println!(
-            "\nThe cluster is running. Try:\n  curl {}/v1/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"prompt\": \"hello\", \"max_tokens\": 8, \"stream\": true}}'\nPress Ctrl-C to stop.",
+            "\nThe cluster is running. Try:\n  curl{ca} {}/v1/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"prompt\": \"hello\", \"max_tokens\": 8, \"stream\": true}}'\nPress Ctrl-C to stop.",
             cluster.proxy.url
         );
         stop.await;

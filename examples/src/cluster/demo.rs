@@ -5,14 +5,21 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::ServedModel;
+use super::{Process, ServedModel};
 use crate::openai_client::send;
 use crate::sim::Dialect;
 
 /// The demo's requests: completions and chats (whole and streamed) for the first model, SGLang's
 /// `/generate` in SGLang's dialect, and a whole completion for every other model and adapter.
-pub async fn run(proxy: &str, dialect: Dialect, models: &[ServedModel]) -> Result<(), String> {
-    let http = reqwest::Client::new();
+pub async fn run(
+    front_door: &Process,
+    dialect: Dialect,
+    models: &[ServedModel],
+) -> Result<(), String> {
+    let proxy = front_door.url.as_str();
+    let http = (front_door.client_tls.apply(reqwest::Client::builder()))
+        .build()
+        .map_err(|err| format!("cannot build an HTTP client: {err}"))?;
     let model = models.first().map_or("", |m| m.name.as_str());
     let prompt = "Explain in one sentence why prefill and decode run on separate GPUs in disaggregated serving";
     let mut requests = vec![

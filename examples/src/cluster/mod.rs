@@ -4,18 +4,21 @@
 //! them all, finding them by URL or, with `dns`, through DNS (`dns.rs`). Used by the
 //! `pd-cluster` launcher and by the end-to-end tests.
 
+mod bootstraps;
 pub mod demo;
 pub mod dns;
 pub mod gateway;
 mod proxy;
 mod real;
 mod sim;
+mod tls;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 pub use gateway::{Gateway, GatewaySpec};
 use proxy::{start_proxy, Found};
 use std::time::Duration;
+pub use tls::ClusterTls;
 
 use futures_util::future::join_all;
 use pd_transfer::Transport;
@@ -171,6 +174,9 @@ pub struct ClusterSpec {
     /// Behind a gateway ([`gateway`]): Envoy as the front door with pd-epp as its endpoint
     /// picker and a pd-proxy sidecar beside each decode, in place of the proxy (none: pd-proxy).
     pub gateway: Option<GatewaySpec>,
+    /// Every listener speaks HTTPS, every call presents a client certificate ([`ClusterTls`]);
+    /// none: plain HTTP. Not with `dns` or `gateway`.
+    pub tls: Option<ClusterTls>,
 }
 
 /// The LoRA adapters model 0's engines load at start when a cluster serves several models
@@ -227,7 +233,21 @@ impl ClusterSpec {
             models: 1,
             dns: false,
             gateway: None,
+            tls: None,
         }
+    }
+
+    /// The base URL of one of the cluster's servers on `port`: HTTPS with `tls`.
+    pub(crate) fn url(&self, port: u16) -> String {
+        match &self.tls {
+            Some(_) => ClusterTls::url(port),
+            None => format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    /// What callers of its servers trust and present.
+    pub(crate) fn caller_tls(&self) -> worker_client::ClientTls {
+        (self.tls.as_ref()).map_or_else(Default::default, ClusterTls::caller)
     }
 
     /// The shape of every prefill engine, model after model (`prefills` once per model).
@@ -269,6 +289,16 @@ impl Cluster {
                 "real vLLM engines serve one model here: several models need the simulated engines",
             ));
         }
+        if spec.tls.is_some() && (spec.dns || spec.gateway.is_some()) {
+            return Err(ClusterError::Unsupported(
+                "TLS is made for clusters whose proxy finds the engines by URL",
+            ));
+        }
+        if spec.tls.is_some() && spec.python_registrar.is_some() {
+            return Err(ClusterError::Unsupported(
+                "with TLS the engines register themselves, not through Python registrars",
+            ));
+        }
         if spec.vllm.is_some() && spec.dns {
             return Err(ClusterError::Unsupported(
                 "the engines are found through DNS with the simulated engines only",
@@ -287,7 +317,7 @@ impl Cluster {
         let mut ports = Ports {
             next: spec.base_port,
         };
-        let mut bootstraps = start_bootstraps(spec, &bootstrap_bin, &mut ports).await?;
+        let mut bootstraps = bootstraps::start(spec, &bootstrap_bin, &mut ports).await?;
         let engines = match &spec.vllm {
             None => sim::start(spec, &mut ports, &mut bootstraps).await?,
             Some(vllm) => real::start(spec, vllm, &mut ports, &mut bootstraps).await?,
@@ -406,39 +436,6 @@ pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// The text of a flag's value.
 pub(crate) fn s(value: &dyn ToString) -> String {
     value.to_string()
-}
-
-/// One bootstrap server per prefill engine of every model (with vLLM's expected topology, for
-/// `/ready`), each answering `/health`.
-async fn start_bootstraps(
-    spec: &ClusterSpec,
-    program: &Path,
-    ports: &mut Ports,
-) -> Result<Vec<Process>, ClusterError> {
-    let mut bootstraps = Vec::new();
-    for (i, shape) in spec.prefill_engines().enumerate() {
-        let port = ports.take()?;
-        let data_dir = spec.run_dir.join(format!("bootstrap-{i}-data"));
-        let mut args = vec![
-            s(&"--host"),
-            s(&"127.0.0.1"),
-            s(&"--port"),
-            s(&port),
-            s(&"--data-dir"),
-            data_dir.display().to_string(),
-        ];
-        if spec.dialect == Dialect::Vllm {
-            // SGLang's rows carry their sizes.
-            args.extend([s(&"--dp-size"), s(&shape.dp), s(&"--tp-size"), s(&shape.tp)]);
-        }
-        let url = format!("http://127.0.0.1:{port}");
-        let name = format!("bootstrap-{i}");
-        bootstraps.push(spawn(&spec.run_dir, &name, program, &args, url)?);
-    }
-    for process in &mut bootstraps {
-        wait_for(process, "/health", READY_TIMEOUT).await?;
-    }
-    Ok(bootstraps)
 }
 
 /// The binary `name` of the binary folder.

@@ -3,7 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use super::{
-    dns, s, sim, ClusterError, ClusterSpec, Connector, Dialect, Engines, Ports, READY_TIMEOUT,
+    dns, s, sim, ClusterError, ClusterSpec, ClusterTls, Connector, Dialect, Engines, Ports,
+    READY_TIMEOUT,
 };
 use crate::process::{spawn_with_env, wait_for, Process};
 
@@ -32,12 +33,14 @@ pub(super) async fn start_proxy(
     };
     let mut args = vec![s(&"--host"), s(&"127.0.0.1"), s(&"--port"), s(&port)];
     args.extend(fleet_args(spec, found, None));
+    args.extend(spec.tls.iter().flat_map(ClusterTls::proxy_args));
     args.extend(spec.proxy_args.iter().cloned());
-    let url = format!("http://127.0.0.1:{port}");
+    let url = spec.url(port);
     let env: Vec<(&str, &str)> = (spec.proxy_env.iter())
         .map(|(name, value)| (name.as_str(), value.as_str()))
         .collect();
     let mut proxy = spawn_with_env(&spec.run_dir, name, program, &args, &env, url)?;
+    proxy.client_tls = spec.caller_tls();
     wait_for(&mut proxy, "/ready", READY_TIMEOUT).await?;
     Ok(proxy)
 }
@@ -61,6 +64,8 @@ pub(super) fn fleet_args(
             for (prefill, bootstrap) in engines.prefills.iter().zip(bootstraps) {
                 let bootstrap_port = match nixl {
                     true => s(&"none"),
+                    // An https registry is named by its URL (the port alone means http).
+                    false if bootstrap.url.starts_with("https://") => bootstrap.url.clone(),
                     false => bootstrap
                         .url
                         .rsplit(':')

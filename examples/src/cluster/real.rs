@@ -15,6 +15,10 @@ pub(super) async fn start(
     ports: &mut Ports,
     bootstraps: &mut [Process],
 ) -> Result<Engines, ClusterError> {
+    let vllm = &VllmEngines {
+        tls: spec.tls.clone(),
+        ..vllm.clone()
+    };
     let mut prefills = Vec::new();
     for (i, bootstrap) in bootstraps.iter().enumerate() {
         let port = ports.take()?;

@@ -5,8 +5,8 @@
 use pd_transfer::Transport;
 
 use super::{
-    binary, model_name, s, ClusterError, ClusterSpec, Engines, ServedModel, LORA_ADAPTERS,
-    READY_TIMEOUT, REGISTER_ENGINE_SCRIPT,
+    binary, model_name, s, ClusterError, ClusterSpec, ClusterTls, Engines, ServedModel,
+    LORA_ADAPTERS, READY_TIMEOUT, REGISTER_ENGINE_SCRIPT,
 };
 use crate::process::{spawn, spawn_with_env, wait_for, Ports, Process};
 use crate::sim::lora::RUNTIME_UPDATING_ENV;
@@ -62,6 +62,7 @@ pub(super) async fn start(
             s(&"--tokenizer"),
             tokenizer.display().to_string(),
         ];
+        args.extend(spec.tls.iter().flat_map(ClusterTls::sim_args));
         args.extend(spec.engine_args.iter().cloned());
         // Events come from the prefix cache: give the sims one unless the caller sized it.
         if spec.kv_events
@@ -129,14 +130,11 @@ pub(super) async fn start(
             } else if let Some(ttl) = spec.lease_ttl.filter(|_| spec.dialect == Dialect::Vllm) {
                 args.extend([s(&"--lease-ttl"), s(&ttl)]);
             }
-            prefills.push(spawn_with_env(
-                &spec.run_dir,
-                &format!("prefill-{i}"),
-                &sim_bin,
-                &args,
-                &env,
-                format!("http://127.0.0.1:{port}"),
-            )?);
+            let name = format!("prefill-{i}");
+            let mut prefill =
+                spawn_with_env(&spec.run_dir, &name, &sim_bin, &args, &env, spec.url(port))?;
+            prefill.client_tls = spec.caller_tls();
+            prefills.push(prefill);
         }
         for _ in 0..spec.decodes {
             let i = decodes.len();
@@ -146,14 +144,11 @@ pub(super) async fn start(
             args.extend(kv_events(ports, 1)?);
             args.extend([s(&"--engine-id"), format!("decode-{i}")]);
             args.extend(spec.decode_args.get(i).into_iter().flatten().cloned());
-            decodes.push(spawn_with_env(
-                &spec.run_dir,
-                &format!("decode-{i}"),
-                &sim_bin,
-                &args,
-                &env,
-                format!("http://127.0.0.1:{port}"),
-            )?);
+            let name = format!("decode-{i}");
+            let mut decode =
+                spawn_with_env(&spec.run_dir, &name, &sim_bin, &args, &env, spec.url(port))?;
+            decode.client_tls = spec.caller_tls();
+            decodes.push(decode);
         }
         let urls = |engines: &[Process]| engines.iter().map(|e| e.url.clone()).collect();
         served.push(ServedModel {

@@ -153,6 +153,9 @@ pub struct SimArgs {
     /// limit of its own).
     #[arg(long, env = "SIM_MAX_BODY_BYTES", default_value_t = 2 << 20)]
     pub max_body_bytes: usize,
+    /// HTTPS for the API, and the bootstrap server's CA and client certificate.
+    #[command(flatten)]
+    pub tls: super::tls::TlsArgs,
     /// Seconds D waits for P's KV before failing the request (the lookup and every pull
     /// together, also when P accepts and never answers).
     #[arg(long, default_value = "30", value_parser = parse_seconds)]

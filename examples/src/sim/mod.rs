@@ -12,6 +12,7 @@ pub mod kv_events;
 pub mod lora;
 pub mod prefix_cache;
 pub mod scheduler;
+pub mod tls;
 pub mod tokens;
 
 pub use config::{Dialect, Role, SimArgs};

@@ -1,4 +1,4 @@
-//! A certificate authority made in a test: it issues server and client certificates for
+//! A certificate authority made for a test or a local demo cluster: it issues server and client certificates for
 //! 127.0.0.1 and `localhost` and writes everything as PEM files, the way an operator's PKI (or
 //! cert-manager) would hand them to the servers and their clients.
 

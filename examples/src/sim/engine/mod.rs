@@ -112,6 +112,8 @@ struct Engine {
 /// A bound, registered engine, ready to serve.
 pub struct SimEngine {
     listener: tokio::net::TcpListener,
+    /// HTTPS (`--ssl-certfile`), when on.
+    tls: Option<pd_service::ServerTls>,
     engine: Arc<Engine>,
 }
 
@@ -142,8 +144,12 @@ impl SimEngine {
             .engine_id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let tls = (args.tls.server()).map_err(|e| SimError::Setup(e.to_string()))?;
+        let bootstrap_tls =
+            (args.tls.bootstrap_client()).map_err(|e| SimError::Setup(e.to_string()))?;
         let bootstrap = BootstrapClient::builder(&args.bootstrap)
             .register_deadline(Duration::from_secs(120))
+            .tls(bootstrap_tls.clone())
             .build()?;
         let tokenizer = tokens::load(args.tokenizer.as_deref()).map_err(SimError::Setup)?;
         let (prefix_caches, publishers) = caches::start(&args).await?;
@@ -155,6 +161,7 @@ impl SimEngine {
             directory: EngineDirectory::new(
                 BootstrapClient::builder(&args.bootstrap)
                     .call_deadline(LOOKUP_DEADLINE)
+                    .tls(bootstrap_tls)
                     .build()?,
             ),
             sglang_layouts: sglang::PrefillLayouts::default(),
@@ -188,6 +195,7 @@ impl SimEngine {
         }
         Ok(SimEngine {
             listener,
+            tls,
             engine: Arc::new(engine),
         })
     }
@@ -214,7 +222,11 @@ impl SimEngine {
             "sim engine listening"
         );
         let app = routes::router(engine.clone());
-        let served = serve(self.listener, app, shutdown, ServeLimits::default()).await;
+        let limits = ServeLimits {
+            tls: self.tls,
+            ..ServeLimits::default()
+        };
+        let served = serve(self.listener, app, shutdown, limits).await;
         if engine.is_prefill()
             && engine.args.dialect == Dialect::Vllm
             && engine.args.registration == Registration::Engine

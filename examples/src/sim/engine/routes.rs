@@ -10,12 +10,14 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use pd_service::GateLayer;
 use serde_json::{json, Value};
 
 use super::models::{self, MAX_MODEL_LEN};
 use super::{caches, report, Engine};
 use crate::sim::api::Api;
 use crate::sim::failure::Failure;
+use crate::sim::tls::ClientCertificateRequired;
 use crate::sim::tokens::tokenize_ids;
 
 /// Every route, on `engine`.
@@ -26,7 +28,7 @@ pub(super) fn router(engine: Arc<Engine>) -> Router {
             .route("/v1/load_lora_adapter", post(models::load))
             .route("/v1/unload_lora_adapter", post(models::unload));
     }
-    router
+    let router = router
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/generate", post(generate))
@@ -38,8 +40,12 @@ pub(super) fn router(engine: Arc<Engine>) -> Router {
         .route("/stats", get(report::stats))
         .route("/metrics", get(report::metrics))
         .fallback(|| async { (StatusCode::NOT_FOUND, Json(json!({"detail": "Not Found"}))) })
-        .layer(DefaultBodyLimit::max(engine.args.max_body_bytes))
-        .with_state(engine)
+        .layer(DefaultBodyLimit::max(engine.args.max_body_bytes));
+    let router = match engine.args.tls.requires_client_certificates() {
+        true => router.layer(GateLayer(ClientCertificateRequired)),
+        false => router,
+    };
+    router.with_state(engine)
 }
 
 async fn completions(
