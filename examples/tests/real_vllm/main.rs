@@ -18,6 +18,7 @@ mod mooncake;
 mod nixl;
 mod overload;
 mod precise_prefix;
+mod tls;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -133,7 +134,10 @@ async fn reference(http: &reqwest::Client, engine: &Process, path: &str, body: &
 /// Every P/D answer through the proxy (completions and chat, whole and streamed, a short
 /// prompt and one of several KV blocks, and four at once) equals the engine's own.
 async fn assert_pd_equals_one_engine(cluster: &Cluster) {
-    let http = reqwest::Client::new();
+    // What the cluster's callers trust and present (nothing unless it runs TLS).
+    let http = (cluster.proxy.client_tls.apply(reqwest::Client::builder()))
+        .build()
+        .unwrap();
     let engine = &cluster.prefills[0];
     let mut cases = Vec::new();
     for path in ["/v1/completions", "/v1/chat/completions"] {
