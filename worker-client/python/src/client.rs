@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use pd_protocol::native::{Deregister, EngineMeta, ReadyStatus};
@@ -10,7 +11,7 @@ use pd_protocol::sglang::RouteRow;
 use pd_protocol::vllm::RegisterWorker;
 use pd_protocol::Rank;
 use pyo3::prelude::*;
-use worker_client::{BootstrapClient, ClientError, LeaseKeeper, PrefillRank};
+use worker_client::{BootstrapClient, ClientError, ClientTls, LeaseKeeper, PrefillRank};
 
 use crate::errors::{to_py, InvalidInput, Timeout};
 use crate::lease::Lease;
@@ -118,7 +119,9 @@ macro_rules! call {
 impl PyBootstrapClient {
     #[new]
     #[pyo3(signature = (url, *, token=None, connect_timeout=3.0, request_timeout=5.0,
-                        register_deadline=600.0, call_deadline=30.0))]
+                        register_deadline=600.0, call_deadline=30.0, ca_file=None,
+                        cert_file=None, key_file=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         url: &str,
         token: Option<String>,
@@ -126,8 +129,14 @@ impl PyBootstrapClient {
         request_timeout: f64,
         register_deadline: f64,
         call_deadline: f64,
+        ca_file: Option<PathBuf>,
+        cert_file: Option<PathBuf>,
+        key_file: Option<PathBuf>,
     ) -> PyResult<Self> {
+        let tls = ClientTls::load(ca_file.as_deref(), cert_file.as_deref(), key_file.as_deref())
+            .map_err(|err| InvalidInput::new_err(err.to_string()))?;
         let mut builder = BootstrapClient::builder(url)
+            .tls(tls)
             .connect_timeout(seconds("connect_timeout", connect_timeout)?)
             .request_timeout(seconds("request_timeout", request_timeout)?)
             .register_deadline(seconds("register_deadline", register_deadline)?)

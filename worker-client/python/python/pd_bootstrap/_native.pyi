@@ -1,5 +1,6 @@
 """Types of the native module (the Rust worker client). Re-exported by ``pd_bootstrap``."""
 
+import os
 from types import TracebackType
 from typing import Any, Awaitable, Dict, List, Mapping, Optional, Sequence, Type, Union
 
@@ -63,7 +64,14 @@ class BootstrapClient:
         request_timeout: float = 5.0,
         register_deadline: float = 600.0,
         call_deadline: float = 30.0,
-    ) -> None: ...
+        ca_file: Optional[Union[str, "os.PathLike[str]"]] = None,
+        cert_file: Optional[Union[str, "os.PathLike[str]"]] = None,
+        key_file: Optional[Union[str, "os.PathLike[str]"]] = None,
+    ) -> None:
+        """``ca_file``: CA certificates (PEM) trusted for an ``https://`` server, beside the
+        system's; ``cert_file`` and ``key_file``: the client certificate a server with
+        ``--tls-client-ca`` lets writers in by. An unusable file raises ``InvalidInput``
+        naming it."""
     @property
     def url(self) -> str: ...
     def register(
