@@ -370,3 +370,61 @@ async fn drain_marks_an_engine_and_undo_lifts_it() {
     assert_eq!(run.code, 1, "an unknown engine exits 1");
     assert!(run.stderr.contains("nobody"), "{}", run.stderr);
 }
+
+#[tokio::test]
+async fn https_with_a_ca_file_and_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = pd_service::test_certs::TestCa::new(dir.path(), "registry");
+    let server_cert = ca.server("server");
+    let writer = ca.client("writer");
+    let mut config = ServerConfig::local(dir.path());
+    config.tls = Some(pd_service::TlsFiles {
+        cert: server_cert.cert.clone(),
+        key: server_cert.key.clone(),
+        client_ca: Some(ca.ca.clone()),
+    });
+    let server = Server::bind(config).await.unwrap().spawn();
+    let url = format!("https://localhost:{}", server.addr().port());
+    let path = |p: &std::path::Path| p.display().to_string();
+    let (ca_file, cert, key) = (path(&ca.ca), path(&writer.cert), path(&writer.key));
+    let register = [
+        "register",
+        "--engine-id",
+        "e",
+        "--addr",
+        "tcp://10.0.0.5:4000",
+        "--deadline",
+        "1",
+    ];
+    let tls = [
+        "--ca-file",
+        &ca_file,
+        "--cert-file",
+        &cert,
+        "--key-file",
+        &key,
+    ];
+    let run = cli(&url, &[&register[..], &tls[..]].concat()).await;
+    assert_eq!(
+        (run.code, run.stdout.trim()),
+        (0, "registered"),
+        "{}",
+        run.stderr
+    );
+    // The CA alone reads, and a write without the certificate is refused (exit 1).
+    let run = cli(&url, &["query", "--ca-file", &ca_file]).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("tcp://10.0.0.5:4000"), "{}", run.stdout);
+    let run = cli(
+        &url,
+        &[&register[..], &["--ca-file", &ca_file][..]].concat(),
+    )
+    .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(run.stderr.contains("--tls-client-ca"), "{}", run.stderr);
+    // An unusable file is bad usage (exit 2), named.
+    let run = cli(&url, &["query", "--ca-file", "/no/such/ca.pem"]).await;
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("/no/such/ca.pem"), "{}", run.stderr);
+    server.shutdown().await.unwrap();
+}

@@ -133,8 +133,12 @@ impl PyBootstrapClient {
         cert_file: Option<PathBuf>,
         key_file: Option<PathBuf>,
     ) -> PyResult<Self> {
-        let tls = ClientTls::load(ca_file.as_deref(), cert_file.as_deref(), key_file.as_deref())
-            .map_err(|err| InvalidInput::new_err(err.to_string()))?;
+        let tls = ClientTls::load(
+            ca_file.as_deref(),
+            cert_file.as_deref(),
+            key_file.as_deref(),
+        )
+        .map_err(|err| InvalidInput::new_err(err.to_string()))?;
         let mut builder = BootstrapClient::builder(url)
             .tls(tls)
             .connect_timeout(seconds("connect_timeout", connect_timeout)?)

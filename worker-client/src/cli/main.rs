@@ -11,6 +11,7 @@ mod drain;
 mod idle;
 mod output;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -19,7 +20,9 @@ use pd_protocol::native::Deregister;
 use pd_protocol::vllm::{QueryRequestsResponse, RegisterWorker, RequestLocation};
 use pd_protocol::{Rank, Revision, MAX_LEASE_TTL};
 use pd_service::{init_logging, parse_seconds, parse_seconds_or_zero, shutdown_signal, LogFormat};
-use worker_client::{BootstrapClient, ClientError, LeaseKeeper, LeaseState, RequestOutcome};
+use worker_client::{
+    BootstrapClient, ClientError, ClientTls, LeaseKeeper, LeaseState, RequestOutcome,
+};
 
 use output::{print_changes, print_json, print_topology};
 
@@ -52,6 +55,25 @@ struct Cli {
     /// Seconds allowed for one HTTP attempt.
     #[arg(long, default_value = "5", value_parser = parse_seconds, global = true)]
     timeout: Duration,
+    /// CA certificates (PEM) trusted for an https:// server, beside the system's.
+    #[arg(long, env = "PD_BOOTSTRAP_CA_FILE", global = true)]
+    ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for a server with --tls-client-ca. Needs --key-file.
+    #[arg(
+        long,
+        env = "PD_BOOTSTRAP_CERT_FILE",
+        global = true,
+        requires = "key_file"
+    )]
+    cert_file: Option<PathBuf>,
+    /// The private key (PEM) of --cert-file.
+    #[arg(
+        long,
+        env = "PD_BOOTSTRAP_KEY_FILE",
+        global = true,
+        requires = "cert_file"
+    )]
+    key_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -202,7 +224,18 @@ impl From<ClientError> for Failure {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    let mut builder = BootstrapClient::builder(&cli.url).request_timeout(cli.timeout);
+    let tls = ClientTls::load(
+        cli.ca_file.as_deref(),
+        cli.cert_file.as_deref(),
+        cli.key_file.as_deref(),
+    )
+    .map_err(|err| Failure {
+        code: 2,
+        message: err.to_string(),
+    })?;
+    let mut builder = BootstrapClient::builder(&cli.url)
+        .request_timeout(cli.timeout)
+        .tls(tls);
     if let Some(token) = &cli.token {
         builder = builder.token(token);
     }
