@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::process::Command;
 
 use pd_examples::cluster::gateway::{envoy_args, envoy_binary, envoy_config};
-use pd_examples::cluster::{Cluster, ClusterSpec, GatewaySpec};
+use pd_examples::cluster::{Cluster, ClusterSpec, ClusterTls, GatewaySpec};
 use pd_examples::process::{free_port, spawn, wait_for, Process};
 use pd_examples::sim::Dialect;
 use serde_json::{json, Value};
@@ -500,6 +500,7 @@ async fn engines_without_prefills_are_picked_among() {
     let mut args: Vec<String> = [
         "--port",
         &epp_port.to_string(),
+        // The older name of --admin-port, still accepted.
         "--metrics-port",
         &metrics_port.to_string(),
         "--policy",
@@ -524,7 +525,7 @@ async fn engines_without_prefills_are_picked_among() {
         picker_timeout: Duration::from_secs(1),
         epp_args: Vec::new(),
     };
-    let config = envoy_config(&spec, listen, admin, epp_port, &fallback);
+    let config = envoy_config(&spec, listen, admin, epp_port, &fallback, None);
     let path = dir.path().join("envoy.yaml");
     std::fs::write(&path, config).unwrap();
     let url = format!("http://127.0.0.1:{listen}");
@@ -666,5 +667,59 @@ async fn a_sidecar_relays_to_no_prefill_outside_its_fleet() {
         route.contains(&format!("prefill={}", cluster.prefills[0].url)),
         "{route}"
     );
+    cluster.shutdown().await;
+}
+
+/// TLS on every hop behind the gateway: the client to Envoy, Envoy to pd-epp (its gRPC
+/// listener, as the Inference Extension's own picker serves it) and to the sidecars, pd-epp and
+/// the sidecars to the engines (which require client certificates).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_hop_behind_the_gateway_speaks_tls() {
+    let (cluster, _dir) = gateway_with(
+        "gateway-tls-",
+        Dialect::Vllm,
+        "round_robin",
+        false,
+        |spec| {
+            spec.tls = Some(ClusterTls::make(&spec.run_dir).unwrap());
+        },
+    )
+    .await;
+    let envoy = &cluster.proxy;
+    assert!(envoy.url.starts_with("https://"), "{}", envoy.url);
+    let client = (envoy.client_tls.apply(reqwest::Client::builder()))
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    for stream in [false, true] {
+        let response = client
+            .post(format!("{}/v1/completions", envoy.url))
+            .json(&completion("over tls", stream))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let upstream = response.headers()["x-gateway-upstream"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let sidecars: Vec<String> = (cluster.gateway.as_ref().unwrap().sidecars.iter())
+            .map(|sidecar| sidecar.url.replace("https://localhost", "127.0.0.1"))
+            .collect();
+        assert!(
+            sidecars.contains(&upstream),
+            "{upstream} not in {sidecars:?}"
+        );
+        assert!(response.text().await.unwrap().contains("text_completion"));
+    }
+    // pd-epp's admin listener speaks TLS too.
+    let epp = &cluster.gateway.as_ref().unwrap().epp;
+    assert!(epp.url.starts_with("https://"), "{}", epp.url);
+    let ready = client
+        .get(format!("{}/ready", epp.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
     cluster.shutdown().await;
 }

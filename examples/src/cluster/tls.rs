@@ -92,6 +92,12 @@ impl ClusterTls {
         args
     }
 
+    /// pd-epp's flags: TLS on its gRPC and admin listeners, the CA and client certificate for
+    /// the engines.
+    pub fn epp_args(&self) -> Vec<String> {
+        self.proxy_args()
+    }
+
     fn serving(&self, cert: &str, key: &str) -> Vec<String> {
         let mut args = flag(cert, &self.server.cert);
         args.extend(flag(key, &self.server.key));

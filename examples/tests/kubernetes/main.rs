@@ -213,11 +213,11 @@ async fn probes_and_scrapes_hit_routes_the_binaries_serve() {
         let data = dir.path().join("data").display().to_string();
         let mut args = vec!["--host", "127.0.0.1"];
         // The least each needs to start; the proxies' backends need not exist. pd-epp serves
-        // HTTP on its --metrics-port (its --port is gRPC).
+        // HTTP on its --admin-port (its --port is gRPC).
         let (grpc, port_flag) = (
             free_port().to_string(),
             match *binary {
-                "pd-epp" => "--metrics-port",
+                "pd-epp" => "--admin-port",
                 _ => "--port",
             },
         );

@@ -1,16 +1,17 @@
-//! pd-epp's flags: where it listens (ext_proc and gRPC health on `--port`, metrics and HTTP
-//! health on `--metrics-port`), what a request may cost, its key, and the fleet's and the
+//! pd-epp's flags: where it listens (ext_proc and gRPC health on `--port`, metrics, HTTP
+//! health and the admin routes on `--admin-port`), with TLS or not, what a request may cost, its key, and the fleet's and the
 //! placement's flags, the same as pd-proxy's ([`FleetArgs`], with `PD_EPP_*` environment
 //! fallbacks) and the same `--config` file.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
 use pd_router::backend::Backend;
 use pd_router::config::{ConfigError, RouterConfig};
 use pd_router::flags::{parse_args, with_env_prefix, FleetArgs};
-use pd_service::{parse_seconds_or_zero, LogFormat};
+use pd_service::{parse_seconds_or_zero, LogFormat, TlsFiles};
 
 /// The prefills when no `--prefill` flag is given: comma-separated `URL[ PORT]` entries.
 pub const PREFILL_ENV: &str = "PD_EPP_PREFILL";
@@ -26,9 +27,26 @@ pub struct Args {
     /// Port of the ext_proc service (and the gRPC health service beside it).
     #[arg(long, env = "PD_EPP_PORT", default_value_t = 9002)]
     pub port: u16,
-    /// Port of `GET /metrics`, `/health` and `/ready` (HTTP).
-    #[arg(long, env = "PD_EPP_METRICS_PORT", default_value_t = 9090)]
-    pub metrics_port: u16,
+    /// Port of the operator's HTTP listener: `GET /metrics`, `/health`, `/ready` and the
+    /// admin routes (`--metrics-port` is the older name).
+    #[arg(
+        long,
+        visible_alias = "metrics-port",
+        env = "PD_EPP_ADMIN_PORT",
+        default_value_t = 9090
+    )]
+    pub admin_port: u16,
+    /// Address of the --admin-port listener (default: --host).
+    #[arg(long, env = "PD_EPP_ADMIN_HOST")]
+    pub admin_host: Option<String>,
+    /// Serve TLS with this certificate chain (PEM) on both listeners (gRPC and the admin's),
+    /// re-read when the file changes: Envoy's cluster of the picker then needs an
+    /// `UpstreamTlsContext`. Needs --tls-key.
+    #[arg(long, env = "PD_EPP_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "PD_EPP_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// The engines, how they are found, checked and chosen. Without `--prefill` the engines
     /// (`--decode`) serve whole requests, one picked for each.
     #[command(flatten)]
@@ -70,8 +88,12 @@ pub struct Config {
     pub host: String,
     /// Port of the gRPC services (0 picks a free one).
     pub port: u16,
-    /// Port of the HTTP metrics and health (0 picks a free one).
-    pub metrics_port: u16,
+    /// Host of the operator's HTTP listener.
+    pub admin_host: String,
+    /// Port of the operator's HTTP listener (0 picks a free one).
+    pub admin_port: u16,
+    /// TLS on both listeners, when set.
+    pub tls: Option<TlsFiles>,
     /// The key requests must present, if any.
     pub api_key: Option<String>,
     /// The largest request body buffered.
@@ -128,7 +150,9 @@ impl Config {
             router,
             host: "127.0.0.1".to_owned(),
             port: 0,
-            metrics_port: 0,
+            admin_host: "127.0.0.1".to_owned(),
+            admin_port: 0,
+            tls: None,
             api_key: None,
             max_body_bytes: 32 << 20,
             destinations: Destinations::default(),
@@ -159,9 +183,15 @@ impl Args {
     pub fn into_config(self, prefill_env: Option<&str>) -> Result<Config, ConfigError> {
         Ok(Config {
             router: self.fleet.into_config(prefill_env, false)?,
+            admin_host: self.admin_host.unwrap_or_else(|| self.host.clone()),
             host: self.host,
             port: self.port,
-            metrics_port: self.metrics_port,
+            admin_port: self.admin_port,
+            tls: (self.tls_cert.zip(self.tls_key)).map(|(cert, key)| TlsFiles {
+                cert,
+                key,
+                client_ca: None,
+            }),
             api_key: self.api_key.filter(|key| !key.is_empty()),
             max_body_bytes: self.max_body_bytes,
             destinations: Destinations {

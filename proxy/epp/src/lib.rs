@@ -25,6 +25,7 @@ pub mod protocol;
 mod server;
 mod service;
 mod state;
+mod tls;
 
 pub use config::{Args, Config};
 pub use server::{Epp, EppError, EppHandle};

@@ -7,15 +7,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pd_router::{Router, RouterError};
-use pd_service::{bind, serve, Background, BearerToken, BindError, Draining, ServeLimits};
+use pd_service::{
+    bind, serve, Background, BearerToken, BindError, Draining, ServeLimits, ServerTls, TlsError,
+};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::StreamExt;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::service;
 use crate::state::Shared;
+use crate::tls::TlsConnection;
 
 /// Why pd-epp could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +29,9 @@ pub enum EppError {
     /// A listening socket could not be bound.
     #[error(transparent)]
     Bind(#[from] BindError),
+    /// The TLS certificate or key cannot be used.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     /// The router could not be built or started (its tokenizer, its DNS resolver).
     #[error(transparent)]
     Router(#[from] RouterError),
@@ -37,6 +43,9 @@ pub enum EppError {
     Serve(#[from] std::io::Error),
 }
 
+/// How long a client of the gRPC listener has for its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How often readiness is re-read for the gRPC health service.
 const HEALTH_EVERY: Duration = Duration::from_millis(500);
 
@@ -44,6 +53,8 @@ const HEALTH_EVERY: Duration = Duration::from_millis(500);
 pub struct Epp {
     grpc: TcpListener,
     http: TcpListener,
+    /// TLS on both listeners (`--tls-cert`), if on.
+    tls: Option<ServerTls>,
     shared: Arc<Shared>,
     draining: Draining,
 }
@@ -59,8 +70,9 @@ impl Epp {
             .build()?;
         let adapter_timeout = config.router.models.load_timeout;
         let router = Router::new(config.router, client, metrics.fleet().clone())?;
+        let tls = config.tls.as_ref().map(ServerTls::load).transpose()?;
         let grpc = bind(&config.host, config.port).await?;
-        let http = bind(&config.host, config.metrics_port).await?;
+        let http = bind(&config.admin_host, config.admin_port).await?;
         let shared = Arc::new(Shared {
             router,
             metrics,
@@ -73,6 +85,7 @@ impl Epp {
         Ok(Epp {
             grpc,
             http,
+            tls,
             shared,
             draining: Draining::new(),
         })
@@ -85,7 +98,7 @@ impl Epp {
             .expect("a bound listener has an address")
     }
 
-    /// The address of the HTTP side (metrics, health).
+    /// The address of the operator's HTTP listener (metrics, health, admin routes).
     pub fn http_addr(&self) -> SocketAddr {
         self.http
             .local_addr()
@@ -112,6 +125,7 @@ impl Epp {
         let Epp {
             grpc,
             http,
+            tls,
             shared,
             draining,
         } = self;
@@ -126,6 +140,7 @@ impl Epp {
         tracing::info!(
             grpc = %grpc.local_addr()?,
             http = %http.local_addr()?,
+            tls = tls.is_some(),
             aggregated = shared.router.is_aggregated(),
             prefill_policy = ?shared.router.config().routing.prefill_policy,
             decode_policy = ?shared.router.config().routing.decode_policy,
@@ -138,22 +153,38 @@ impl Epp {
             async {
                 let _ = http_stopped.await;
             },
-            ServeLimits::default(),
+            ServeLimits {
+                tls: tls.clone(),
+                ..ServeLimits::default()
+            },
         ));
-        // Small ext_proc messages go out at once: without TCP_NODELAY a picker's answer can
-        // wait for the peer's delayed ACK (40 ms).
-        let incoming = TcpListenerStream::new(grpc).map(|accepted| {
-            accepted.inspect(|stream| {
-                if let Err(err) = stream.set_nodelay(true) {
-                    tracing::debug!(error = %err, "TCP_NODELAY not set");
-                }
-            })
-        });
-        let served = tonic::transport::Server::builder()
+        let services = tonic::transport::Server::builder()
             .add_service(health)
-            .add_service(service::ext_proc(shared))
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await;
+            .add_service(service::ext_proc(shared));
+        let served = match tls {
+            Some(tls) => {
+                let accepted = tls.accept_all(grpc, TLS_HANDSHAKE_TIMEOUT);
+                let incoming = ReceiverStream::new(accepted)
+                    .map(|stream| Ok::<_, std::io::Error>(TlsConnection(stream)));
+                services
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+            }
+            None => {
+                // Small ext_proc messages go out at once: without TCP_NODELAY a picker's
+                // answer can wait for the peer's delayed ACK (40 ms).
+                let incoming = TcpListenerStream::new(grpc).map(|accepted| {
+                    accepted.inspect(|stream| {
+                        if let Err(err) = stream.set_nodelay(true) {
+                            tracing::debug!(error = %err, "TCP_NODELAY not set");
+                        }
+                    })
+                });
+                services
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+            }
+        };
         let _ = stop_http.send(());
         let _ = http_server.await;
         reporting.abort();

@@ -17,6 +17,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{RootCertStore, ServerConfig};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 /// How often the certificate and key files are checked for a change.
@@ -222,4 +225,47 @@ impl ServerTls {
     pub(crate) fn acceptor(&self) -> &TlsAcceptor {
         &self.acceptor
     }
+
+    /// Accepts connections on `listener` (with TCP_NODELAY) and runs each handshake on a task
+    /// of its own, so that a slow client holds up no other; the connections whose handshake
+    /// ends within `timeout` come out of the returned channel, for servers that take a stream
+    /// of connections (tonic). Accepting stops when the receiver is dropped.
+    pub fn accept_all(
+        &self,
+        listener: TcpListener,
+        timeout: Duration,
+    ) -> mpsc::Receiver<TlsStream<TcpStream>> {
+        let (sender, receiver) = mpsc::channel(ACCEPTED_BACKLOG);
+        let acceptor = self.acceptor.clone();
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
+                    () = sender.closed() => return,
+                };
+                let Ok((stream, peer)) = accepted else {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let (acceptor, sender) = (acceptor.clone(), sender.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            let _ = sender.send(stream).await;
+                        }
+                        Ok(Err(err)) => {
+                            tracing::debug!(%peer, error = %err, "TLS handshake failed")
+                        }
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        receiver
+    }
 }
+
+/// Connections whose handshake ended, waiting for the server to take them.
+const ACCEPTED_BACKLOG: usize = 64;
