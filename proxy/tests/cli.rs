@@ -92,6 +92,62 @@ async fn start_up_errors_are_clear() {
 }
 
 #[tokio::test]
+async fn unusable_tls_files_are_named_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = pd_service::test_certs::TestCa::new(dir.path(), "test");
+    let server = ca.server("server");
+    let other = ca.server("other");
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not PEM at all").unwrap();
+    let path = |p: &std::path::Path| p.display().to_string();
+    let (cert, key, other_key, garbage) = (
+        path(&server.cert),
+        path(&server.key),
+        path(&other.key),
+        path(&garbage),
+    );
+    let fleet = [
+        "--prefill",
+        "http://127.0.0.1:1",
+        "--decode",
+        "http://127.0.0.1:1",
+    ];
+    // (flags, exit code, what stderr names): the listener's files fail at bind (1), the
+    // upstream's at validation (2), each naming the file and the problem.
+    let cases: Vec<(Vec<&str>, i32, [&str; 2])> = vec![
+        (
+            vec!["--tls-cert", &garbage, "--tls-key", &key],
+            1,
+            ["garbage.pem", "no PEM certificate"],
+        ),
+        (
+            vec!["--tls-cert", &cert, "--tls-key", &other_key],
+            1,
+            ["other-key.pem", "does not fit"],
+        ),
+        (vec!["--tls-cert", &cert], 2, ["--tls-key", "required"]),
+        (
+            vec!["--upstream-ca", &garbage],
+            2,
+            ["garbage.pem", "no PEM certificate"],
+        ),
+        (
+            vec!["--upstream-cert", &cert, "--upstream-key", &garbage],
+            2,
+            ["garbage.pem", "private key"],
+        ),
+    ];
+    for (flags, expected, needles) in cases {
+        let args: Vec<&str> = fleet.iter().copied().chain(flags.iter().copied()).collect();
+        let (code, stderr) = run(&args, &[]).await;
+        assert_eq!(code, expected, "{flags:?}: {stderr}");
+        for needle in needles {
+            assert!(stderr.contains(needle), "{flags:?}: {stderr}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn environment_variables_stand_in_for_flags() {
     let (code, stderr) = run(
         &[],
