@@ -18,6 +18,10 @@ use crate::relay::{detach, Relay, Tracker};
 use crate::route::Route;
 use crate::state::AppState;
 use pd_router::routing::decision::X_PD_ROUTE;
+use pd_router::tenants::Tenant;
+use std::sync::Arc;
+
+use crate::rate_limits;
 
 /// `POST /v1/completions`, `POST /v1/chat/completions` and `POST /generate`: the route is the
 /// request's path. The request is taken whole, so its headers are read where they are.
@@ -30,7 +34,17 @@ pub(crate) async fn proxied(State(state): State<AppState>, request: Request) -> 
         None => state.ids.request_id(&parts.headers),
     };
     let slot = parts.extensions.get::<TrackerSlot>();
-    serve(&state, route, request_id, slot, &parts.headers, body).await
+    let tenant = parts.extensions.get::<Arc<Tenant>>();
+    serve(
+        &state,
+        route,
+        request_id,
+        slot,
+        tenant,
+        &parts.headers,
+        body,
+    )
+    .await
 }
 
 async fn serve(
@@ -38,6 +52,7 @@ async fn serve(
     route: Route,
     request_id: HeaderValue,
     slot: Option<&TrackerSlot>,
+    tenant: Option<&Arc<Tenant>>,
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
@@ -45,7 +60,17 @@ async fn serve(
         .and_then(TrackerSlot::take)
         .unwrap_or_else(|| Tracker::new(state.route_metrics(route).clone(), Instant::now()));
     let start = tracker.started();
-    match flow::start(state, route, headers, &request_id, body, &mut tracker).await {
+    match flow::start(
+        state,
+        route,
+        headers,
+        &request_id,
+        tenant,
+        body,
+        &mut tracker,
+    )
+    .await
+    {
         Ok(started) => respond(started, tracker, start),
         Err(refusal) => {
             tracker.finish(refusal.outcome);
@@ -65,6 +90,7 @@ fn respond(started: Started, mut tracker: Tracker, start: Instant) -> Response {
         route,
         watch,
         resume,
+        rate,
     } = started;
     let first_at = decode.first_at;
     tracker.metrics().first_byte(first_at.duration_since(start));
@@ -102,6 +128,9 @@ fn respond(started: Started, mut tracker: Tracker, start: Instant) -> Response {
     }
     if let Some(route) = route {
         response.headers_mut().insert(X_PD_ROUTE.clone(), route);
+    }
+    if let Some(rate) = rate {
+        rate_limits::insert_status(response.headers_mut(), &rate);
     }
     metrics.overhead(overhead + first_at.elapsed());
     response

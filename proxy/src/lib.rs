@@ -6,7 +6,8 @@
 //! this crate is the HTTP front door around it, as a stack:
 //!
 //! - `server` binds, starts the router's fleet and serves; `routes` is the router of
-//!   paths: the proxied routes behind the `layers` (request id, tracker, `--api-key`), and
+//!   paths: the proxied routes behind the `layers` (request id, tracker, the tenant of the
+//!   request's key and its limits: `rate_limits`), and
 //!   `/health`, `/ready` (`readiness`), `/metrics` (`metrics`), `/v1/models`
 //!   (`model_list`), `/admin/*` (`admin`) and the live page (`ui`);
 //! - `handler` runs a request's `flow`, in named stages: intake (the body read under the
@@ -32,6 +33,7 @@ mod layers;
 mod metrics;
 mod model_list;
 mod models;
+mod rate_limits;
 mod readiness;
 mod relay;
 mod route;

@@ -11,7 +11,7 @@ use axum::{Json, Router};
 use tower::ServiceBuilder;
 
 use crate::error::ApiError;
-use crate::layers::auth::RequireApiKey;
+use crate::layers::auth::Authenticate;
 use crate::layers::operator::RequireOperator;
 use crate::layers::request_id::AssignRequestIdLayer;
 use crate::layers::track::TrackLayer;
@@ -55,11 +55,11 @@ fn clients(state: &AppState) -> Router<AppState> {
             ServiceBuilder::new()
                 .layer(AssignRequestIdLayer(state.clone()))
                 .layer(TrackLayer(state.clone()))
-                .layer(RequireApiKey::layer(state)),
+                .layer(Authenticate::layer(state)),
         );
     let models = Router::new()
         .route("/v1/models", get(model_list::models))
-        .route_layer(RequireApiKey::layer(state));
+        .route_layer(Authenticate::layer(state));
     completions.merge(models)
 }
 

@@ -10,6 +10,7 @@ use futures_util::FutureExt;
 use pd_service::{bind, serve, Background, BindError, Draining, ServeLimits, ServerTls, TlsError};
 use tokio::net::TcpListener;
 
+use pd_router::tenants::{KeysFileError, Tenants};
 use pd_router::RouterError;
 
 use crate::config::Config;
@@ -33,6 +34,9 @@ pub enum ProxyError {
     /// The TLS certificate or key cannot be used.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The API keys file cannot be used.
+    #[error(transparent)]
+    Keys(#[from] KeysFileError),
     /// The router could not be built or started (its tokenizer, its DNS resolver).
     #[error(transparent)]
     Router(#[from] RouterError),
@@ -63,7 +67,15 @@ impl Proxy {
             Some((host, port)) => Some(bind(host, *port).await?),
             None => None,
         };
-        let state = Arc::new(Shared::new(&config, upstream, metrics)?);
+        let tenants = Tenants::load(config.api_keys_file.as_deref(), config.api_key.as_deref())?;
+        if let Some(tenants) = &tenants {
+            tenants
+                .names()
+                .iter()
+                .for_each(|name| metrics.tenants().known(name));
+            tenants.watch(pd_router::tenants::RELOAD_EVERY);
+        }
+        let state = Arc::new(Shared::new(&config, upstream, metrics, tenants)?);
         Ok(Proxy {
             listener,
             admin,

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use pd_router::backend::Pool;
+use pd_router::tenants::Tenants;
 use pd_router::{Router, RouterError};
 use pd_service::{BearerToken, Draining};
 
@@ -28,8 +29,8 @@ pub(crate) struct Shared {
     pub metrics: Arc<Metrics>,
     /// How P and D are called.
     pub mode: Mode,
-    /// The key clients must present, if any.
-    pub api_key: Option<BearerToken>,
+    /// The tenants and their keys, one of which clients must present (none: no key needed).
+    pub tenants: Option<Arc<Tenants>>,
     /// The key of the admin routes (off without one).
     pub admin_key: Option<BearerToken>,
     /// Whether the operator's routes have a listener of their own (`--admin-port`).
@@ -57,6 +58,7 @@ impl Shared {
         config: &Config,
         upstream: Upstream,
         metrics: Arc<Metrics>,
+        tenants: Option<Arc<Tenants>>,
     ) -> Result<Self, RouterError> {
         let router = Router::new(
             config.router.clone(),
@@ -69,7 +71,7 @@ impl Shared {
             labels: ModelLabels::new(metrics.clone()),
             metrics,
             mode: config.router.mode,
-            api_key: config.api_key.as_deref().and_then(BearerToken::new),
+            tenants,
             admin_key: config.admin_key.as_deref().and_then(BearerToken::new),
             admin_listener: config.admin_listener.is_some(),
             metrics_open: config.metrics_open,

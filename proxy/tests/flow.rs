@@ -260,7 +260,7 @@ async fn api_key_is_required_and_forwarded() {
         assert_eq!(response.status(), 401, "{auth:?}");
         let error: Value = response.json().await.unwrap();
         assert_eq!(error["error"]["type"], "authentication_error");
-        assert_eq!(error["error"]["code"], 401);
+        assert_eq!(error["error"]["code"], "invalid_api_key");
     }
     let models = cluster
         .client

@@ -230,7 +230,7 @@ async fn the_api_key_scheme_is_case_insensitive_and_errors_have_a_stable_shape()
     assert_eq!(refused.status(), 401);
     let error: Value = refused.json().await.unwrap();
     assert_eq!(error["error"]["type"], "authentication_error");
-    assert_eq!(error["error"]["code"], 401);
+    assert_eq!(error["error"]["code"], "invalid_api_key");
     assert!(error["error"]["message"].is_string());
 }
 

@@ -55,7 +55,7 @@ impl WriteGuard {
 
 /// The write routes' gate: a write let through, or answered 401/403 JSON.
 impl Gate for WriteGuard {
-    fn refusal(&self, request: &Request) -> Option<Response> {
+    fn refusal(&self, request: &mut Request) -> Option<Response> {
         let peer = request
             .extensions()
             .get::<ConnectInfo<SocketAddr>>()

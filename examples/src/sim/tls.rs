@@ -73,7 +73,7 @@ impl TlsArgs {
 pub struct ClientCertificateRequired;
 
 impl Gate for ClientCertificateRequired {
-    fn refusal(&self, request: &Request) -> Option<Response> {
+    fn refusal(&self, request: &mut Request) -> Option<Response> {
         let certified = request.extensions().get::<ClientCertified>().is_some();
         (!certified).then(|| {
             let detail = "a client certificate signed by --ssl-ca-certs is required";

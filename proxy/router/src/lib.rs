@@ -24,7 +24,8 @@
 //!
 //! Beside them: [`body`] (a request's JSON body, read without copying, and the fields P and D
 //! receive), [`endpoint`] (a backend's URLs, parsed once), [`metrics`] (the fleet's, registered
-//! in the front door's registry) and [`sync`].
+//! in the front door's registry) and [`sync`]; the [`tenants`] whose API keys say who sends a request,
+//! and their limits.
 
 pub mod admission;
 pub mod backend;
@@ -50,6 +51,7 @@ mod router;
 pub mod routing;
 pub mod saturation;
 pub mod sync;
+pub mod tenants;
 
 pub use config::RouterConfig;
 pub use placement::{Facts, Placement, Side, Unplaceable, Unplaced};

@@ -87,9 +87,15 @@ pub struct Args {
     /// Seconds to wait for a TCP connection to any backend.
     #[arg(long, env = "PD_PROXY_CONNECT_TIMEOUT", default_value = "5", value_parser = parse_seconds)]
     pub connect_timeout: Duration,
-    /// Key clients must send as `Authorization: Bearer <key>` on the /v1 routes.
+    /// Key clients must send as `Authorization: Bearer <key>` on the /v1 routes: the key of
+    /// the tenant `default` (beside the tenants of --api-keys-file).
     #[arg(long, env = "PD_PROXY_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Tenants, their API keys and their limits (requests per second, prompt and output tokens
+    /// per minute, requests in flight): TOML, or JSON for a `.json` name. Re-read when it
+    /// changes. A request must then carry one of its keys (or --api-key).
+    #[arg(long, env = "PD_PROXY_API_KEYS_FILE")]
+    pub api_keys_file: Option<PathBuf>,
     /// Key an operator must send as `Authorization: Bearer <key>` to drain backends
     /// (`POST /admin/drain`) and read the KV index; without it those routes are off. While any
     /// key is set and there is no --admin-port, every operator's route on the serving port
@@ -168,6 +174,7 @@ impl Args {
         config.shutdown_grace = self.shutdown_grace;
         // An empty key would be "no key"; treat it so rather than demanding `Bearer `.
         config.api_key = self.api_key.filter(|key| !key.is_empty());
+        config.api_keys_file = self.api_keys_file;
         config.admin_key = self.admin_key.filter(|key| !key.is_empty());
         config.admin_listener = self.admin_port.map(|port| (self.admin_host, port));
         config.metrics_open = self.metrics_open;

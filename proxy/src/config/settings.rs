@@ -47,8 +47,10 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// What a client may cost.
     pub clients: ClientLimits,
-    /// The key clients must present, if any.
+    /// The key clients must present, if any (the `default` tenant's).
     pub api_key: Option<String>,
+    /// The tenants' keys and limits (`--api-keys-file`), if any.
+    pub api_keys_file: Option<std::path::PathBuf>,
     /// The key of the admin routes, if they are on.
     pub admin_key: Option<String>,
     /// Where the operator's routes are served on their own (host, port), if they are.
@@ -85,6 +87,7 @@ impl Config {
                 max_connections: 4096,
             },
             api_key: None,
+            api_keys_file: None,
             admin_key: None,
             admin_listener: None,
             metrics_open: false,

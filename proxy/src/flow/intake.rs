@@ -4,11 +4,16 @@
 
 use axum::http::StatusCode;
 use bytes::Bytes;
+use std::time::Instant;
+
 use pd_router::body::{Body, BodyError};
+use pd_router::tenants::{RateStatus, Tenant};
 
 use super::failure::{refused, Refusal};
 use crate::intake::IntakeError;
 use crate::metrics::Outcome;
+use crate::rate_limits;
+use crate::route::Route;
 use crate::state::AppState;
 
 /// The client's whole body, or what its failure to send one tells it.
@@ -34,6 +39,31 @@ pub(super) async fn read(state: &AppState, body: axum::body::Body) -> Result<Byt
         ),
     })?;
     Ok(raw.release())
+}
+
+/// Charges the request's tokens to its tenant: where the tenant stands (when it has limits),
+/// or a 429 when they do not fit.
+pub(super) fn charge(
+    state: &AppState,
+    tenant: &Tenant,
+    route: Route,
+    body: &Body<'_>,
+) -> Result<Option<RateStatus>, Refusal> {
+    if !tenant.limits().any() {
+        return Ok(None);
+    }
+    let (prompt, output) = rate_limits::cost(route, body);
+    match tenant.charge(prompt, output, Instant::now()) {
+        Ok(status) => Ok(Some(status)),
+        Err(limited) => {
+            state.metrics.tenants().limited(tenant.name(), limited.kind);
+            Err(Refusal {
+                response: Box::new(rate_limits::refusal(tenant.name(), &limited)),
+                outcome: Outcome::RateLimited,
+                replaceable: None,
+            })
+        }
+    }
 }
 
 /// `bytes` parsed, or a 400 saying why they cannot be.

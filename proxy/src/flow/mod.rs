@@ -34,6 +34,7 @@ use pd_router::admission::RequestClass;
 use pd_router::backend::Backend;
 use pd_router::body::Body;
 use pd_router::models;
+use pd_router::tenants::{RateStatus, Tenant};
 
 pub(crate) use failure::Refusal;
 
@@ -63,6 +64,16 @@ pub(crate) struct Started {
     /// How the answer goes on elsewhere should its decode fail mid-answer (streamed answers
     /// whose continuation is exact).
     pub resume: Option<Resumption>,
+    /// Where the request's tenant stands against its limits, for the `x-ratelimit-*` headers
+    /// (tenants with limits).
+    pub rate: Option<RateStatus>,
+}
+
+impl Started {
+    /// The same start, its tenant standing at `rate`.
+    fn rated(self, rate: Option<RateStatus>) -> Self {
+        Started { rate, ..self }
+    }
 }
 
 /// What every stage knows of the request.
@@ -93,6 +104,7 @@ pub(crate) async fn start(
     route: Route,
     headers: &HeaderMap,
     request_id: &HeaderValue,
+    tenant: Option<&Arc<Tenant>>,
     body: axum::body::Body,
     tracker: &mut Tracker,
 ) -> Result<Started, Refusal> {
@@ -112,7 +124,15 @@ pub(crate) async fn start(
     let handles = state.model_metrics(model);
     let metrics = handles.route(route).clone();
     tracker.retarget(metrics.clone());
-    let class = (state.router.classify(headers)).map_err(|err| failure::bad_class(&err))?;
+    let mut class = (state.router.classify(headers)).map_err(|err| failure::bad_class(&err))?;
+    let rate = match tenant {
+        Some(tenant) => {
+            // The key's tenant is the request's fair share, whatever its headers say.
+            class.tenant = tenant.name().clone();
+            intake::charge(state, tenant, route, &body)?
+        }
+        None => None,
+    };
     let deadline = start + state.upstream.request_timeout;
     let request = Request {
         state,
@@ -139,7 +159,8 @@ pub(crate) async fn start(
             }
         }
         None => started,
-    })
+    }
+    .rated(rate))
 }
 
 /// Places the request and calls its engines; should its decode fail after its prefill

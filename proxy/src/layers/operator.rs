@@ -36,7 +36,7 @@ impl RequireOperator {
     /// The gate of `state`'s serving port: on when a key is configured and the operator's
     /// routes have no listener of their own.
     pub(crate) fn layer(state: &AppState) -> GateLayer<Self> {
-        let keyed = state.api_key.is_some() || state.admin_key.is_some();
+        let keyed = state.tenants.is_some() || state.admin_key.is_some();
         GateLayer(RequireOperator {
             enabled: keyed && !state.admin_listener,
             admin_key: state.admin_key.clone(),
@@ -46,7 +46,7 @@ impl RequireOperator {
 }
 
 impl Gate for RequireOperator {
-    fn refusal(&self, request: &Request) -> Option<Response> {
+    fn refusal(&self, request: &mut Request) -> Option<Response> {
         if !self.enabled {
             return None;
         }

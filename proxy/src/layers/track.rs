@@ -25,6 +25,13 @@ impl TrackerSlot {
     pub(crate) fn take(&self) -> Option<Tracker> {
         lock(&self.0).take()
     }
+
+    /// Gives the tracker the request's place among its tenant's requests in flight.
+    pub(crate) fn hold(&self, in_flight: pd_router::tenants::InFlight) {
+        if let Some(tracker) = lock(&self.0).as_mut() {
+            tracker.hold(in_flight);
+        }
+    }
 }
 
 /// Layer: starts counting each request to a proxied route.

@@ -7,11 +7,13 @@
 mod migration;
 mod outcome;
 mod route;
+mod tenants;
 
 pub(crate) use migration::{Break, Migrated, MigrationMetrics};
 pub(crate) use outcome::Outcome;
 pub(crate) use pd_router::metrics::{CallOutcome, FleetMetrics};
 pub(crate) use route::{DecisionMetrics, RouteMetrics};
+pub(crate) use tenants::TenantMetrics;
 
 use route::RouteFamilies;
 
@@ -23,6 +25,7 @@ pub(crate) struct Metrics {
     fleet: FleetMetrics,
     routes: RouteFamilies,
     migrations: MigrationMetrics,
+    tenants: TenantMetrics,
 }
 
 impl Default for Metrics {
@@ -39,11 +42,13 @@ impl Metrics {
         let fleet = FleetMetrics::new(&registry);
         let routes = RouteFamilies::new(&registry);
         let migrations = MigrationMetrics::new(&registry);
+        let tenants = TenantMetrics::new(&registry);
         Metrics {
             registry,
             fleet,
             routes,
             migrations,
+            tenants,
         }
     }
 
@@ -55,6 +60,11 @@ impl Metrics {
     /// The metrics of answers continued on another decode.
     pub(crate) fn migrations(&self) -> &MigrationMetrics {
         &self.migrations
+    }
+
+    /// The tenants' metrics.
+    pub(crate) fn tenants(&self) -> &TenantMetrics {
+        &self.tenants
     }
 
     /// The routing decision counters of requests for `model` (a label value: see

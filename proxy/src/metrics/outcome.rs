@@ -33,11 +33,13 @@ pub(crate) enum Outcome {
     ClientDisconnected,
     /// Refused under overload (429): the admission queue, or latency targets no engine meets.
     Overloaded,
+    /// Over its tenant's limits (429, `--api-keys-file`).
+    RateLimited,
 }
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub(crate) const ALL: [Outcome; 15] = [
+    pub(crate) const ALL: [Outcome; 16] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::ClientTimeout,
@@ -53,6 +55,7 @@ impl Outcome {
         Outcome::StreamError,
         Outcome::ClientDisconnected,
         Outcome::Overloaded,
+        Outcome::RateLimited,
     ];
 
     /// The label value.
@@ -73,6 +76,7 @@ impl Outcome {
             Outcome::StreamError => "stream_error",
             Outcome::ClientDisconnected => "client_disconnected",
             Outcome::Overloaded => "overloaded",
+            Outcome::RateLimited => "rate_limited",
         }
     }
 }

@@ -9,6 +9,7 @@ mod resume;
 mod scan;
 mod stream;
 
+use pd_router::tenants::InFlight;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -46,6 +47,8 @@ pub(crate) struct Tracker {
     done: bool,
     /// The request's trace, with traces on.
     trace: Option<Box<RequestTrace>>,
+    /// Its place among its tenant's requests in flight, given back when it ends.
+    in_flight: Option<InFlight>,
 }
 
 impl Tracker {
@@ -57,7 +60,13 @@ impl Tracker {
             start,
             done: false,
             trace: None,
+            in_flight: None,
         }
+    }
+
+    /// Holds the request's place among its tenant's requests in flight until it ends.
+    pub(crate) fn hold(&mut self, in_flight: InFlight) {
+        self.in_flight = Some(in_flight);
     }
 
     /// Traces the request (traces are on).

@@ -25,15 +25,15 @@ impl BearerToken {
     /// Whether `headers` carry this token. The comparison takes the same time whatever the
     /// presented bytes, so the token cannot be guessed by timing.
     pub fn admits(&self, headers: &HeaderMap) -> bool {
-        let presented = headers
-            .get(header::AUTHORIZATION)
-            .map(|value| value.as_bytes())
-            .and_then(|value| {
-                let (scheme, rest) = value.split_at_checked(7)?;
-                scheme.eq_ignore_ascii_case(b"bearer ").then_some(rest)
-            })
-            .unwrap_or_default();
+        let presented = BearerToken::presented(headers).unwrap_or_default();
         bool::from(presented.ct_eq(&self.0))
+    }
+
+    /// The token `headers` present as `Authorization: Bearer <token>`, if any.
+    pub fn presented(headers: &HeaderMap) -> Option<&[u8]> {
+        let value = headers.get(header::AUTHORIZATION)?.as_bytes();
+        let (scheme, rest) = value.split_at_checked(7)?;
+        scheme.eq_ignore_ascii_case(b"bearer ").then_some(rest)
     }
 }
 

@@ -11,8 +11,9 @@ use tower::{Layer, Service};
 
 /// Decides whether a request goes on.
 pub trait Gate {
-    /// The answer `request` gets instead of going on; `None` lets it through.
-    fn refusal(&self, request: &Request) -> Option<Response>;
+    /// The answer `request` gets instead of going on; `None` lets it through. A gate may leave
+    /// what it learned in the request's extensions (who the request comes from).
+    fn refusal(&self, request: &mut Request) -> Option<Response>;
 }
 
 /// Layer: answers the requests its [`Gate`] refuses, passes the others on.
@@ -50,8 +51,8 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request) -> Self::Future {
-        match self.gate.refusal(&request) {
+    fn call(&mut self, mut request: Request) -> Self::Future {
+        match self.gate.refusal(&mut request) {
             None => Either::Left(self.inner.call(request)),
             Some(refused) => Either::Right(ready(Ok(refused))),
         }

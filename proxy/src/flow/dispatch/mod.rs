@@ -223,6 +223,7 @@ impl Started {
             route: None,
             watch: None,
             resume: None,
+            rate: None,
         }
     }
 }

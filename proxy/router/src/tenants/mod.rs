@@ -1,0 +1,466 @@
+//! Tenants: who a request comes from, by its API key, and what that tenant may send. Keys come
+//! from the keys file (`--api-keys-file`, [`file`]), re-read when it changes, and from
+//! `--api-key` (one tenant, `default`). A key is found by a keyed hash (SipHash with a key of
+//! the process's own) and compared in constant time; keys are never logged or shown.
+//!
+//! A tenant's limits ([`file::Limits`]) are token buckets ([`bucket`]): requests per second
+//! (bursts of a second's worth), prompt and output tokens per minute (charged at arrival, as
+//! OpenAI's limits do: the prompt's estimated tokens, and its `max_tokens`), and the requests
+//! it has in flight. A request over one is refused with 429 and told when to come back. The
+//! tenant is also the request's fair-share id in the admission queue.
+
+pub mod bucket;
+pub mod file;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use http::HeaderMap;
+use pd_service::BearerToken;
+use subtle::ConstantTimeEq;
+
+use self::bucket::Bucket;
+pub use self::file::{KeysFileError, Limits, TenantEntry};
+use crate::sync::lock;
+
+/// The tenant of `--api-key`.
+pub const FLAG_TENANT: &str = "default";
+
+/// How often the keys file is checked for a change.
+pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
+
+/// Which limit refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    /// Requests per second.
+    Requests,
+    /// Requests in flight.
+    Concurrency,
+    /// Prompt tokens per minute.
+    PromptTokens,
+    /// Output tokens per minute.
+    OutputTokens,
+}
+
+impl LimitKind {
+    /// Every kind, in label order.
+    pub const ALL: [LimitKind; 4] = [
+        LimitKind::Requests,
+        LimitKind::Concurrency,
+        LimitKind::PromptTokens,
+        LimitKind::OutputTokens,
+    ];
+
+    /// The `limit` label, and the word of messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitKind::Requests => "requests",
+            LimitKind::Concurrency => "concurrency",
+            LimitKind::PromptTokens => "prompt_tokens",
+            LimitKind::OutputTokens => "output_tokens",
+        }
+    }
+}
+
+/// Where a tenant stands against one limit: its size, what is left, when it is whole again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Standing {
+    /// The limit (per second for requests, per minute for tokens).
+    pub limit: f64,
+    /// What is left now.
+    pub remaining: f64,
+    /// How long until it is whole again.
+    pub reset: Duration,
+}
+
+/// Where a tenant stands: what OpenAI's `x-ratelimit-*` headers say.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RateStatus {
+    /// Against its requests per second.
+    pub requests: Option<Standing>,
+    /// Against its tightest token limit (the one with the least left).
+    pub tokens: Option<Standing>,
+}
+
+/// A request refused by its tenant's limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limited {
+    /// Which limit.
+    pub kind: LimitKind,
+    /// When to try again (none: this request never fits, it asks more than the limit).
+    pub retry_after: Option<Duration>,
+    /// Where the tenant stands.
+    pub status: RateStatus,
+    /// What the request asked and the limit it went over, for the message.
+    pub asked: f64,
+    /// The limit.
+    pub limit: f64,
+}
+
+impl Limited {
+    /// What the client is told.
+    pub fn message(&self, tenant: &str) -> String {
+        let limit = self.limit;
+        match (self.kind, self.retry_after) {
+            (LimitKind::Requests, _) => {
+                format!("tenant {tenant} is over its limit of {limit} requests per second")
+            }
+            (LimitKind::Concurrency, _) => format!(
+                "tenant {tenant} has {limit} requests in flight, its limit: wait for one to end"
+            ),
+            (kind, None) => format!(
+                "this request needs {} {} tokens, over tenant {tenant}'s limit of {limit} per \
+                 minute: ask for fewer (max_tokens)",
+                self.asked.ceil(),
+                kind.as_str().trim_end_matches("_tokens")
+            ),
+            (kind, Some(_)) => format!(
+                "tenant {tenant} is over its limit of {limit} {} tokens per minute",
+                kind.as_str().trim_end_matches("_tokens")
+            ),
+        }
+    }
+}
+
+/// A tenant's buckets.
+#[derive(Debug)]
+struct Buckets {
+    requests: Option<Bucket>,
+    prompt: Option<Bucket>,
+    output: Option<Bucket>,
+}
+
+/// One tenant: its name, limits and where it stands against them.
+#[derive(Debug)]
+pub struct Tenant {
+    name: Arc<str>,
+    limits: Limits,
+    buckets: Mutex<Buckets>,
+    in_flight: AtomicU32,
+}
+
+impl Tenant {
+    fn new(name: &str, limits: Limits, now: Instant) -> Self {
+        let per_minute = |rate: f64| Bucket::new(rate, rate / 60.0, now);
+        Tenant {
+            name: Arc::from(name),
+            limits,
+            buckets: Mutex::new(Buckets {
+                requests: (limits.requests_per_second)
+                    .map(|rate| Bucket::new(rate.max(1.0), rate, now)),
+                prompt: limits.prompt_tokens_per_minute.map(per_minute),
+                output: limits.output_tokens_per_minute.map(per_minute),
+            }),
+            in_flight: AtomicU32::new(0),
+        }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Its limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// A request arrives: it must fit the requests per second and the requests in flight; it
+    /// then holds a place in flight until the returned [`InFlight`] is dropped.
+    pub fn arrive(self: &Arc<Self>, now: Instant) -> Result<InFlight, Limited> {
+        if let Some(max) = self.limits.max_concurrent_requests {
+            let taken = self
+                .in_flight
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < max).then_some(n + 1)
+                });
+            if taken.is_err() {
+                return Err(Limited {
+                    kind: LimitKind::Concurrency,
+                    retry_after: Some(Duration::from_secs(1)),
+                    status: self.status(now),
+                    asked: 1.0,
+                    limit: f64::from(max),
+                });
+            }
+        }
+        let held = InFlight(self.limits.max_concurrent_requests.map(|_| self.clone()));
+        let mut buckets = lock(&self.buckets);
+        if let Some(requests) = &mut buckets.requests {
+            if let Err(short) = requests.check(1.0, now) {
+                let limit = self.limits.requests_per_second.unwrap_or_default();
+                drop(buckets);
+                return Err(Limited {
+                    kind: LimitKind::Requests,
+                    retry_after: short.wait,
+                    status: self.status(now),
+                    asked: 1.0,
+                    limit,
+                });
+            }
+            requests.take(1.0);
+        }
+        Ok(held)
+    }
+
+    /// Charges a request's tokens (`prompt` estimated, `output` its `max_tokens`): both must
+    /// fit, or neither is taken.
+    pub fn charge(&self, prompt: f64, output: f64, now: Instant) -> Result<RateStatus, Limited> {
+        let mut buckets = lock(&self.buckets);
+        let limits = [
+            (
+                LimitKind::PromptTokens,
+                self.limits.prompt_tokens_per_minute,
+                prompt,
+            ),
+            (
+                LimitKind::OutputTokens,
+                self.limits.output_tokens_per_minute,
+                output,
+            ),
+        ];
+        for (kind, limit, cost) in limits {
+            let bucket = match kind {
+                LimitKind::PromptTokens => &mut buckets.prompt,
+                _ => &mut buckets.output,
+            };
+            if let (Some(bucket), Some(limit)) = (bucket, limit) {
+                if let Err(short) = bucket.check(cost, now) {
+                    drop(buckets);
+                    return Err(Limited {
+                        kind,
+                        retry_after: short.wait,
+                        status: self.status(now),
+                        asked: cost,
+                        limit,
+                    });
+                }
+            }
+        }
+        if let Some(bucket) = &mut buckets.prompt {
+            bucket.take(prompt);
+        }
+        if let Some(bucket) = &mut buckets.output {
+            bucket.take(output);
+        }
+        drop(buckets);
+        Ok(self.status(now))
+    }
+
+    /// Where it stands now.
+    pub fn status(&self, now: Instant) -> RateStatus {
+        let mut buckets = lock(&self.buckets);
+        let standing = |bucket: &mut Bucket, limit: f64| Standing {
+            limit,
+            remaining: bucket.remaining(now),
+            reset: bucket.until_full(now),
+        };
+        let limits = &self.limits;
+        let requests = (buckets.requests.as_mut())
+            .zip(limits.requests_per_second)
+            .map(|(bucket, limit)| standing(bucket, limit));
+        let prompt = (buckets.prompt.as_mut())
+            .zip(limits.prompt_tokens_per_minute)
+            .map(|(bucket, limit)| standing(bucket, limit));
+        let output = (buckets.output.as_mut())
+            .zip(limits.output_tokens_per_minute)
+            .map(|(bucket, limit)| standing(bucket, limit));
+        let tokens = match (prompt, output) {
+            (Some(p), Some(o)) if o.remaining / o.limit < p.remaining / p.limit => Some(o),
+            (p, o) => p.or(o),
+        };
+        RateStatus { requests, tokens }
+    }
+}
+
+/// A request's place among its tenant's requests in flight, given back when dropped.
+#[derive(Debug)]
+pub struct InFlight(Option<Arc<Tenant>>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(tenant) = &self.0 {
+            tenant.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// What a request's key says.
+#[derive(Debug, Clone)]
+pub enum Authentication {
+    /// The key of this tenant.
+    Tenant(Arc<Tenant>),
+    /// No key.
+    Missing,
+    /// A key nobody has.
+    Unknown,
+}
+
+/// A key and its tenant.
+type KeyOf = (Box<[u8]>, Arc<Tenant>);
+
+/// The keys, each found by its keyed hash.
+#[derive(Debug, Default)]
+struct Directory {
+    hasher: RandomState,
+    keys: HashMap<u64, Vec<KeyOf>>,
+    tenants: Vec<Arc<Tenant>>,
+}
+
+impl Directory {
+    /// The directory of `entries`, keeping the tenants of `old` whose limits did not change
+    /// (so that they keep their buckets and their requests in flight).
+    fn build(entries: &[TenantEntry], old: Option<&Directory>, now: Instant) -> Self {
+        let mut directory = Directory::default();
+        for entry in entries {
+            let kept = old.and_then(|old| {
+                (old.tenants.iter())
+                    .find(|t| *t.name == *entry.name && t.limits == entry.limits)
+                    .cloned()
+            });
+            let tenant =
+                kept.unwrap_or_else(|| Arc::new(Tenant::new(&entry.name, entry.limits, now)));
+            for key in &entry.keys {
+                let hash = directory.hasher.hash_one(key.as_bytes());
+                let found = directory.keys.entry(hash).or_default();
+                found.push((Box::from(key.as_bytes()), tenant.clone()));
+            }
+            directory.tenants.push(tenant);
+        }
+        directory
+    }
+
+    fn find(&self, presented: &[u8]) -> Option<&Arc<Tenant>> {
+        let candidates = self.keys.get(&self.hasher.hash_one(presented))?;
+        (candidates.iter())
+            .find(|(key, _)| bool::from(key.as_ref().ct_eq(presented)))
+            .map(|(_, tenant)| tenant)
+    }
+}
+
+/// Every tenant and its keys.
+#[derive(Debug)]
+pub struct Tenants {
+    directory: RwLock<Arc<Directory>>,
+    /// The keys file, re-read when it changes.
+    file: Option<PathBuf>,
+    /// `--api-key`, the `default` tenant's key.
+    flag_key: Option<String>,
+}
+
+impl Tenants {
+    /// The tenants of the keys file `file` and of `--api-key` (`flag_key`); none when neither
+    /// is given. A file that cannot be used is an error naming it.
+    pub fn load(
+        file: Option<&Path>,
+        flag_key: Option<&str>,
+    ) -> Result<Option<Arc<Tenants>>, KeysFileError> {
+        if file.is_none() && flag_key.is_none() {
+            return Ok(None);
+        }
+        let tenants = Tenants {
+            directory: RwLock::default(),
+            file: file.map(Path::to_path_buf),
+            flag_key: flag_key.map(str::to_owned),
+        };
+        let entries = tenants.entries()?;
+        *tenants.directory.write().unwrap_or_else(|e| e.into_inner()) =
+            Arc::new(Directory::build(&entries, None, Instant::now()));
+        Ok(Some(Arc::new(tenants)))
+    }
+
+    /// The file's tenants and the flag's.
+    fn entries(&self) -> Result<Vec<TenantEntry>, KeysFileError> {
+        let mut entries = match &self.file {
+            Some(path) => file::read(path)?,
+            None => Vec::new(),
+        };
+        if let Some(key) = &self.flag_key {
+            if entries.iter().any(|e| e.keys.contains(key)) {
+                let path = self.file.clone().unwrap_or_default();
+                let message = "--api-key is also a key of the file: give each key once".to_owned();
+                return Err(KeysFileError { path, message });
+            }
+            match entries.iter_mut().find(|e| e.name == FLAG_TENANT) {
+                Some(entry) => entry.keys.push(key.clone()),
+                None => entries.push(TenantEntry {
+                    name: FLAG_TENANT.to_owned(),
+                    keys: vec![key.clone()],
+                    limits: Limits::default(),
+                }),
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Who `headers` say the request comes from.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Authentication {
+        let Some(presented) = BearerToken::presented(headers) else {
+            return Authentication::Missing;
+        };
+        let directory = self.directory.read().unwrap_or_else(|e| e.into_inner());
+        match directory.find(presented) {
+            Some(tenant) => Authentication::Tenant(tenant.clone()),
+            None => Authentication::Unknown,
+        }
+    }
+
+    /// Every tenant's name.
+    pub fn names(&self) -> Vec<Arc<str>> {
+        let directory = self.directory.read().unwrap_or_else(|e| e.into_inner());
+        directory.tenants.iter().map(|t| t.name.clone()).collect()
+    }
+
+    /// Re-reads the keys file; a file that cannot be used leaves the tenants as they are.
+    pub fn reload(&self) {
+        let entries = match self.entries() {
+            Ok(entries) => entries,
+            Err(err) => {
+                return tracing::warn!(error = %err, "the API keys file changed but cannot be used; the keys stay as they were")
+            }
+        };
+        let old = self
+            .directory
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let directory = Arc::new(Directory::build(&entries, Some(&old), Instant::now()));
+        let count = directory.tenants.len();
+        *self.directory.write().unwrap_or_else(|e| e.into_inner()) = directory;
+        tracing::info!(tenants = count, "API keys file reloaded");
+    }
+
+    /// Starts checking the keys file for changes every `every` (on the current runtime; the
+    /// watch ends when the tenants are dropped).
+    pub fn watch(self: &Arc<Self>, every: Duration) {
+        let Some(path) = self.file.clone() else {
+            return;
+        };
+        let this: Weak<Tenants> = Arc::downgrade(self);
+        let stamp = move || {
+            let meta = std::fs::metadata(&path).ok()?;
+            Some((meta.modified().ok()?, meta.len()))
+        };
+        tokio::spawn(async move {
+            let mut seen: Option<(SystemTime, u64)> = stamp();
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(tenants) = this.upgrade() else {
+                    return;
+                };
+                let now = stamp();
+                if now != seen {
+                    seen = now;
+                    tenants.reload();
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;
