@@ -723,3 +723,72 @@ async fn every_hop_behind_the_gateway_speaks_tls() {
     assert_eq!(ready.status(), 200);
     cluster.shutdown().await;
 }
+
+/// Tenants behind the gateway: pd-epp reads `--api-keys-file` as pd-proxy does, a tenant over
+/// its limit gets Envoy's answer of 429 with `Retry-After` and the `x-ratelimit-*` headers while
+/// the others are served, and a request without a known key gets 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_are_held_to_their_limits_behind_the_gateway() {
+    let (cluster, _dir) = gateway_with(
+        "gateway-tenants-",
+        Dialect::Vllm,
+        "round_robin",
+        false,
+        |spec| {
+            let keys = spec.run_dir.join("keys.toml");
+            let text = "[tenants.slow]\nkeys = [\"sk-slow\"]\nrequests_per_second = 1\n\
+                    [tenants.tokens]\nkeys = [\"sk-tokens\"]\noutput_tokens_per_minute = 100\n\
+                    [tenants.free]\nkeys = [\"sk-free\"]\n";
+            std::fs::write(&keys, text).unwrap();
+            let epp_args = &mut spec.gateway.as_mut().unwrap().epp_args;
+            epp_args.extend(["--api-keys-file".to_owned(), keys.display().to_string()]);
+        },
+    )
+    .await;
+    let url = format!("{}/v1/completions", cluster.proxy.url);
+    let send = |key: Option<&'static str>, max_tokens: u32| {
+        let mut request = client()
+            .post(&url)
+            .json(&json!({"model": "sim-model", "prompt": "hi", "max_tokens": max_tokens}));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        request.send()
+    };
+    assert_eq!(send(Some("sk-slow"), 4).await.unwrap().status(), 200);
+    let refused = send(Some("sk-slow"), 4).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let header = |name: &str| {
+        refused
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    assert_eq!(header("retry-after").as_deref(), Some("1"));
+    assert_eq!(header("x-ratelimit-limit-requests").as_deref(), Some("1"));
+    assert!(header("retry-after-ms").is_some());
+    let error: Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "rate_limit_exceeded", "{error}");
+    for _ in 0..3 {
+        assert_eq!(send(Some("sk-free"), 4).await.unwrap().status(), 200);
+    }
+    let never = send(Some("sk-tokens"), 500).await.unwrap();
+    assert_eq!(never.status(), 429);
+    assert!(never.text().await.unwrap().contains("max_tokens"));
+    assert_eq!(send(Some("sk-tokens"), 50).await.unwrap().status(), 200);
+    assert_eq!(send(None, 4).await.unwrap().status(), 401);
+    assert_eq!(send(Some("sk-nobody"), 4).await.unwrap().status(), 401);
+    let epp = &cluster.gateway.as_ref().unwrap().epp.url;
+    let limited = |tenant: &'static str, limit: &'static str| async move {
+        let labels = [format!("tenant=\"{tenant}\""), format!("limit=\"{limit}\"")];
+        let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+        metric(epp, "pd_epp_tenant_rate_limited_total", &labels).await
+    };
+    assert_eq!(limited("slow", "requests").await, 1.0);
+    assert_eq!(limited("tokens", "output_tokens").await, 1.0);
+    assert_eq!(
+        metric(epp, "pd_epp_tenant_requests_total", &["tenant=\"free\""]).await,
+        3.0
+    );
+    cluster.shutdown().await;
+}

@@ -64,9 +64,14 @@ pub struct Args {
     /// (`POST /admin/drain` on the metrics port); without it that route is off.
     #[arg(long, env = "PD_EPP_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: Option<String>,
-    /// Key requests must present as `Authorization: Bearer <key>`; others are answered 401.
+    /// Key requests must present as `Authorization: Bearer <key>` (the tenant `default`'s,
+    /// beside --api-keys-file's); others are answered 401.
     #[arg(long, env = "PD_EPP_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Tenants, their API keys and their limits, as pd-proxy's --api-keys-file (TOML, or JSON
+    /// for a `.json` name); re-read when it changes.
+    #[arg(long, env = "PD_EPP_API_KEYS_FILE")]
+    pub api_keys_file: Option<PathBuf>,
     /// The largest request body buffered to place it, in bytes (413 above it).
     #[arg(long, env = "PD_EPP_MAX_BODY_BYTES", default_value_t = 32 << 20, value_parser = clap::value_parser!(usize))]
     pub max_body_bytes: usize,
@@ -96,6 +101,8 @@ pub struct Config {
     pub tls: Option<TlsFiles>,
     /// The key requests must present, if any.
     pub api_key: Option<String>,
+    /// The tenants' keys and limits, if any.
+    pub api_keys_file: Option<PathBuf>,
     /// The largest request body buffered.
     pub max_body_bytes: usize,
     /// Where Envoy sends each decode's requests.
@@ -154,6 +161,7 @@ impl Config {
             admin_port: 0,
             tls: None,
             api_key: None,
+            api_keys_file: None,
             max_body_bytes: 32 << 20,
             destinations: Destinations::default(),
             admin_key: None,
@@ -193,6 +201,7 @@ impl Args {
                 client_ca: None,
             }),
             api_key: self.api_key.filter(|key| !key.is_empty()),
+            api_keys_file: self.api_keys_file,
             max_body_bytes: self.max_body_bytes,
             destinations: Destinations {
                 port: self.destination_port,

@@ -29,6 +29,7 @@ use tonic::{Status, Streaming};
 use crate::pick::{self, Picked, Refused};
 use crate::protocol;
 use crate::state::Shared;
+use pd_router::tenants::{Authentication, InFlight, Tenant};
 
 /// How the request's body stands when it is placed.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -67,6 +68,10 @@ pub(crate) struct Exchange {
     buffered: bool,
     /// The answer's body comes full duplex (each chunk echoed), not as chunks to let through.
     duplex_answer: bool,
+    /// The tenant its key names, when keys are configured.
+    tenant: Option<Arc<Tenant>>,
+    /// Its place among its tenant's requests in flight, until the stream ends.
+    _in_flight: Option<InFlight>,
 }
 
 impl Exchange {
@@ -86,6 +91,8 @@ impl Exchange {
             status: None,
             buffered: false,
             duplex_answer: true,
+            tenant: None,
+            _in_flight: None,
         }
     }
 
@@ -128,7 +135,7 @@ impl Exchange {
         match request {
             processing_request::Request::RequestHeaders(headers) => {
                 self.keep_headers(headers.headers.as_ref());
-                if let Some(refused) = self.unauthorized() {
+                if let Err(refused) = self.authenticate() {
                     return self.refuse(refused).await;
                 }
                 match (headers.end_of_stream, self.buffered) {
@@ -217,17 +224,36 @@ impl Exchange {
         }
     }
 
-    /// 401 when a key is required and the request does not present it.
-    fn unauthorized(&self) -> Option<Refused> {
-        let key = self.shared.api_key.as_ref()?;
-        (!key.admits(&self.headers)).then(|| {
-            Refused::new(
-                401,
-                "invalid_request_error",
-                "Incorrect API key provided: send it as `Authorization: Bearer <key>`",
-                "unauthorized",
-            )
-        })
+    /// When keys are configured: the tenant the request's key names, let in by its requests
+    /// per second and requests in flight; else 401 or 429.
+    fn authenticate(&mut self) -> Result<(), Refused> {
+        let Some(tenants) = &self.shared.tenants else {
+            return Ok(());
+        };
+        let tenant = match tenants.authenticate(&self.headers) {
+            Authentication::Tenant(tenant) => tenant,
+            Authentication::Missing | Authentication::Unknown => {
+                return Err(Refused::new(
+                    401,
+                    "invalid_request_error",
+                    "Incorrect API key provided: send it as `Authorization: Bearer <key>`",
+                    "unauthorized",
+                ))
+            }
+        };
+        let metrics = self.shared.metrics.tenants();
+        match tenant.arrive(Instant::now()) {
+            Ok(in_flight) => {
+                metrics.admitted(tenant.name());
+                self._in_flight = Some(in_flight);
+                self.tenant = Some(tenant);
+                Ok(())
+            }
+            Err(limited) => {
+                metrics.limited(tenant.name(), limited.kind);
+                Err(Refused::rate_limited(tenant.name(), &limited))
+            }
+        }
     }
 
     /// Places the request and answers its headers (then sends its body back when it has one).
@@ -243,6 +269,7 @@ impl Exchange {
                 headers: &self.headers,
                 body: body.clone(),
                 subset: self.subset.as_deref(),
+                tenant: self.tenant.as_deref(),
             },
             self.shared.adapter_timeout,
         )
@@ -311,11 +338,20 @@ impl Exchange {
         self.shared.metrics.refused(refused.reason);
         tracing::debug!(path = %self.path, status = refused.status, reason = refused.reason, "refused");
         self.phase = Phase::Done;
+        if let (Some(tenant), Some(limit)) = (&self.tenant, refused.limited) {
+            self.shared.metrics.tenants().limited(tenant.name(), limit);
+        }
         let retry_after = refused.retry_after.map(|s| s.to_string());
-        let headers: Vec<(&str, &str)> = (retry_after.as_deref())
+        let mut headers: Vec<(&str, &str)> = (retry_after.as_deref())
             .map(|value| ("retry-after", value))
             .into_iter()
             .collect();
+        headers.extend(
+            refused
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str())),
+        );
         self.send(protocol::immediate(refused.status, &refused.body, &headers))
             .await?;
         Err(())

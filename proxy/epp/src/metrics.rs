@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use pd_router::metrics::FleetMetrics;
 use pd_router::routing::decision::Decision;
+use pd_router::tenants::metrics::TenantMetrics;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
@@ -14,6 +15,7 @@ use prometheus::{
 pub struct Metrics {
     registry: Registry,
     fleet: FleetMetrics,
+    tenants: TenantMetrics,
     picks: IntCounterVec,
     refusals: IntCounterVec,
     pick_seconds: Histogram,
@@ -39,6 +41,7 @@ impl Metrics {
         let registry =
             Registry::new_custom(Some("pd_epp".to_owned()), None).expect("a valid metric prefix");
         let fleet = FleetMetrics::new(&registry);
+        let tenants = TenantMetrics::new(&registry);
         let picks = IntCounterVec::new(
             Opts::new(
                 "picks_total",
@@ -50,7 +53,7 @@ impl Metrics {
         let refusals = IntCounterVec::new(
             Opts::new(
                 "refusals_total",
-                "Requests answered at once instead of routed, by reason (unavailable, model_not_found, bad_request, unauthorized, too_large)",
+                "Requests answered at once instead of routed, by reason (unavailable, model_not_found, bad_request, unauthorized, rate_limited, too_large)",
             ),
             &["reason"],
         )
@@ -90,6 +93,7 @@ impl Metrics {
         Metrics {
             registry,
             fleet,
+            tenants,
             picks,
             refusals,
             pick_seconds,
@@ -101,6 +105,11 @@ impl Metrics {
     /// The fleet's metrics.
     pub fn fleet(&self) -> &FleetMetrics {
         &self.fleet
+    }
+
+    /// The tenants' metrics.
+    pub fn tenants(&self) -> &TenantMetrics {
+        &self.tenants
     }
 
     /// Counts a pick made in `took`.

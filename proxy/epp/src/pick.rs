@@ -19,6 +19,8 @@ use pd_router::prompt_tokens::PromptKind;
 use pd_router::routing::decision::Decision;
 use pd_router::routing::queued_work::Pending;
 use pd_router::routing::RequestInfo;
+use pd_router::tenants::charge::{cost, rate_headers, retry_after, Api};
+use pd_router::tenants::{LimitKind, Limited, Tenant};
 use pd_router::{Facts, Router, Unplaceable, Unplaced};
 use serde_json::json;
 
@@ -55,8 +57,13 @@ pub struct Refused {
     pub body: String,
     /// Why, as the `result` label.
     pub reason: &'static str,
-    /// The `Retry-After` to send, in seconds (a request refused under overload).
+    /// The `Retry-After` to send, in seconds (a request refused under overload or by its
+    /// tenant's limits).
     pub retry_after: Option<u64>,
+    /// More headers of the answer (a tenant's `x-ratelimit-*`, `retry-after-ms`).
+    pub headers: Vec<(String, String)>,
+    /// The tenant's limit that refused it, if one did.
+    pub limited: Option<LimitKind>,
 }
 
 impl Refused {
@@ -69,6 +76,36 @@ impl Refused {
             body: body.to_string(),
             reason,
             retry_after: None,
+            headers: Vec::new(),
+            limited: None,
+        }
+    }
+
+    /// 429 in OpenAI's shape: over a limit of the tenant `tenant`.
+    pub fn rate_limited(tenant: &str, limited: &Limited) -> Self {
+        let kind = match limited.kind {
+            LimitKind::Requests | LimitKind::Concurrency => "requests",
+            LimitKind::PromptTokens | LimitKind::OutputTokens => "tokens",
+        };
+        let body = json!({"error": {
+            "message": limited.message(tenant),
+            "type": kind,
+            "param": null,
+            "code": "rate_limit_exceeded",
+        }});
+        let mut headers = rate_headers(&limited.status);
+        let retry_after = limited.retry_after.map(|wait| {
+            let (seconds, millis) = retry_after(wait);
+            headers.push(("retry-after-ms".to_owned(), millis.to_string()));
+            seconds
+        });
+        Refused {
+            status: 429,
+            body: body.to_string(),
+            reason: "rate_limited",
+            retry_after,
+            headers,
+            limited: Some(limited.kind),
         }
     }
 
@@ -85,6 +122,8 @@ impl Refused {
             body: body.to_string(),
             reason: "overloaded",
             retry_after: Some(shed.retry_after_secs()),
+            headers: Vec::new(),
+            limited: None,
         }
     }
 }
@@ -99,6 +138,8 @@ pub struct Request<'a> {
     pub body: Bytes,
     /// The gateway's subset hint, when it sent one.
     pub subset: Option<&'a [String]>,
+    /// The tenant its key names, when keys are configured.
+    pub tenant: Option<&'a Tenant>,
 }
 
 /// Places `request` on `router`'s fleet, its decode reached at its `destinations`;
@@ -158,7 +199,7 @@ pub async fn pick(
         "/v1/chat/completions" => PromptKind::Chat,
         _ => PromptKind::Completion,
     };
-    let class = router.classify(request.headers).map_err(|err| {
+    let mut class = router.classify(request.headers).map_err(|err| {
         Refused::new(
             400,
             "invalid_request_error",
@@ -166,6 +207,11 @@ pub async fn pick(
             "bad_request",
         )
     })?;
+    if let Some(tenant) = request.tenant {
+        // The key's tenant is the request's fair share, whatever its headers say.
+        class.tenant = tenant.name().clone();
+        charge(tenant, request.path, body)?;
+    }
     let tokens = router.tokens(kind, bytes, body).await;
     let deadline = Instant::now() + router.admission().config().max_wait;
     // Held until the request's calls are counted on its engines, below.
@@ -213,6 +259,23 @@ pub async fn pick(
         prefill,
         watch: streamed.then(|| placement.forecast.watch()),
     })
+}
+
+/// Charges the request's tokens to its tenant, or a 429 when they do not fit.
+fn charge(tenant: &Tenant, path: &str, body: &Body<'_>) -> Result<(), Refused> {
+    if !tenant.limits().any() {
+        return Ok(());
+    }
+    let api = match path {
+        "/v1/chat/completions" => Api::Chat,
+        "/generate" => Api::Generate,
+        _ => Api::Completions,
+    };
+    let (prompt, output) = cost(api, body);
+    match tenant.charge(prompt, output, Instant::now()) {
+        Ok(_) => Ok(()),
+        Err(limited) => Err(Refused::rate_limited(tenant.name(), &limited)),
+    }
 }
 
 /// The sidecar's headers removed: a request no prefill serves carries none a client sent.

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pd_router::tenants::{KeysFileError, Tenants};
 use pd_router::{Router, RouterError};
 use pd_service::{
     bind, serve, Background, BearerToken, BindError, Draining, ServeLimits, ServerTls, TlsError,
@@ -32,6 +33,9 @@ pub enum EppError {
     /// The TLS certificate or key cannot be used.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The API keys file cannot be used.
+    #[error(transparent)]
+    Keys(#[from] KeysFileError),
     /// The router could not be built or started (its tokenizer, its DNS resolver).
     #[error(transparent)]
     Router(#[from] RouterError),
@@ -71,12 +75,20 @@ impl Epp {
         let adapter_timeout = config.router.models.load_timeout;
         let router = Router::new(config.router, client, metrics.fleet().clone())?;
         let tls = config.tls.as_ref().map(ServerTls::load).transpose()?;
+        let tenants = Tenants::load(config.api_keys_file.as_deref(), config.api_key.as_deref())?;
+        if let Some(tenants) = &tenants {
+            tenants
+                .names()
+                .iter()
+                .for_each(|name| metrics.tenants().known(name));
+            tenants.watch(pd_router::tenants::RELOAD_EVERY);
+        }
         let grpc = bind(&config.host, config.port).await?;
         let http = bind(&config.admin_host, config.admin_port).await?;
         let shared = Arc::new(Shared {
             router,
             metrics,
-            api_key: config.api_key.as_deref().and_then(BearerToken::new),
+            tenants,
             max_body_bytes: config.max_body_bytes,
             adapter_timeout,
             destinations: config.destinations,

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use pd_router::tenants::Tenants;
 use pd_router::Router;
 use pd_service::BearerToken;
 
@@ -15,8 +16,8 @@ pub(crate) struct Shared {
     pub router: Router,
     /// The metrics.
     pub metrics: Arc<Metrics>,
-    /// The key requests must present, if any.
-    pub api_key: Option<BearerToken>,
+    /// The tenants and their keys, one of which requests must present (none: no key needed).
+    pub tenants: Option<Arc<Tenants>>,
     /// The largest request body buffered.
     pub max_body_bytes: usize,
     /// How long an adapter load may take.

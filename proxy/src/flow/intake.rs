@@ -7,7 +7,7 @@ use bytes::Bytes;
 use std::time::Instant;
 
 use pd_router::body::{Body, BodyError};
-use pd_router::tenants::{RateStatus, Tenant};
+use pd_router::tenants::{charge, RateStatus, Tenant};
 
 use super::failure::{refused, Refusal};
 use crate::intake::IntakeError;
@@ -52,7 +52,7 @@ pub(super) fn charge(
     if !tenant.limits().any() {
         return Ok(None);
     }
-    let (prompt, output) = rate_limits::cost(route, body);
+    let (prompt, output) = charge::cost(rate_limits::api(route), body);
     match tenant.charge(prompt, output, Instant::now()) {
         Ok(status) => Ok(Some(status)),
         Err(limited) => {

@@ -7,13 +7,12 @@
 mod migration;
 mod outcome;
 mod route;
-mod tenants;
 
 pub(crate) use migration::{Break, Migrated, MigrationMetrics};
 pub(crate) use outcome::Outcome;
 pub(crate) use pd_router::metrics::{CallOutcome, FleetMetrics};
+pub(crate) use pd_router::tenants::metrics::TenantMetrics;
 pub(crate) use route::{DecisionMetrics, RouteMetrics};
-pub(crate) use tenants::TenantMetrics;
 
 use route::RouteFamilies;
 

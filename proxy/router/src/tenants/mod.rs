@@ -10,7 +10,9 @@
 //! tenant is also the request's fair-share id in the admission queue.
 
 pub mod bucket;
+pub mod charge;
 pub mod file;
+pub mod metrics;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};

@@ -1,21 +1,21 @@
 //! The metrics of tenants (`--api-key`, `--api-keys-file`): requests let in and refused by
 //! their limits, by tenant (a label bounded by the keys file, at most
-//! `pd_router::tenants::file::MAX_TENANTS` names).
+//! [`MAX_TENANTS`](super::file::MAX_TENANTS) names), in the front door's registry.
 
 use prometheus::{IntCounterVec, Opts, Registry};
 
-use pd_router::tenants::LimitKind;
+use super::LimitKind;
 
 /// The handles of the tenants' metrics.
 #[derive(Clone)]
-pub(crate) struct TenantMetrics {
+pub struct TenantMetrics {
     requests: IntCounterVec,
     limited: IntCounterVec,
 }
 
 impl TenantMetrics {
     /// Creates and registers the metrics in `registry`.
-    pub(crate) fn new(registry: &Registry) -> Self {
+    pub fn new(registry: &Registry) -> Self {
         let requests = IntCounterVec::new(
             Opts::new(
                 "tenant_requests_total",
@@ -42,7 +42,7 @@ impl TenantMetrics {
     }
 
     /// Creates `tenant`'s series at 0 (dashboards and alerts see them before any request).
-    pub(crate) fn known(&self, tenant: &str) {
+    pub fn known(&self, tenant: &str) {
         self.requests.with_label_values(&[tenant]);
         for limit in LimitKind::ALL {
             self.limited.with_label_values(&[tenant, limit.as_str()]);
@@ -50,12 +50,12 @@ impl TenantMetrics {
     }
 
     /// Counts a request of `tenant` let in.
-    pub(crate) fn admitted(&self, tenant: &str) {
+    pub fn admitted(&self, tenant: &str) {
         self.requests.with_label_values(&[tenant]).inc();
     }
 
     /// Counts a request of `tenant` refused by `limit`.
-    pub(crate) fn limited(&self, tenant: &str, limit: LimitKind) {
+    pub fn limited(&self, tenant: &str, limit: LimitKind) {
         (self.limited)
             .with_label_values(&[tenant, limit.as_str()])
             .inc();

@@ -1,0 +1,136 @@
+//! What a request is charged against its tenant's token limits, and how a tenant's standing
+//! reads in OpenAI's `x-ratelimit-*` headers, the same for both front doors.
+//!
+//! A request is charged as OpenAI charges it: its prompt's tokens estimated from its size (a
+//! quarter of the bytes of `prompt`, `messages`, `text` or `input_ids`), and its output tokens
+//! as the most it may generate (`max_tokens`, `max_completion_tokens`, SGLang's
+//! `sampling_params.max_new_tokens`; vLLM's default of 16 for a completion,
+//! [`UNBOUNDED_OUTPUT`] for a chat or `/generate` that names no limit).
+
+use std::time::Duration;
+
+use super::{RateStatus, Standing};
+use crate::body::Body;
+
+/// The output tokens charged to a chat or `/generate` request that names no limit.
+pub const UNBOUNDED_OUTPUT: f64 = 1024.0;
+
+/// vLLM's `max_tokens` of a completion that names none.
+const COMPLETION_DEFAULT: f64 = 16.0;
+
+/// Which API a request calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    Chat,
+    /// SGLang's `/generate`.
+    Generate,
+}
+
+/// A request's charge: (prompt tokens, estimated; output tokens, at most).
+pub fn cost(api: Api, body: &Body<'_>) -> (f64, f64) {
+    let size = |field: &str| body.get(field).map_or(0, |value| value.get().len());
+    let prompt_bytes = size("prompt") + size("messages") + size("text") + size("input_ids");
+    let number = |field: &str| {
+        body.get(field)
+            .and_then(|value| value.get().trim().parse::<f64>().ok())
+            .filter(|n| n.is_finite() && *n >= 0.0)
+    };
+    let sampling_max = || {
+        let params = body.get("sampling_params")?;
+        let params: serde_json::Value = serde_json::from_str(params.get()).ok()?;
+        params["max_new_tokens"].as_f64()
+    };
+    let output = match api {
+        Api::Completions => number("max_tokens").unwrap_or(COMPLETION_DEFAULT),
+        Api::Chat => (number("max_completion_tokens"))
+            .or_else(|| number("max_tokens"))
+            .unwrap_or(UNBOUNDED_OUTPUT),
+        Api::Generate => sampling_max().unwrap_or(UNBOUNDED_OUTPUT),
+    };
+    ((prompt_bytes as f64 / 4.0).ceil(), output)
+}
+
+/// The `x-ratelimit-*` headers of `status`: `limit`, `remaining` and `reset` of the requests
+/// (per second here, per minute at OpenAI) and of the tightest token limit (per minute).
+pub fn rate_headers(status: &RateStatus) -> Vec<(String, String)> {
+    let mut headers = Vec::new();
+    let mut put = |family: &str, standing: &Standing| {
+        headers.push((format!("x-ratelimit-limit-{family}"), whole(standing.limit)));
+        headers.push((
+            format!("x-ratelimit-remaining-{family}"),
+            whole(standing.remaining),
+        ));
+        headers.push((
+            format!("x-ratelimit-reset-{family}"),
+            reset_text(standing.reset),
+        ));
+    };
+    if let Some(requests) = &status.requests {
+        put("requests", requests);
+    }
+    if let Some(tokens) = &status.tokens {
+        put("tokens", tokens);
+    }
+    headers
+}
+
+fn whole(n: f64) -> String {
+    (n.max(0.0).floor() as u64).to_string()
+}
+
+/// A reset time as OpenAI writes it: `250ms`, `1.5s`, `6m0s`.
+pub fn reset_text(reset: Duration) -> String {
+    let millis = reset.as_millis();
+    if millis < 1000 {
+        return format!("{millis}ms");
+    }
+    let seconds = reset.as_secs_f64();
+    let minutes = (seconds / 60.0).floor();
+    let rest = ((seconds - minutes * 60.0) * 1000.0).round() / 1000.0;
+    match minutes > 0.0 {
+        true => format!("{minutes}m{rest}s"),
+        false => format!("{rest}s"),
+    }
+}
+
+/// `Retry-After` (whole seconds, at least one) and `retry-after-ms` of a wait.
+pub fn retry_after(wait: Duration) -> (u64, u64) {
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    (seconds.max(1), millis.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_charged_their_size_and_their_most_output() {
+        let completion = br#"{"model":"m","prompt":"0123456789abcdef","max_tokens":40}"#;
+        let body = Body::parse(completion).unwrap();
+        assert_eq!(cost(Api::Completions, &body), (5.0, 40.0));
+        let bare = Body::parse(br#"{"prompt":"hi"}"#).unwrap();
+        assert_eq!(cost(Api::Completions, &bare).1, COMPLETION_DEFAULT);
+        let chat = br#"{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":7,"max_tokens":99}"#;
+        assert_eq!(cost(Api::Chat, &Body::parse(chat).unwrap()).1, 7.0);
+        let unbounded = Body::parse(br#"{"messages":[]}"#).unwrap();
+        assert_eq!(cost(Api::Chat, &unbounded).1, UNBOUNDED_OUTPUT);
+        let generate = br#"{"text":"hello","sampling_params":{"max_new_tokens":12}}"#;
+        assert_eq!(
+            cost(Api::Generate, &Body::parse(generate).unwrap()),
+            (2.0, 12.0)
+        );
+    }
+
+    #[test]
+    fn resets_and_retries_read_as_openais() {
+        assert_eq!(reset_text(Duration::from_millis(250)), "250ms");
+        assert_eq!(reset_text(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(reset_text(Duration::from_secs(360)), "6m0s");
+        assert_eq!(retry_after(Duration::from_millis(1200)), (2, 1200));
+        assert_eq!(retry_after(Duration::ZERO), (1, 1));
+    }
+}
