@@ -124,6 +124,10 @@ struct Args {
     /// their client certificates). Not with --dns, --gateway or --register-with-python.
     #[arg(long)]
     tls: bool,
+    /// The proxy's --api-key, which the demo's requests then send (tenants of their own come
+    /// with --proxy-arg=--api-keys-file=FILE).
+    #[arg(long, env = "PD_CLUSTER_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 /// The gateways `--gateway` can put in front.
@@ -242,6 +246,9 @@ async fn main() -> std::process::ExitCode {
     }
     spec.proxy_args = vec!["--policy".to_owned(), args.policy.clone()];
     spec.proxy_args.extend(args.proxy_arg.iter().cloned());
+    if let Some(key) = &args.api_key {
+        spec.proxy_args.extend(["--api-key".to_owned(), key.clone()]);
+    }
     if let Some(GatewayKind::Envoy) = args.gateway {
         let Some(envoy) = args.envoy.clone() else {
             eprintln!("error: --gateway envoy needs --envoy PATH (examples/gateway/tools.sh prints it; local-cluster.sh passes it)");
@@ -288,7 +295,8 @@ async fn main() -> std::process::ExitCode {
         }
     };
     describe(&cluster, &spec, &args.policy);
-    let outcome = demo::run(&cluster.proxy, spec.dialect, cluster.models()).await;
+    let key = args.api_key.as_deref();
+    let outcome = demo::run(&cluster.proxy, key, spec.dialect, cluster.models()).await;
     let model = cluster.models().first().map_or("", |m| m.name.as_str());
     if let Err(err) = &outcome {
         eprintln!("error: {err}");

@@ -13,11 +13,18 @@ use crate::sim::Dialect;
 /// `/generate` in SGLang's dialect, and a whole completion for every other model and adapter.
 pub async fn run(
     front_door: &Process,
+    api_key: Option<&str>,
     dialect: Dialect,
     models: &[ServedModel],
 ) -> Result<(), String> {
     let proxy = front_door.url.as_str();
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(key) = api_key {
+        let value = format!("Bearer {key}").parse().map_err(|_| "the API key is not a header value")?;
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
     let http = (front_door.client_tls.apply(reqwest::Client::builder()))
+        .default_headers(headers)
         .build()
         .map_err(|err| format!("cannot build an HTTP client: {err}"))?;
     let model = models.first().map_or("", |m| m.name.as_str());
