@@ -15,104 +15,112 @@ use crate::registry::{EngineConflictPolicy, ExpectedTopology, RegistryConfig};
 use crate::server::ServerConfig;
 use crate::store::EtcdConfig;
 
+/// `--help`'s headings.
+const LISTEN: &str = "Listen and TLS";
+const STORE: &str = "Store";
+const REGISTRY: &str = "Registry";
+const LIMITS: &str = "Timeouts and limits";
+const OBSERVABILITY: &str = "Observability";
+const ADMIN: &str = "Writers, admin and keys";
+
 /// The pd-bootstrap registry: run it once per prefill deployment, on rank 0.
 #[derive(Debug, Parser)]
 #[command(name = "bootstrap-server", version, about)]
 pub struct Args {
     /// Address to listen on.
-    #[arg(long, env = "PD_BOOTSTRAP_HOST", default_value = "0.0.0.0")]
+    #[arg(help_heading = LISTEN, long, env = "PD_BOOTSTRAP_HOST", default_value = "0.0.0.0")]
     pub host: IpAddr,
     /// Port to listen on. vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT (the variable its Mooncake
     /// connector reads) is read too when neither the flag nor PD_BOOTSTRAP_PORT is set.
-    #[arg(long, env = "PD_BOOTSTRAP_PORT", default_value_t = 8998)]
+    #[arg(help_heading = LISTEN, long, env = "PD_BOOTSTRAP_PORT", default_value_t = 8998)]
     pub port: u16,
     /// Serve HTTPS with this certificate chain (PEM), re-read when the file changes. Needs
     /// --tls-key.
-    #[arg(long, env = "PD_BOOTSTRAP_TLS_CERT", requires = "tls_key")]
+    #[arg(help_heading = LISTEN, long, env = "PD_BOOTSTRAP_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// The private key (PEM) of --tls-cert.
-    #[arg(long, env = "PD_BOOTSTRAP_TLS_KEY", requires = "tls_cert")]
+    #[arg(help_heading = LISTEN, long, env = "PD_BOOTSTRAP_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// CA certificates (PEM) that client certificates are verified against: a write whose
     /// connection presented one that verified is let through (reads stay open). Needs
     /// --tls-cert.
-    #[arg(long, env = "PD_BOOTSTRAP_TLS_CLIENT_CA", requires = "tls_cert")]
+    #[arg(help_heading = ADMIN, long, env = "PD_BOOTSTRAP_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
     /// Serve the operator's routes (`/metrics`, `/ui`, and the probes) on a listener of their
     /// own, on this port (0: any free one): the workers' port then answers them with 404.
-    #[arg(long, env = "PD_BOOTSTRAP_ADMIN_PORT")]
+    #[arg(help_heading = ADMIN, long, env = "PD_BOOTSTRAP_ADMIN_PORT")]
     pub admin_port: Option<u16>,
     /// Address of the --admin-port listener.
-    #[arg(long, env = "PD_BOOTSTRAP_ADMIN_HOST", default_value = "127.0.0.1")]
+    #[arg(help_heading = ADMIN, long, env = "PD_BOOTSTRAP_ADMIN_HOST", default_value = "127.0.0.1")]
     pub admin_host: IpAddr,
     /// Leave `GET /metrics` on the workers' port open to scrapers while writes are protected
     /// (the live page then still needs what writes need).
-    #[arg(long, env = "PD_BOOTSTRAP_METRICS_OPEN")]
+    #[arg(help_heading = ADMIN, long, env = "PD_BOOTSTRAP_METRICS_OPEN")]
     pub metrics_open: bool,
     /// Folder of the embedded sled database (created if absent; unused with `--store etcd://`).
-    #[arg(long, env = "PD_BOOTSTRAP_DATA_DIR", default_value = "bootstrap-data")]
+    #[arg(help_heading = STORE, long, env = "PD_BOOTSTRAP_DATA_DIR", default_value = "bootstrap-data")]
     pub data_dir: PathBuf,
     /// Keep the registry in etcd, shared by every bootstrap replica pointed at it:
     /// `etcd://HOST:PORT[,HOST:PORT...]`. Without it the embedded sled database is used.
-    #[arg(long, env = "PD_BOOTSTRAP_STORE", value_parser = parse_store)]
+    #[arg(help_heading = STORE, long, env = "PD_BOOTSTRAP_STORE", value_parser = parse_store)]
     pub store: Option<EtcdEndpoints>,
     /// With `--store etcd://`: the cluster name, the key prefix that keeps deployments sharing
     /// one etcd apart. Replicas of one deployment use the same name.
-    #[arg(long, env = "PD_BOOTSTRAP_CLUSTER", default_value = "default", value_parser = parse_cluster)]
+    #[arg(help_heading = STORE, long, env = "PD_BOOTSTRAP_CLUSTER", default_value = "default", value_parser = parse_cluster)]
     pub cluster: String,
     /// With `--store etcd://`: seconds one etcd call may take before the HTTP call answers 503.
-    #[arg(long, env = "PD_BOOTSTRAP_STORE_TIMEOUT", default_value = "3", value_parser = parse_seconds)]
+    #[arg(help_heading = STORE, long, env = "PD_BOOTSTRAP_STORE_TIMEOUT", default_value = "3", value_parser = parse_seconds)]
     pub store_timeout: Duration,
     /// Seconds a request id lives after registration (fractions allowed).
-    #[arg(long, env = "PD_BOOTSTRAP_REQUEST_TTL", default_value = "960", value_parser = parse_seconds)]
+    #[arg(help_heading = REGISTRY, long, env = "PD_BOOTSTRAP_REQUEST_TTL", default_value = "960", value_parser = parse_seconds)]
     pub request_ttl: Duration,
     /// Seconds a bootstrap room (SGLang's `POST /register_dp_rank`) lives after registration
     /// (SGLang's own server keeps one 120 to 240 s).
-    #[arg(long, env = "PD_BOOTSTRAP_ROOM_TTL", default_value = "120", value_parser = parse_seconds)]
+    #[arg(help_heading = REGISTRY, long, env = "PD_BOOTSTRAP_ROOM_TTL", default_value = "120", value_parser = parse_seconds)]
     pub room_ttl: Duration,
     /// The most live request ids held at once; registering more answers 503.
-    #[arg(long, env = "PD_BOOTSTRAP_MAX_REQUESTS", default_value_t = 2_000_000)]
+    #[arg(help_heading = REGISTRY, long, env = "PD_BOOTSTRAP_MAX_REQUESTS", default_value_t = 2_000_000)]
     pub max_requests: usize,
     /// Expected number of dp ranks; with any of the three sizes, `/query` answers 503 until the
     /// topology is complete (unset sizes count as 1) and larger ranks are refused.
-    #[arg(long, env = "PD_BOOTSTRAP_DP_SIZE", value_parser = size_parser())]
+    #[arg(help_heading = REGISTRY, long, env = "PD_BOOTSTRAP_DP_SIZE", value_parser = size_parser())]
     pub dp_size: Option<Rank>,
     /// Expected number of tp ranks per dp rank.
-    #[arg(long, env = "PD_BOOTSTRAP_TP_SIZE", value_parser = size_parser())]
+    #[arg(help_heading = REGISTRY, long, env = "PD_BOOTSTRAP_TP_SIZE", value_parser = size_parser())]
     pub tp_size: Option<Rank>,
     /// Expected number of pp ranks.
-    #[arg(long, env = "PD_BOOTSTRAP_PP_SIZE", value_parser = size_parser())]
+    #[arg(help_heading = REGISTRY, long, env = "PD_BOOTSTRAP_PP_SIZE", value_parser = size_parser())]
     pub pp_size: Option<Rank>,
     /// What a registration for a slot held by another engine (or by the same engine id at
     /// another address: a restart) does: `replace` (takeover; the old engine leaves whole) or
     /// `reject` (vLLM's 400, unless the request says `"replace": true`).
-    #[arg(long, env = "PD_BOOTSTRAP_ENGINE_CONFLICT", value_enum, default_value_t = EngineConflictPolicy::Replace)]
+    #[arg(help_heading = REGISTRY, long, env = "PD_BOOTSTRAP_ENGINE_CONFLICT", value_enum, default_value_t = EngineConflictPolicy::Replace)]
     pub engine_conflict: EngineConflictPolicy,
     /// Bearer token required on every write route (reads stay open), except from peers inside
     /// --allow-writes-from.
-    #[arg(long, env = "PD_BOOTSTRAP_AUTH_TOKEN", hide_env_values = true)]
+    #[arg(help_heading = ADMIN, long, env = "PD_BOOTSTRAP_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
     /// Networks (CIDR, or single addresses) whose peers may write without a token, comma
     /// separated: e.g. the prefill nodes' subnet, for stock vLLM/SGLang workers that cannot send
     /// one. Peers outside get 403 (or need --auth-token, when set). Reads stay open.
-    #[arg(long, env = "PD_BOOTSTRAP_ALLOW_WRITES_FROM", value_delimiter = ',', value_parser = parse_net)]
+    #[arg(help_heading = ADMIN, long, env = "PD_BOOTSTRAP_ALLOW_WRITES_FROM", value_delimiter = ',', value_parser = parse_net)]
     pub allow_writes_from: Vec<IpNet>,
     /// Seconds a client has to send a request's headers (also on an idle keep-alive
     /// connection, which is then closed), and then again for its body and the answer, or it
     /// gets a 408: what a slow or stuck client can hold a connection for.
-    #[arg(long, env = "PD_BOOTSTRAP_REQUEST_TIMEOUT", default_value = "30", value_parser = parse_seconds)]
+    #[arg(help_heading = LIMITS, long, env = "PD_BOOTSTRAP_REQUEST_TIMEOUT", default_value = "30", value_parser = parse_seconds)]
     pub request_timeout: Duration,
     /// Log format.
-    #[arg(long, env = "PD_BOOTSTRAP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(help_heading = OBSERVABILITY, long, env = "PD_BOOTSTRAP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Seconds between the first SIGTERM/SIGINT and the end of accepting: `/readyz` and
     /// `/ready` answer 503 meanwhile, everything else is served as usual (so that Kubernetes
     /// takes the pod out of its endpoints first). A second signal ends it early.
-    #[arg(long, env = "PD_BOOTSTRAP_SHUTDOWN_DELAY", default_value = "0", value_parser = parse_seconds_or_zero)]
+    #[arg(help_heading = LIMITS, long, env = "PD_BOOTSTRAP_SHUTDOWN_DELAY", default_value = "0", value_parser = parse_seconds_or_zero)]
     pub shutdown_delay: Duration,
     /// Seconds the requests in flight when the server stops accepting may run on before their
     /// connections are closed (long polls answer at once).
-    #[arg(long, env = "PD_BOOTSTRAP_SHUTDOWN_GRACE", default_value = "30", value_parser = parse_seconds_or_zero)]
+    #[arg(help_heading = LIMITS, long, env = "PD_BOOTSTRAP_SHUTDOWN_GRACE", default_value = "30", value_parser = parse_seconds_or_zero)]
     pub shutdown_grace: Duration,
 }
 
@@ -379,6 +387,24 @@ mod tests {
                 Args::try_parse_from(argv).is_err(),
                 "{lone:?} alone was accepted"
             );
+        }
+    }
+
+    #[test]
+    fn every_flag_reads_a_pd_bootstrap_variable_and_has_a_heading() {
+        let command = Args::command();
+        for arg in command.get_arguments() {
+            let id = arg.get_id().as_str();
+            if ["help", "version"].contains(&id) {
+                continue;
+            }
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert!(
+                env.as_deref()
+                    .is_some_and(|e| e.starts_with("PD_BOOTSTRAP_")),
+                "--{id}: {env:?}"
+            );
+            assert!(arg.get_help_heading().is_some(), "--{id} has no heading");
         }
     }
 }

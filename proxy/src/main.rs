@@ -1,6 +1,6 @@
 use std::process::ExitCode;
 
-use pd_proxy::config::{Args, PREFILL_ENV};
+use pd_proxy::config::{check_config, Args, CHECK_CONFIG, PREFILL_ENV};
 use pd_proxy::Proxy;
 use pd_service::traces::Traces;
 use pd_service::{disable_transparent_huge_pages, drain_on_signal, init_logging};
@@ -14,6 +14,20 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     disable_transparent_huge_pages();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|word| word == CHECK_CONFIG) {
+        let prefill_env = std::env::var(PREFILL_ENV).ok();
+        return match check_config(&argv, prefill_env.as_deref()) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("pd-proxy: {err}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let args = Args::parse_args();
     let _logging = init_logging(args.log_format);
     // Off unless OTEL_EXPORTER_OTLP_*ENDPOINT is set.

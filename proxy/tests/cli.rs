@@ -147,6 +147,81 @@ async fn unusable_tls_files_are_named_at_start() {
     }
 }
 
+/// Runs `pd-proxy ARGS` to its end: its exit code, stdout and stderr.
+async fn check(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let output = command(args, env)
+        .stdout(std::process::Stdio::piped())
+        .output();
+    let output = output.await.unwrap();
+    let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
+    (
+        output.status.code().unwrap(),
+        text(output.stdout),
+        text(output.stderr),
+    )
+}
+
+#[tokio::test]
+async fn check_config_prints_the_effective_configuration_and_names_mistakes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("proxy.toml");
+    std::fs::write(
+        &file,
+        "port = 9100\n[backends]\ndecode = [\"http://d:1\"]\nprefill = [\"http://p:1 9000\"]\n\
+         [routing]\npolicy = \"cache_aware\"\n[admin]\nadmin-key = \"s3cret-admin\"\n\
+         [aliases]\nsmall = \"m\"\n",
+    )
+    .unwrap();
+    let path = file.display().to_string();
+    let env = [("PD_PROXY_REQUEST_TIMEOUT", "12")];
+    let (code, out, err) = check(&["check-config", &path, "--api-key", "sk-cli"], &env).await;
+    assert_eq!(code, 0, "{err}");
+    for expected in [
+        "[listen]\n",
+        "port = 9100  # file",
+        "host = \"127.0.0.1\"  # default",
+        "policy = \"cache_aware\"  # file",
+        "request-timeout = 12  # env PD_PROXY_REQUEST_TIMEOUT",
+        "api-key = \"********\"  # command line",
+        "admin-key = \"********\"  # file",
+        "[aliases]\n\"small\" = \"m\"",
+        "valid",
+    ] {
+        assert!(out.contains(expected), "{expected:?} in\n{out}");
+    }
+    assert!(!out.contains("s3cret") && !out.contains("sk-cli"), "{out}");
+    // The flat `port` is read, with a note saying where it belongs.
+    assert!(err.contains("`port` under [listen]"), "{err}");
+    // What it prints starts the same proxy: read back, it says the same.
+    let again = dir.path().join("effective.toml");
+    std::fs::write(&again, &out).unwrap();
+    let again = again.display().to_string();
+    let (code, reread, _) = check(&["check-config", &again], &[]).await;
+    assert_eq!(code, 0);
+    let values = |text: &str| -> Vec<String> {
+        let lines = text
+            .lines()
+            .filter(|l| l.contains(" = ") && !l.contains("********"));
+        lines
+            .map(|l| l.split("  #").next().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(values(&reread), values(&out));
+
+    let cases = [
+        ("[routing]\nport = 1\n", "`port` belongs in [listen]"),
+        ("[backends]\ndecode = [\"http://d:1\"]\nprefill = [\"http://p:1\"]\n[listen]\ntls-cert = \"/no/cert.pem\"\ntls-key = \"/no/key.pem\"\n", "/no/cert.pem"),
+        ("[backends]\ndecode = [\"http://d:1\"]\nprefill = [\"http://p:1\"]\n[admin]\napi-keys-file = \"/no/keys.toml\"\n", "/no/keys.toml"),
+        ("[backends]\ndecode = [\"http://d:1\"]\n", "no prefill server"),
+    ];
+    for (text, expected) in cases {
+        std::fs::write(&file, text).unwrap();
+        let (code, _, err) = check(&["check-config", &path], &[]).await;
+        assert_eq!(code, 2, "{text:?}");
+        assert!(err.contains(expected), "{text:?}: {err}");
+    }
+}
+
 #[tokio::test]
 async fn environment_variables_stand_in_for_flags() {
     let (code, stderr) = run(

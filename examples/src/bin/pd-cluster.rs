@@ -247,7 +247,8 @@ async fn main() -> std::process::ExitCode {
     spec.proxy_args = vec!["--policy".to_owned(), args.policy.clone()];
     spec.proxy_args.extend(args.proxy_arg.iter().cloned());
     if let Some(key) = &args.api_key {
-        spec.proxy_args.extend(["--api-key".to_owned(), key.clone()]);
+        spec.proxy_args
+            .extend(["--api-key".to_owned(), key.clone()]);
     }
     if let Some(GatewayKind::Envoy) = args.gateway {
         let Some(envoy) = args.envoy.clone() else {

@@ -20,7 +20,9 @@ pub async fn run(
     let proxy = front_door.url.as_str();
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(key) = api_key {
-        let value = format!("Bearer {key}").parse().map_err(|_| "the API key is not a header value")?;
+        let value = format!("Bearer {key}")
+            .parse()
+            .map_err(|_| "the API key is not a header value")?;
         headers.insert(reqwest::header::AUTHORIZATION, value);
     }
     let http = (front_door.client_tls.apply(reqwest::Client::builder()))

@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser};
 use pd_router::backend::Backend;
 use pd_router::config::{ConfigError, RouterConfig};
-use pd_router::flags::{parse_args, with_env_prefix, FleetArgs};
+use pd_router::flags::{headings, parse_args, with_env_prefix, FleetArgs};
 use pd_service::{parse_seconds_or_zero, LogFormat, TlsFiles};
 
 /// The prefills when no `--prefill` flag is given: comma-separated `URL[ PORT]` entries.
@@ -22,14 +22,15 @@ pub const PREFILL_ENV: &str = "PD_EPP_PREFILL";
 #[command(name = "pd-epp", version, about)]
 pub struct Args {
     /// Address (IP or host name) to listen on.
-    #[arg(long, env = "PD_EPP_HOST", default_value = "127.0.0.1")]
+    #[arg(help_heading = headings::LISTEN, long, env = "PD_EPP_HOST", default_value = "127.0.0.1")]
     pub host: String,
     /// Port of the ext_proc service (and the gRPC health service beside it).
-    #[arg(long, env = "PD_EPP_PORT", default_value_t = 9002)]
+    #[arg(help_heading = headings::LISTEN, long, env = "PD_EPP_PORT", default_value_t = 9002)]
     pub port: u16,
     /// Port of the operator's HTTP listener: `GET /metrics`, `/health`, `/ready` and the
     /// admin routes (`--metrics-port` is the older name).
     #[arg(
+        help_heading = headings::ADMIN,
         long,
         visible_alias = "metrics-port",
         env = "PD_EPP_ADMIN_PORT",
@@ -37,15 +38,15 @@ pub struct Args {
     )]
     pub admin_port: u16,
     /// Address of the --admin-port listener (default: --host).
-    #[arg(long, env = "PD_EPP_ADMIN_HOST")]
+    #[arg(help_heading = headings::ADMIN, long, env = "PD_EPP_ADMIN_HOST")]
     pub admin_host: Option<String>,
     /// Serve TLS with this certificate chain (PEM) on both listeners (gRPC and the admin's),
     /// re-read when the file changes: Envoy's cluster of the picker then needs an
     /// `UpstreamTlsContext`. Needs --tls-key.
-    #[arg(long, env = "PD_EPP_TLS_CERT", requires = "tls_key")]
+    #[arg(help_heading = headings::LISTEN, long, env = "PD_EPP_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// The private key (PEM) of --tls-cert.
-    #[arg(long, env = "PD_EPP_TLS_KEY", requires = "tls_cert")]
+    #[arg(help_heading = headings::LISTEN, long, env = "PD_EPP_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// The engines, how they are found, checked and chosen. Without `--prefill` the engines
     /// (`--decode`) serve whole requests, one picked for each.
@@ -53,34 +54,34 @@ pub struct Args {
     pub fleet: FleetArgs,
     /// The port Envoy sends a decode's requests to, on the decode's host, when it is not the
     /// engine's own: the sidecar's (pd-proxy `--sidecar`) in each decode pod.
-    #[arg(long, env = "PD_EPP_DESTINATION_PORT")]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_EPP_DESTINATION_PORT")]
     pub destination_port: Option<u16>,
     /// Where Envoy sends one decode's requests: `ENGINE_URL=HOST:PORT` (its sidecar), for
     /// decodes whose sidecars do not share one port. Repeatable; wins over
     /// --destination-port.
-    #[arg(long = "destination", env = "PD_EPP_DESTINATIONS", value_delimiter = ',', value_parser = parse_destination)]
+    #[arg(help_heading = headings::BACKENDS, long = "destination", env = "PD_EPP_DESTINATIONS", value_delimiter = ',', value_parser = parse_destination)]
     pub destinations: Vec<(String, String)>,
     /// Key an operator must send as `Authorization: Bearer <key>` to drain an engine
     /// (`POST /admin/drain` on the metrics port); without it that route is off.
-    #[arg(long, env = "PD_EPP_ADMIN_KEY", hide_env_values = true)]
+    #[arg(help_heading = headings::ADMIN, long, env = "PD_EPP_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: Option<String>,
     /// Key requests must present as `Authorization: Bearer <key>` (the tenant `default`'s,
     /// beside --api-keys-file's); others are answered 401.
-    #[arg(long, env = "PD_EPP_API_KEY", hide_env_values = true)]
+    #[arg(help_heading = headings::ADMIN, long, env = "PD_EPP_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Tenants, their API keys and their limits, as pd-proxy's --api-keys-file (TOML, or JSON
     /// for a `.json` name); re-read when it changes.
-    #[arg(long, env = "PD_EPP_API_KEYS_FILE")]
+    #[arg(help_heading = headings::ADMIN, long, env = "PD_EPP_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
     /// The largest request body buffered to place it, in bytes (413 above it).
-    #[arg(long, env = "PD_EPP_MAX_BODY_BYTES", default_value_t = 32 << 20, value_parser = clap::value_parser!(usize))]
+    #[arg(help_heading = headings::LIMITS, long, env = "PD_EPP_MAX_BODY_BYTES", default_value_t = 32 << 20, value_parser = clap::value_parser!(usize))]
     pub max_body_bytes: usize,
     /// Log format.
-    #[arg(long, env = "PD_EPP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(help_heading = headings::OBSERVABILITY, long, env = "PD_EPP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Seconds between the first SIGTERM/SIGINT and the end of accepting: readiness fails
     /// meanwhile (so the gateway stops sending), streams are served as usual.
-    #[arg(long, env = "PD_EPP_SHUTDOWN_DELAY", default_value = "0", value_parser = parse_seconds_or_zero)]
+    #[arg(help_heading = headings::LIMITS, long, env = "PD_EPP_SHUTDOWN_DELAY", default_value = "0", value_parser = parse_seconds_or_zero)]
     pub shutdown_delay: Duration,
 }
 
@@ -237,5 +238,19 @@ mod tests {
         assert_eq!(config.router.decodes, ["http://10.0.0.7:8000"]);
         let none = Args::try_parse_args(["pd-epp"]).unwrap().into_config(None);
         assert!(matches!(none, Err(ConfigError::NoDecode)));
+    }
+
+    #[test]
+    fn every_flag_has_a_heading_and_so_a_section_of_the_config_file() {
+        let command = Args::command();
+        for arg in command.get_arguments() {
+            let id = arg.get_id().as_str();
+            if ["help", "version", "config"].contains(&id) {
+                continue;
+            }
+            let heading = arg.get_help_heading();
+            let section = heading.and_then(headings::section_of);
+            assert!(section.is_some(), "--{id} is under {heading:?}");
+        }
     }
 }

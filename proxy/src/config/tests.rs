@@ -364,4 +364,69 @@ mod config_file {
             assert!(err.contains(expected), "{text:?}: {err}");
         }
     }
+
+    #[test]
+    fn sections_by_help_heading_say_the_same_as_the_flat_form() {
+        let sectioned = parse(
+            "[listen]\nport = 9100\n[backends]\ndecode = [\"http://d:1\"]\n\
+             prefill = [\"http://p:1 9000\"]\n[routing]\npolicy = \"cache_aware\"\n\
+             [limits]\nrequest-timeout = 12\n[admin]\nmetrics-open = true\n[aliases]\nsmall = \"m\"\n",
+            &[],
+        )
+        .unwrap();
+        let flat = parse(
+            "port = 9100\ndecode = [\"http://d:1\"]\nprefill = [\"http://p:1 9000\"]\n\
+             policy = \"cache_aware\"\nrequest-timeout = 12\nmetrics-open = true\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(sectioned.port, 9100);
+        assert_eq!(
+            format!("{:?}", sectioned.fleet.policy),
+            format!("{:?}", flat.fleet.policy)
+        );
+        assert_eq!(sectioned.request_timeout, flat.request_timeout);
+        assert!(sectioned.metrics_open && flat.metrics_open);
+        let config = sectioned.into_config(None).unwrap();
+        assert_eq!(config.router.models.canonical("small"), "m");
+    }
+
+    #[test]
+    fn a_flag_in_another_section_is_told_where_it_belongs() {
+        let cases = [
+            (
+                "[routing]\nport = 1\n",
+                ":2: `port` belongs in [listen], not [routing]",
+            ),
+            ("[listen]\n\nconfig = \"x\"\n", ":3: `config` is not a"),
+            (
+                "[limits]\nno-such = 1\n",
+                ":2: `no-such` is not a pd-proxy flag",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = parse(text, &[])
+                .err()
+                .unwrap_or_else(|| panic!("{text:?} passed"));
+            assert!(err.contains(expected), "{text:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn every_flag_has_a_heading_and_so_a_section_of_the_config_file() {
+    use clap::CommandFactory;
+    let command = Args::command();
+    for arg in command.get_arguments() {
+        let id = arg.get_id().as_str();
+        if ["help", "version", "config"].contains(&id) {
+            continue;
+        }
+        let heading = arg.get_help_heading();
+        let section = heading.and_then(pd_router::flags::headings::section_of);
+        assert!(
+            section.is_some(),
+            "--{id} is under {heading:?}, not a section's heading"
+        );
+    }
 }

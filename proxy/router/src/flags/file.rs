@@ -1,13 +1,18 @@
-//! `--config FILE`: a TOML file holding any flag under its long name (a deployment's long
-//! command line in one place), plus what flags cannot say: model aliases, per-model policies,
-//! the LoRA adapters the proxy may load, and the objectives' priorities. A flag given on the command line or in the
+//! `--config FILE`: a TOML file holding any flag under its long name, in the section of its
+//! `--help` heading ([`super::headings`]: a deployment's long command line in one place), plus
+//! what flags cannot say: model aliases, per-model policies, the LoRA adapters the proxy may
+//! load, and the objectives' priorities. A flag given on the command line or in the
 //! environment wins over the file. The file is checked whole at start; every error names its
-//! line.
+//! line. Flags at the top level (the older, flat form) are still read, with a note saying
+//! which section each belongs in.
 //!
 //! ```toml
-//! policy = "cache_aware"
+//! [backends]
 //! decode = ["http://10.0.0.7:8000", "http://10.0.0.8:8000"]
 //! prefill = ["http://10.0.0.5:8000 8998", "http://10.0.0.6:8000 8998"]
+//!
+//! [routing]
+//! policy = "cache_aware"
 //! lora-load-on-demand = true
 //!
 //! [aliases]
@@ -35,6 +40,7 @@ use clap::{ArgMatches, Command, ValueEnum};
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::headings;
 use crate::models::settings::{AdapterSource, ModelPolicies, ModelsConfig};
 use crate::routing::settings::Policy;
 
@@ -101,6 +107,9 @@ pub struct ConfigFile {
     pub lines: BTreeMap<String, usize>,
     /// The models' tables.
     pub models: FileModels,
+    /// The flags the file sets at its top level, the older flat form, each with the section
+    /// it belongs in (for a deprecation note).
+    pub flat: Vec<String>,
 }
 
 impl ConfigFile {
@@ -138,67 +147,43 @@ impl ConfigFile {
             words: Vec::new(),
             lines: BTreeMap::new(),
             models: FileModels::default(),
+            flat: Vec::new(),
         };
         for (key, value) in &top {
-            if SECTIONS.contains(&key.get_ref().as_str()) {
+            let name = key.get_ref().as_str();
+            if SECTIONS.contains(&name) {
                 continue;
             }
-            let long = key.get_ref().replace('_', "-");
-            let line_of = |message: String| at(key.span().start, message);
-            let arg = command
-                .get_arguments()
-                .find(|arg| arg.get_long() == Some(long.as_str()) && long != "config")
-                .ok_or_else(|| line_of(format!("`{long}` is not a {} flag", command.get_name())))?;
-            file.lines
-                .insert(long.clone(), at(key.span().start, String::new()).line);
-            let id = arg.get_id().as_str();
-            if matches!(
-                given.value_source(id),
-                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-            ) {
-                continue;
-            }
-            let takes_values = arg.get_action().takes_values();
-            let flag = OsString::from(format!("--{long}"));
-            let items: Vec<&toml::Value> = match value.get_ref() {
-                toml::Value::Array(items) => items.iter().collect(),
-                single => vec![single],
-            };
-            for item in items {
-                match item {
-                    toml::Value::Boolean(false) if !takes_values => {}
-                    toml::Value::Boolean(true) if !takes_values => file.words.push(flag.clone()),
-                    toml::Value::String(text) if long == "prefill" => {
-                        file.words.push(flag.clone());
-                        file.words
-                            .extend(text.split_whitespace().map(OsString::from));
+            let start = key.span().start;
+            match (headings::heading_of(name), value.get_ref()) {
+                (Some(heading), toml::Value::Table(table)) => {
+                    for (inner, value) in table {
+                        // The inner key's own line: the first line under the section naming it.
+                        let offset = line_of_key(text, start, inner);
+                        let flag = Flag::find(command, inner, &at, offset)?;
+                        if flag.heading != Some(heading) {
+                            let right = flag.heading.and_then(headings::section_of);
+                            let message = match right {
+                                Some(right) => {
+                                    format!("`{}` belongs in [{right}], not [{name}]", flag.long)
+                                }
+                                None => {
+                                    format!("`{}` belongs at the top, not in [{name}]", flag.long)
+                                }
+                            };
+                            return Err(at(offset, message));
+                        }
+                        file.take(&flag, value, given, at(offset, String::new()).line)
+                            .map_err(|message| at(offset, message))?;
                     }
-                    toml::Value::String(text) => {
-                        file.words.push(flag.clone());
-                        file.words.push(text.into());
+                }
+                _ => {
+                    let flag = Flag::find(command, name, &at, start)?;
+                    if let Some(section) = flag.heading.and_then(headings::section_of) {
+                        file.flat.push(format!("`{}` under [{section}]", flag.long));
                     }
-                    toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_)
-                        if takes_values =>
-                    {
-                        let text = match item {
-                            toml::Value::Integer(n) => n.to_string(),
-                            toml::Value::Float(x) => x.to_string(),
-                            _ => item.as_bool().unwrap_or_default().to_string(),
-                        };
-                        file.words.push(flag.clone());
-                        file.words.push(text.into());
-                    }
-                    other => {
-                        return Err(line_of(format!(
-                            "`{long}` takes {}, not {}",
-                            if takes_values {
-                                "a value"
-                            } else {
-                                "true or false"
-                            },
-                            other.type_str()
-                        )))
-                    }
+                    file.take(&flag, value.get_ref(), given, at(start, String::new()).line)
+                        .map_err(|message| at(start, message))?;
                 }
             }
         }
@@ -245,6 +230,123 @@ impl ConfigFile {
         file.models.objectives = sections.objectives;
         Ok(file)
     }
+}
+
+/// A flag of the command, as the file names it.
+struct Flag {
+    long: String,
+    id: String,
+    takes_values: bool,
+    heading: Option<&'static str>,
+}
+
+impl Flag {
+    /// The flag the file's `key` names (`_` read as `-`), or an error at `offset`.
+    fn find(
+        command: &Command,
+        key: &str,
+        at: &impl Fn(usize, String) -> FileError,
+        offset: usize,
+    ) -> Result<Flag, FileError> {
+        let long = key.replace('_', "-");
+        let arg = (command.get_arguments())
+            .find(|arg| arg.get_long() == Some(long.as_str()) && long != "config")
+            .ok_or_else(|| {
+                at(
+                    offset,
+                    format!("`{long}` is not a {} flag", command.get_name()),
+                )
+            })?;
+        let heading = (arg.get_help_heading())
+            .and_then(|h| headings::SECTIONS.iter().find(|(name, _)| *name == h))
+            .map(|(name, _)| *name);
+        Ok(Flag {
+            id: arg.get_id().as_str().to_owned(),
+            takes_values: arg.get_action().takes_values(),
+            heading,
+            long,
+        })
+    }
+}
+
+impl ConfigFile {
+    /// Takes `value` as the file's setting of `flag` (on `line`), unless the command line or
+    /// the environment set it.
+    fn take(
+        &mut self,
+        flag: &Flag,
+        value: &toml::Value,
+        given: &ArgMatches,
+        line: usize,
+    ) -> Result<(), String> {
+        let long = &flag.long;
+        self.lines.insert(long.clone(), line);
+        if matches!(
+            given.value_source(&flag.id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        ) {
+            return Ok(());
+        }
+        let word = OsString::from(format!("--{long}"));
+        let items: Vec<&toml::Value> = match value {
+            toml::Value::Array(items) => items.iter().collect(),
+            single => vec![single],
+        };
+        for item in items {
+            match item {
+                toml::Value::Boolean(false) if !flag.takes_values => {}
+                toml::Value::Boolean(true) if !flag.takes_values => self.words.push(word.clone()),
+                toml::Value::String(text) if long == "prefill" => {
+                    self.words.push(word.clone());
+                    self.words
+                        .extend(text.split_whitespace().map(OsString::from));
+                }
+                toml::Value::String(text) => {
+                    self.words.push(word.clone());
+                    self.words.push(text.into());
+                }
+                toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_)
+                    if flag.takes_values =>
+                {
+                    let text = match item {
+                        toml::Value::Integer(n) => n.to_string(),
+                        toml::Value::Float(x) => x.to_string(),
+                        _ => item.as_bool().unwrap_or_default().to_string(),
+                    };
+                    self.words.push(word.clone());
+                    self.words.push(text.into());
+                }
+                other => {
+                    let takes = match flag.takes_values {
+                        true => "a value",
+                        false => "true or false",
+                    };
+                    return Err(format!("`{long}` takes {takes}, not {}", other.type_str()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The offset of the first line after `from` that sets `key` (`key =`, `"key" =`), else `from`.
+fn line_of_key(text: &str, from: usize, key: &str) -> usize {
+    let rest = &text[from.min(text.len())..];
+    let mut offset = from;
+    for line in rest.split_inclusive('\n') {
+        let trimmed = line.trim_start().trim_start_matches('"');
+        if trimmed.starts_with(key)
+            && trimmed[key.len()..]
+                .trim_start()
+                .trim_start_matches('"')
+                .trim_start()
+                .starts_with('=')
+        {
+            return offset;
+        }
+        offset += line.len();
+    }
+    from
 }
 
 impl FileModels {

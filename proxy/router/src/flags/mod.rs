@@ -11,13 +11,17 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod effective;
 mod file;
+pub mod headings;
+mod parse;
 
-use clap::{ArgAction, Args, Command, FromArgMatches};
+use clap::{ArgAction, Args, Command};
 use pd_service::parse_seconds;
 use worker_client::ClientTls;
 
 pub use self::file::{ConfigFile, FileError, FileModels};
+pub use self::parse::{check_args, parse_args};
 pub use crate::admission::settings::AdmissionArgs;
 use crate::config::{base_url, parse_backend_url, parse_dns, parse_prefill_entry};
 use crate::config::{parse_prefill_env, PrefillEntry};
@@ -35,94 +39,94 @@ pub struct FleetArgs {
     /// in sequential mode, no bootstrap server) on the URL's host, or its bootstrap server's
     /// own URL (`http://HOST:PORT`: a registry shared by a P deployment's pods). Repeatable.
     /// Without the flag, PD_PROXY_PREFILL is read: comma-separated `URL[ PORT]` entries.
-    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append)]
+    #[arg(help_heading = headings::BACKENDS, long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append)]
     pub prefill: Vec<String>,
     /// The `--prefill` values grouped by occurrence (filled by [`parse_args`]).
     #[arg(skip)]
     pub prefill_groups: Vec<Vec<String>>,
     /// A decode server's URL. Repeatable (or comma-separated).
-    #[arg(long, env = "PD_PROXY_DECODE", value_delimiter = ',')]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_DECODE", value_delimiter = ',')]
     pub decode: Vec<String>,
     /// How backends are chosen (both choices, unless --prefill-policy or --decode-policy).
-    #[arg(long, env = "PD_PROXY_POLICY", value_enum, default_value_t = Policy::RoundRobin)]
+    #[arg(help_heading = headings::ROUTING, long, env = "PD_PROXY_POLICY", value_enum, default_value_t = Policy::RoundRobin)]
     pub policy: Policy,
     /// The per-choice policies, their knobs and conditional disaggregation.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = headings::ROUTING)]
     pub routing: RoutingArgs,
     /// Following the engines' KV cache events.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = headings::ROUTING)]
     pub kv_events: KvEventsArgs,
     /// Whether D starts with P (concurrent) or after P answered (sequential, for NIXL), or
     /// SGLang's P/D.
-    #[arg(long, env = "PD_PROXY_MODE", value_enum, default_value_t = Mode::Concurrent)]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_MODE", value_enum, default_value_t = Mode::Concurrent)]
     pub mode: Mode,
     /// Seconds between two health checks (`GET /health`) of each backend.
-    #[arg(long, env = "PD_PROXY_HEALTH_CHECK_INTERVAL", default_value = "5", value_parser = parse_seconds)]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_HEALTH_CHECK_INTERVAL", default_value = "5", value_parser = parse_seconds)]
     pub health_check_interval: Duration,
     /// Seconds between two health checks of a backend that failed its last one or is out of
     /// rotation, so that a restarted engine is back soon after it answers (at most the
     /// interval).
-    #[arg(long, env = "PD_PROXY_HEALTH_RECOVERY_INTERVAL", default_value = "0.5", value_parser = parse_seconds)]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_HEALTH_RECOVERY_INTERVAL", default_value = "0.5", value_parser = parse_seconds)]
     pub health_recovery_interval: Duration,
     /// Seconds one health check may take. A check that runs out of time counts as failed only
     /// when the backend also answered nothing since the previous check (a busy engine answers
     /// slowly, a dead one not at all).
-    #[arg(long, env = "PD_PROXY_HEALTH_CHECK_TIMEOUT", default_value = "2", value_parser = parse_seconds)]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_HEALTH_CHECK_TIMEOUT", default_value = "2", value_parser = parse_seconds)]
     pub health_check_timeout: Duration,
     /// Consecutive failed health checks that mark a backend unhealthy.
-    #[arg(long, env = "PD_PROXY_HEALTH_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_HEALTH_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub health_failure_threshold: u32,
     /// Consecutive passed health checks that mark an unhealthy backend healthy again.
-    #[arg(long, env = "PD_PROXY_HEALTH_SUCCESS_THRESHOLD", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_HEALTH_SUCCESS_THRESHOLD", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub health_success_threshold: u32,
     /// Seconds between two reads of each backend's `/metrics` for the load its engine reports
     /// (vLLM's and SGLang's requests running and waiting); 0: only this process's counts.
-    #[arg(long, env = "PD_PROXY_ENGINE_METRICS_INTERVAL", default_value = "2", value_parser = parse_interval)]
+    #[arg(help_heading = headings::OVERLOAD, long, env = "PD_PROXY_ENGINE_METRICS_INTERVAL", default_value = "2", value_parser = parse_interval)]
     pub engine_metrics_interval: Duration,
     /// Requests waiting in an engine's scheduler (vLLM's `vllm:num_requests_waiting`,
     /// SGLang's `sglang:num_queue_reqs`) from which it is saturated; 0: not judged on them.
-    #[arg(long, env = "PD_PROXY_SATURATION_WAITING", default_value_t = 5)]
+    #[arg(help_heading = headings::OVERLOAD, long, env = "PD_PROXY_SATURATION_WAITING", default_value_t = 5)]
     pub saturation_waiting: usize,
     /// The share of an engine's KV cache in use (`vllm:kv_cache_usage_perc`,
     /// `sglang:token_usage`) from which it is saturated; 0: not judged on it.
-    #[arg(long, env = "PD_PROXY_SATURATION_KV_USAGE", default_value_t = 0.95)]
+    #[arg(help_heading = headings::OVERLOAD, long, env = "PD_PROXY_SATURATION_KV_USAGE", default_value_t = 0.95)]
     pub saturation_kv_usage: f64,
     /// Requests this process has in flight on an engine from which it is saturated (for
     /// engines without `/metrics`); 0: not judged on them.
-    #[arg(long, env = "PD_PROXY_SATURATION_IN_FLIGHT", default_value_t = 0)]
+    #[arg(help_heading = headings::OVERLOAD, long, env = "PD_PROXY_SATURATION_IN_FLIGHT", default_value_t = 0)]
     pub saturation_in_flight: usize,
     /// Admission under overload and the retry budget.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = headings::OVERLOAD)]
     pub admission: AdmissionArgs,
     /// Seconds between two re-discoveries of each prefill's dp ranks and engine ids.
-    #[arg(long, env = "PD_PROXY_DISCOVERY_INTERVAL", default_value = "30", value_parser = parse_seconds)]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_DISCOVERY_INTERVAL", default_value = "30", value_parser = parse_seconds)]
     pub discovery_interval: Duration,
     /// The DNS server that resolves `dns://` backends, `IP:PORT` (default: the system's, from
     /// /etc/resolv.conf).
-    #[arg(long, env = "PD_PROXY_DNS_SERVER")]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_DNS_SERVER")]
     pub dns_server: Option<std::net::SocketAddr>,
     /// Seconds between two resolutions of each `dns://` name (sooner when its records' TTL is
     /// shorter, never under 1 s).
-    #[arg(long, env = "PD_PROXY_DNS_INTERVAL", default_value = "5", value_parser = parse_seconds)]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_DNS_INTERVAL", default_value = "5", value_parser = parse_seconds)]
     pub dns_interval: Duration,
     /// CA certificates (PEM) trusted for `https://` engines and bootstrap servers, beside the
     /// system's roots and the bundled Mozilla roots.
-    #[arg(long, env = "PD_PROXY_UPSTREAM_CA")]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_UPSTREAM_CA")]
     pub upstream_ca: Option<PathBuf>,
     /// Client certificate (PEM) presented to `https://` engines and bootstrap servers that ask
     /// for one (vLLM's `--ssl-cert-reqs 2`, a bootstrap server's `--tls-client-ca`).
-    #[arg(long, env = "PD_PROXY_UPSTREAM_CERT", requires = "upstream_key")]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_UPSTREAM_CERT", requires = "upstream_key")]
     pub upstream_cert: Option<PathBuf>,
     /// The private key (PEM) of --upstream-cert.
-    #[arg(long, env = "PD_PROXY_UPSTREAM_KEY", requires = "upstream_cert")]
+    #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_UPSTREAM_KEY", requires = "upstream_cert")]
     pub upstream_key: Option<PathBuf>,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = headings::ROUTING)]
     #[allow(missing_docs)]
     pub models: ModelsArgs,
     /// A TOML file of flags (each under its long name; the command line and environment win)
     /// and models' tables: `[aliases]`, `[models."NAME"]` policies, `[adapters.NAME]`, and
     /// `[objectives]` (an objective's name -> its priority).
-    #[arg(long, env = "PD_PROXY_CONFIG")]
+    #[arg(long, env = "PD_PROXY_CONFIG", help_heading = None::<&str>)]
     pub config: Option<PathBuf>,
     /// The models' tables of `--config`.
     #[arg(skip)]
@@ -135,60 +139,6 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
         return Ok(Duration::ZERO);
     }
     parse_seconds(text)
-}
-
-/// Parses a front door's command line `argv` into `A` (with the flags of its `--config` file,
-/// the command line's winning), keeping each `--prefill` occurrence's one or two values
-/// together (clap's derive flattens them); `command` makes `A`'s command (`A::command`, or it
-/// adjusted), `fleet` finds `A`'s [`FleetArgs`].
-pub fn parse_args<A, I, T>(
-    argv: I,
-    command: impl Fn() -> Command,
-    fleet: impl FnOnce(&mut A) -> &mut FleetArgs,
-) -> Result<A, clap::Error>
-where
-    A: FromArgMatches,
-    I: IntoIterator<Item = T>,
-    T: Into<std::ffi::OsString> + Clone,
-{
-    let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
-    let make = command;
-    let mut command = make();
-    let mut matches = command.try_get_matches_from_mut(&argv)?;
-    let mut file_models = FileModels::default();
-    if let Some(path) = matches.get_one::<PathBuf>("config").cloned() {
-        let invalid = |message: String| make().error(clap::error::ErrorKind::InvalidValue, message);
-        let file =
-            ConfigFile::read(&path, &command, &matches).map_err(|err| invalid(err.to_string()))?;
-        let (program, rest) = argv.split_first().expect("argv holds the program");
-        let combined = std::iter::once(program.clone())
-            .chain(file.words)
-            .chain(rest.iter().cloned());
-        matches = make().try_get_matches_from(combined).map_err(|err| {
-            let flag = err.get(clap::error::ContextKind::InvalidArg).map(|arg| {
-                let text = arg.to_string();
-                let long = text.trim_start_matches("--");
-                long.split([' ', '=']).next().unwrap_or("").to_owned()
-            });
-            match flag.and_then(|flag| file.lines.get(&flag)) {
-                Some(line) => invalid(format!("{}:{line}: {err}", path.display())),
-                None => err,
-            }
-        })?;
-        file_models = file.models;
-    }
-    let mut args = A::from_arg_matches(&matches)?;
-    let fleet = fleet(&mut args);
-    fleet.file_models = file_models;
-    fleet.prefill_groups = matches
-        .get_occurrences::<String>("prefill")
-        .map(|occurrences| {
-            occurrences
-                .map(|values| values.cloned().collect())
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok(args)
 }
 
 impl FleetArgs {
