@@ -64,10 +64,45 @@ struct WorkerResult {
     latency_us: Histogram<u64>,
 }
 
-async fn connect(addr: SocketAddr) -> Option<Connection> {
+/// TLS for the load's connections: whom they trust, and the name they ask for.
+#[derive(Clone)]
+pub struct ClientTls {
+    connector: tokio_rustls::TlsConnector,
+    name: rustls::pki_types::ServerName<'static>,
+}
+
+impl ClientTls {
+    /// Connections trusting only the CA certificates in `ca` (PEM), asking for `localhost`,
+    /// HTTP/1.1 (no ALPN): the same exchanges as over plain TCP.
+    pub fn trusting(ca: &std::path::Path) -> Result<Self, String> {
+        let roots = pd_service::tls::read_roots(ca).map_err(|e| e.to_string())?;
+        let config = rustls::ClientConfig::builder_with_provider(pd_service::tls::crypto())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(ClientTls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            name: rustls::pki_types::ServerName::try_from("localhost").expect("a valid name"),
+        })
+    }
+}
+
+async fn connect(addr: SocketAddr, tls: Option<&ClientTls>) -> Option<Connection> {
     let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     stream.set_nodelay(true).ok()?;
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    let Some(tls) = tls else {
+        return handshake(stream).await;
+    };
+    let stream = tls.connector.connect(tls.name.clone(), stream).await.ok()?;
+    handshake(stream).await
+}
+
+async fn handshake<I>(io: I) -> Option<Connection>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
         .ok()?;
     tokio::spawn(connection);
@@ -92,8 +127,10 @@ async fn send(conn: &mut Connection, request: Request<Full<Bytes>>) -> Option<(b
     Some((status.is_success(), first_byte.unwrap_or_else(Instant::now)))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn worker(
     addr: SocketAddr,
+    tls: Option<ClientTls>,
     make: RequestFactory,
     first: u64,
     stride: u64,
@@ -110,7 +147,7 @@ async fn worker(
     let mut seq = first;
     while Instant::now() < stop_at {
         let Some(conn) = sender.as_mut() else {
-            sender = connect(addr).await;
+            sender = connect(addr, tls.as_ref()).await;
             if sender.is_none() {
                 result.errors += 1;
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -147,12 +184,23 @@ async fn worker(
 
 /// Runs `config.concurrency` closed loops against `addr` and merges what they measured.
 pub async fn run(addr: SocketAddr, make: RequestFactory, config: LoadConfig) -> LoadReport {
+    run_over(addr, None, make, config).await
+}
+
+/// [`run`], over TLS when `tls` is given.
+pub async fn run_over(
+    addr: SocketAddr,
+    tls: Option<ClientTls>,
+    make: RequestFactory,
+    config: LoadConfig,
+) -> LoadReport {
     let measure_from = Instant::now() + config.warmup;
     let stop_at = measure_from + config.duration;
     let workers: Vec<_> = (0..config.concurrency)
         .map(|i| {
             tokio::spawn(worker(
                 addr,
+                tls.clone(),
                 make.clone(),
                 i as u64,
                 config.concurrency as u64,
@@ -204,7 +252,7 @@ pub async fn run_count(
                         break result;
                     }
                     if conn.is_none() {
-                        conn = connect(addr).await;
+                        conn = connect(addr, None).await;
                     }
                     let outcome = match conn.as_mut() {
                         Some(c) => send(c, make(seq)).await,

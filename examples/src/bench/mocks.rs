@@ -11,7 +11,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use pd_service::{serve, ServeLimits};
+use pd_service::{serve, ServeLimits, ServerTls};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -121,13 +121,17 @@ async fn answer(body: Bytes, tail_gap: Option<Duration>) -> Response {
     ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
 }
 
-async fn serve_mock(app: Router) -> SocketAddr {
+async fn serve_mock(app: Router, tls: Option<ServerTls>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a mock");
     let addr = listener.local_addr().expect("bound");
     let forever = std::future::pending();
-    tokio::spawn(serve(listener, app, forever, ServeLimits::default()));
+    let limits = ServeLimits {
+        tls,
+        ..ServeLimits::default()
+    };
+    tokio::spawn(serve(listener, app, forever, limits));
     addr
 }
 
@@ -138,6 +142,16 @@ pub async fn mock_backend(
     tail_gap: Option<Duration>,
     kv_event_sources: Option<Value>,
 ) -> SocketAddr {
+    serve_mock(backend_app(tail_gap, kv_event_sources), None).await
+}
+
+/// An instant OpenAI backend, over TLS when `tls` is given (HTTPS engines).
+pub async fn mock_backend_over(tls: Option<ServerTls>) -> SocketAddr {
+    serve_mock(backend_app(None, None), tls).await
+}
+
+/// The routes of [`mock_backend`].
+fn backend_app(tail_gap: Option<Duration>, kv_event_sources: Option<Value>) -> Router {
     let sources = move || {
         let sources = kv_event_sources.clone();
         async move {
@@ -147,7 +161,7 @@ pub async fn mock_backend(
             }
         }
     };
-    let app = Router::new()
+    Router::new()
         .route("/kv_event_sources", get(sources))
         .route(
             "/v1/completions",
@@ -163,8 +177,7 @@ pub async fn mock_backend(
             get(|| async {
                 Json(json!({"object": "list", "data": [{"id": "sim-model", "object": "model"}]}))
             }),
-        );
-    serve_mock(app).await
+        )
 }
 
 /// A bootstrap server with one engine on dp rank 0 (what the proxies discover).
@@ -173,7 +186,7 @@ pub async fn mock_bootstrap() -> SocketAddr {
     let app = Router::new()
         .route("/query", get(move || async move { Json(topology.clone()) }))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }));
-    serve_mock(app).await
+    serve_mock(app, None).await
 }
 
 /// The backends every system is measured against.

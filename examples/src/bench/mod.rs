@@ -17,6 +17,7 @@ pub mod proxy_scale;
 pub mod real_vllm;
 pub mod report;
 pub mod routing;
+pub mod security;
 pub mod sglang;
 pub mod suite;
 pub mod tokenize;

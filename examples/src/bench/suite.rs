@@ -38,6 +38,9 @@ pub enum Suite {
     },
     /// Completions through the proxy (and the peers) to instant mocks, against D directly.
     Proxy,
+    /// What TLS (from the client, to the engines, both) and tenant keys with limits cost the
+    /// front door: whole completions to instant mocks, beside the peers that support the same.
+    Security,
     /// pd-epp, the endpoint picker: picks per second over ext_proc and the decision's latency
     /// (P/D and engines alone), pd-epp's CPU per pick; completions through Envoy with pd-epp
     /// against Envoy alone.

@@ -12,8 +12,8 @@ use pd_examples::bench::proxy::{self, ProxyCommand};
 use pd_examples::bench::report::Row;
 use pd_examples::bench::suite::Suite;
 use pd_examples::bench::{
-    epp, kv_index, migration, overload, proxy_scale, real_vllm, routing, sglang, tokenize,
-    transfer, watch,
+    epp, kv_index, migration, overload, proxy_scale, real_vllm, routing, security, sglang,
+    tokenize, transfer, watch,
 };
 use pd_examples::cluster::gateway::envoy_binary;
 
@@ -187,6 +187,18 @@ async fn run(args: &Args, settings: &Settings, machine: &str) -> Result<Output, 
             "Proxy, to instant mock backends",
             &proxy_rows(settings, args.peers_venv.as_deref()).await?,
         )?;
+    }
+    if wants(|s| matches!(s, Suite::Security)) {
+        let title = "TLS and tenant limits, to instant mock backends";
+        heading(&mut out, all, title);
+        let security_settings = proxy::Settings {
+            run_dir: settings.work_dir.clone(),
+            duration: settings.duration,
+            concurrency: settings.concurrency.clone(),
+        };
+        let peers = args.peers_venv.as_deref();
+        let rows = security::rows(&security_settings, &settings.bin_dir, peers).await?;
+        out.rows("security", title, &rows)?;
     }
     if wants(|s| matches!(s, Suite::Epp { .. })) {
         heading(&mut out, all, "pd-epp, the endpoint picker");
