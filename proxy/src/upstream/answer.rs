@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use futures_util::stream::{BoxStream, Stream};
+use futures_util::stream::Stream;
 use futures_util::StreamExt;
 use pd_service::error_chain;
 use reqwest::header::HeaderValue;
@@ -20,7 +20,7 @@ use super::error::{UpstreamError, MAX_ERROR_BODY};
 
 /// The body of a backend's answer, read under the call's time limit.
 pub(crate) struct Answer {
-    pub(super) source: Source,
+    pub(super) body: PooledBody,
     /// Fires at the call's deadline, or earlier at the end of the silence allowed.
     pub(super) deadline: Pin<Box<Sleep>>,
     /// The call's deadline.
@@ -30,36 +30,24 @@ pub(crate) struct Answer {
     pub(super) silence: Option<(Duration, Instant)>,
 }
 
-/// Where the body's bytes come from: a pooled connection for plain HTTP, reqwest for HTTPS.
-pub(super) enum Source {
-    Plain(PooledBody),
-    Tls(BoxStream<'static, reqwest::Result<Bytes>>),
-}
-
 impl Stream for Answer {
     type Item = Result<Bytes, UpstreamError>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        let timeout = this.timeout;
-        let polled = match &mut this.source {
-            Source::Plain(body) => loop {
-                match body.poll_frame(cx) {
-                    Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                        Ok(data) => break Poll::Ready(Some(Ok(data))),
-                        // Trailers carry nothing to relay.
-                        Err(_) => continue,
-                    },
-                    Poll::Ready(Some(Err(err))) => {
-                        break Poll::Ready(Some(Err(UpstreamError::Broken(error_chain(&err)))))
-                    }
-                    Poll::Ready(None) => break Poll::Ready(None),
-                    Poll::Pending => break Poll::Pending,
+        let polled = loop {
+            match this.body.poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => break Poll::Ready(Some(Ok(data))),
+                    // Trailers carry nothing to relay.
+                    Err(_) => continue,
+                },
+                Poll::Ready(Some(Err(err))) => {
+                    break Poll::Ready(Some(Err(UpstreamError::Broken(error_chain(&err)))))
                 }
-            },
-            Source::Tls(stream) => stream.poll_next_unpin(cx).map(|item| {
-                item.map(|chunk| chunk.map_err(|err| UpstreamError::from_reqwest(&err, timeout)))
-            }),
+                Poll::Ready(None) => break Poll::Ready(None),
+                Poll::Pending => break Poll::Pending,
+            }
         };
         match &polled {
             Poll::Ready(Some(Ok(_))) => {

@@ -1,4 +1,5 @@
-//! Kept-alive HTTP/1 connections to plain-HTTP backends, each driven by the call using it.
+//! Kept-alive HTTP/1 connections to backends (plain HTTP, or TLS: [`super::transport`]), each
+//! driven by the call using it.
 //!
 //! A hyper connection does nothing unless it is polled. hyper-util's pooled client polls each
 //! one on a task of its own, so every answer wakes that task, which hands the bytes over a
@@ -22,20 +23,21 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::{Body as _, Frame, Incoming};
 use hyper::client::conn::http1;
-use hyper::http::uri::Authority;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use pd_router::endpoint::Target;
 use pd_service::error_chain;
-use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
 
 use super::error::UpstreamError;
+use super::transport::Transport;
 use pd_router::sync::lock;
 
 /// The most idle connections kept per backend; more are closed when their call ends.
 const MAX_IDLE_PER_BACKEND: usize = 512;
 
 /// The connection itself: polling it writes requests and reads answers.
-type Driver = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+type Driver = http1::Connection<TokioIo<Transport>, Full<Bytes>>;
 
 /// One HTTP/1 connection: the handle requests are sent through, and the connection to poll
 /// (large, so it is kept boxed and moved as a pointer).
@@ -63,15 +65,18 @@ struct Idle {
     since: Instant,
 }
 
-/// The idle connections of every backend, by `host:port`. Keyed by the text (hosts come
-/// lowercased from the URL parser) rather than the [`Authority`], whose hash feeds the hasher
-/// one lowercased byte at a time (a fifth of the pool's work per call), and hashed with
-/// foldhash: the keys are the operator's backends, not the clients'.
+/// The idle connections of every backend, by its [`Target::key`] (`host:port`, or
+/// `https://host:port`). Keyed by the text (hosts come lowercased from the URL parser) rather
+/// than an `Authority`, whose hash feeds the hasher one lowercased byte at a time (a fifth of
+/// the pool's work per call), and hashed with foldhash: the keys are the operator's backends,
+/// not the clients'.
 type IdleByBackend = HashMap<Box<str>, VecDeque<Idle>, foldhash::fast::RandomState>;
 
-/// The pool of idle connections, per backend (`host:port`).
+/// The pool of idle connections, per backend.
 pub(super) struct Connections {
     idle: Mutex<IdleByBackend>,
+    /// How `https://` backends are reached (`--upstream-ca`, `--upstream-cert`).
+    tls: TlsConnector,
     connect_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -79,28 +84,33 @@ pub(super) struct Connections {
 impl Connections {
     /// An empty pool; new connections get `connect_timeout`, and idle ones are closed by
     /// [`sweep`](Connections::sweep) after `idle_timeout`.
-    pub(super) fn new(connect_timeout: Duration, idle_timeout: Duration) -> Arc<Self> {
+    pub(super) fn new(
+        tls: TlsConnector,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Arc<Self> {
         Arc::new(Connections {
             idle: Mutex::new(IdleByBackend::default()),
+            tls,
             connect_timeout,
             idle_timeout,
         })
     }
 
-    /// Sends `request` (origin-form URI, `Host` set) to the backend at `authority` and waits
+    /// Sends `request` (origin-form URI, `Host` set) to the backend at `target` and waits
     /// for the head of its answer. A kept-alive connection is used when one is ready; one that
     /// turns out closed before the request was written is dropped and the request goes on the
     /// next (each idle connection is tried at most once, then a new one is made).
     pub(super) async fn send(
         self: &Arc<Self>,
-        authority: &Authority,
+        target: &Target,
         mut request: Request<Full<Bytes>>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         loop {
-            let pooled = poll_fn(|cx| Poll::Ready(self.checkout(authority, cx))).await;
+            let pooled = poll_fn(|cx| Poll::Ready(self.checkout(&target.key, cx))).await;
             let (mut connection, reused) = match pooled {
                 Some(connection) => (connection, true),
-                None => (self.connect(authority).await?, false),
+                None => (self.connect(target).await?, false),
             };
             let mut ended = false;
             let answer = {
@@ -117,7 +127,7 @@ impl Connections {
                 Ok(response) => {
                     let home = Home {
                         pool: self.clone(),
-                        authority: authority.clone(),
+                        key: target.key.clone(),
                     };
                     return Ok(response.map(|body| PooledBody {
                         body,
@@ -133,57 +143,40 @@ impl Connections {
         }
     }
 
-    /// Takes the most recently used idle connection to `authority` that is still ready,
+    /// Takes the most recently used idle connection to the backend `key` that is still ready,
     /// dropping those that are not (closed by the backend, or idle too long).
-    fn checkout(&self, authority: &Authority, cx: &mut Context<'_>) -> Option<Box<Connection>> {
+    fn checkout(&self, key: &str, cx: &mut Context<'_>) -> Option<Box<Connection>> {
         loop {
             // The most recent first: the one least likely to have been closed.
             let Idle {
                 mut connection,
                 since,
-            } = lock(&self.idle).get_mut(authority.as_str())?.pop_back()?;
+            } = lock(&self.idle).get_mut(key)?.pop_back()?;
             if since.elapsed() < self.idle_timeout && connection.ready(cx) {
                 return Some(connection);
             }
         }
     }
 
-    /// Opens a new connection to `authority` (within the connect timeout, `TCP_NODELAY` set).
-    async fn connect(&self, authority: &Authority) -> Result<Box<Connection>, UpstreamError> {
-        let connecting = TcpStream::connect(authority.as_str());
-        let stream = match tokio::time::timeout(self.connect_timeout, connecting).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(err)) => return Err(UpstreamError::Connect(format!("{authority}: {err}"))),
-            Err(_) => {
-                return Err(UpstreamError::Connect(format!(
-                    "{authority}: no connection within {:?}",
-                    self.connect_timeout
-                )))
-            }
-        };
-        stream
-            .set_nodelay(true)
-            .map_err(|err| UpstreamError::Connect(format!("{authority}: {err}")))?;
-        let (sender, driver) = http1::handshake(TokioIo::new(stream))
+    /// Opens a new connection to `target` (within the connect timeout, `TCP_NODELAY` set,
+    /// through TLS for `https://`).
+    async fn connect(&self, target: &Target) -> Result<Box<Connection>, UpstreamError> {
+        let transport = Transport::open(target, &self.tls, self.connect_timeout).await?;
+        let (sender, driver) = http1::handshake(TokioIo::new(transport))
             .await
             .map_err(|err| UpstreamError::Connect(error_chain(&err)))?;
         Ok(Box::new(Connection { sender, driver }))
     }
 
     /// Puts a connection whose answer has ended back, if it can take another request.
-    fn release(
-        &self,
-        authority: &Authority,
-        mut connection: Box<Connection>,
-        cx: &mut Context<'_>,
-    ) {
+    fn release(&self, key: &str, mut connection: Box<Connection>, cx: &mut Context<'_>) {
         if !connection.ready(cx) {
             return;
         }
         let mut idle = lock(&self.idle);
-        let queue = match idle.get_mut(authority.as_str()) {
+        let queue = match idle.get_mut(key) {
             Some(queue) => queue,
-            None => idle.entry(authority.as_str().into()).or_default(),
+            None => idle.entry(key.into()).or_default(),
         };
         if queue.len() < MAX_IDLE_PER_BACKEND {
             queue.push_back(Idle {
@@ -223,7 +216,7 @@ impl Connections {
 /// Where a connection goes back to.
 struct Home {
     pool: Arc<Connections>,
-    authority: Authority,
+    key: Arc<str>,
 }
 
 /// The body of an answer, with the connection it arrives on: reading the body polls the
@@ -254,7 +247,7 @@ impl PooledBody {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
         if let Poll::Ready(None) = polled {
             if let Some(connection) = self.connection.take() {
-                self.home.pool.release(&self.home.authority, connection, cx);
+                self.home.pool.release(&self.home.key, connection, cx);
             }
         }
         polled
@@ -268,8 +261,8 @@ impl Drop for PooledBody {
         if self.body.is_end_stream() {
             if let Some(connection) = self.connection.take() {
                 let mut cx = Context::from_waker(Waker::noop());
-                let Home { pool, authority } = &self.home;
-                pool.release(authority, connection, &mut cx);
+                let Home { pool, key } = &self.home;
+                pool.release(key, connection, &mut cx);
             }
         }
     }

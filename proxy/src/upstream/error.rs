@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use pd_service::error_chain;
 use reqwest::header::HeaderValue;
 use reqwest::StatusCode;
 
@@ -44,16 +43,6 @@ pub(crate) enum UpstreamError {
 }
 
 impl UpstreamError {
-    pub(super) fn from_reqwest(err: &reqwest::Error, timeout: Duration) -> Self {
-        if err.is_timeout() {
-            UpstreamError::Timeout(timeout)
-        } else if err.is_connect() {
-            UpstreamError::Connect(error_chain(err))
-        } else {
-            UpstreamError::Broken(error_chain(err))
-        }
-    }
-
     /// The metric outcome.
     pub(crate) fn outcome(&self) -> CallOutcome {
         match self {

@@ -1,10 +1,12 @@
-//! Calling P and D: one shared HTTP client, each call bounded by the request's deadline (P's
-//! also by the prefill timeout) and counted on its backend until it ends (D's by the flow, which
-//! also holds it to its first-byte deadline).
+//! Calling P and D over the proxy's own kept-alive connections (plain HTTP or TLS), each call
+//! bounded by the request's deadline (P's also by the prefill timeout) and counted on its
+//! backend until it ends (D's by the flow, which also holds it to its first-byte deadline).
+//! reqwest's pooled client serves the rest: health checks, discovery, `/v1/models`.
 
 mod answer;
 mod connections;
 mod error;
+mod transport;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,9 +17,10 @@ use http_body_util::Full;
 use hyper::{Method, Request};
 use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE, HOST};
 use reqwest::StatusCode;
+use tokio_rustls::TlsConnector;
 
 pub(crate) use self::answer::Answer;
-use self::answer::{Head, Source};
+use self::answer::Head;
 use self::connections::Connections;
 pub(crate) use self::error::UpstreamError;
 use crate::config::Config;
@@ -70,7 +73,8 @@ impl Upstream {
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .tcp_nodelay(true)
             .build()?;
-        let connections = Connections::new(config.connect_timeout, POOL_IDLE_TIMEOUT);
+        let tls = TlsConnector::from(config.router.upstream_tls.rustls_http1());
+        let connections = Connections::new(tls, config.connect_timeout, POOL_IDLE_TIMEOUT);
         tokio::spawn(Connections::sweep_forever(
             Arc::downgrade(&connections),
             POOL_IDLE_TIMEOUT / 4,
@@ -96,42 +100,20 @@ impl Upstream {
     ) -> Result<Head, UpstreamError> {
         let mut deadline = Box::pin(tokio::time::sleep_until(due.into()));
         let sending = async {
-            match endpoint.plain() {
-                Some(target) => {
-                    let mut request = Request::new(Full::new(body));
-                    *request.method_mut() = Method::POST;
-                    *request.uri_mut() = target.origin.clone();
-                    *request.headers_mut() = headers;
-                    request.headers_mut().insert(HOST, target.host.clone());
-                    let response = self.connections.send(&target.authority, request).await?;
-                    let status = response.status();
-                    let content_type = response.headers().get(CONTENT_TYPE).cloned();
-                    let body = response.into_body();
-                    let content_length = body.exact_length();
-                    Ok((status, content_type, content_length, Source::Plain(body)))
-                }
-                None => {
-                    let response = self
-                        .client
-                        .post(endpoint.url().clone())
-                        .headers(headers)
-                        .body(body)
-                        .send()
-                        .await
-                        .map_err(|err| UpstreamError::from_reqwest(&err, timeout))?;
-                    let status = response.status();
-                    let content_type = response.headers().get(CONTENT_TYPE).cloned();
-                    let content_length = response.content_length();
-                    Ok((
-                        status,
-                        content_type,
-                        content_length,
-                        Source::Tls(response.bytes_stream().boxed()),
-                    ))
-                }
-            }
+            let target = endpoint.target();
+            let mut request = Request::new(Full::new(body));
+            *request.method_mut() = Method::POST;
+            *request.uri_mut() = target.origin.clone();
+            *request.headers_mut() = headers;
+            request.headers_mut().insert(HOST, target.host.clone());
+            let response = self.connections.send(target, request).await?;
+            let status = response.status();
+            let content_type = response.headers().get(CONTENT_TYPE).cloned();
+            let body = response.into_body();
+            let content_length = body.exact_length();
+            Ok::<_, UpstreamError>((status, content_type, content_length, body))
         };
-        let (status, content_type, content_length, source) = tokio::select! {
+        let (status, content_type, content_length, body) = tokio::select! {
             biased;
             sent = sending => sent?,
             () = &mut deadline => return Err(UpstreamError::Timeout(timeout)),
@@ -141,7 +123,7 @@ impl Upstream {
             content_type,
             content_length,
             body: Answer {
-                source,
+                body,
                 deadline,
                 due,
                 timeout,
