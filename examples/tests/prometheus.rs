@@ -188,8 +188,19 @@ fn dashboard_exprs(file: &str) -> Vec<String> {
         .collect()
 }
 
+/// The key of the proxy's one tenant (`--api-keys-file`): the tenants' panels have data.
+const TENANT_KEY: &str = "sk-prometheus";
+
 async fn traffic(proxy: &str, models: &[String], bootstrap: &str) {
-    let client = client();
+    let mut headers = reqwest::header::HeaderMap::new();
+    let bearer = format!("Bearer {TENANT_KEY}").parse().unwrap();
+    headers.insert(reqwest::header::AUTHORIZATION, bearer);
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(20))
+        .default_headers(headers)
+        .build()
+        .unwrap();
     for i in 0..12 {
         let body = json!({
             "model": models[0], "prompt": format!("prompt {i}"), "max_tokens": 3,
@@ -243,6 +254,13 @@ async fn dashboards_and_rules_work_on_a_real_prometheus() {
     spec.decodes = 1;
     spec.prefill_us_per_token = 10;
     spec.decode_ms_per_token = 1;
+    // A tenant with limits (its panel has data); /metrics left open to the scrapes.
+    let keys = run_dir.path().join("keys.toml");
+    let tenant = format!("[tenants.prom]\nkeys = [\"{TENANT_KEY}\"]\nrequests_per_second = 1000\n");
+    std::fs::write(&keys, tenant).unwrap();
+    let keys = keys.display().to_string();
+    spec.proxy_args
+        .extend(["--api-keys-file".into(), keys, "--metrics-open".into()]);
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");
     let proxy = cluster.proxy.url.clone();
     let bootstraps: Vec<String> = cluster.bootstraps.iter().map(|b| b.url.clone()).collect();

@@ -141,6 +141,8 @@ mod tests {
         metrics.fleet().admission().shed_reason("sheddable");
         let latency = metrics.fleet().latency();
         latency.observed(pd_router::latency::Kind::Ttft, Duration::ZERO, None);
+        // A keyed proxy's tenants have their series from the start.
+        metrics.tenants().known("t");
         let rendered = metrics.render();
         let dashboard = include_str!("../../../docs/grafana/pd-proxy.json");
         match pd_service::check_dashboard(dashboard, "pd_proxy_", &rendered) {
