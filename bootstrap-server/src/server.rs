@@ -224,7 +224,10 @@ impl Server {
     pub fn spawn(self) -> ServerHandle {
         let registry = self.state.registry.clone();
         ServerHandle {
-            server: Background::spawn(self.local_addr(), |shutdown| self.run(shutdown)),
+            server: {
+                let tls = self.tls.is_some();
+                Background::spawn(self.local_addr(), |shutdown| self.run(shutdown)).over_tls(tls)
+            },
             registry,
         }
     }
@@ -308,7 +311,7 @@ impl ServerHandle {
         self.server.addr()
     }
 
-    /// `http://ADDR`, the base URL clients use.
+    /// `http://ADDR` (`https://` over TLS), the base URL clients use.
     pub fn url(&self) -> String {
         self.server.url()
     }

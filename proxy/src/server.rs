@@ -67,14 +67,8 @@ impl Proxy {
             Some((host, port)) => Some(bind(host, *port).await?),
             None => None,
         };
-        let tenants = Tenants::load(config.api_keys_file.as_deref(), config.api_key.as_deref())?;
-        if let Some(tenants) = &tenants {
-            tenants
-                .names()
-                .iter()
-                .for_each(|name| metrics.tenants().known(name));
-            tenants.watch(pd_router::tenants::RELOAD_EVERY);
-        }
+        let (file, key) = (config.api_keys_file.as_deref(), config.api_key.as_deref());
+        let tenants = Tenants::start(file, key, metrics.tenants())?;
         let state = Arc::new(Shared::new(&config, upstream, metrics, tenants)?);
         Ok(Proxy {
             listener,
@@ -105,7 +99,8 @@ impl Proxy {
 
     /// Runs the proxy on a background task of the current runtime.
     pub fn spawn(self) -> ProxyHandle {
-        Background::spawn(self.local_addr(), |shutdown| self.run(shutdown))
+        let tls = self.tls.is_some();
+        Background::spawn(self.local_addr(), |shutdown| self.run(shutdown)).over_tls(tls)
     }
 
     /// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests finish

@@ -182,8 +182,8 @@ async fn check_config_prints_the_effective_configuration_and_names_mistakes() {
         "host = \"127.0.0.1\"  # default",
         "policy = \"cache_aware\"  # file",
         "request-timeout = 12  # env PD_PROXY_REQUEST_TIMEOUT",
-        "api-key = \"********\"  # command line",
-        "admin-key = \"********\"  # file",
+        "# api-key = <a secret, not shown>  # command line",
+        "# admin-key = <a secret, not shown>  # file",
         "[aliases]\n\"small\" = \"m\"",
         "valid",
     ] {
@@ -201,7 +201,7 @@ async fn check_config_prints_the_effective_configuration_and_names_mistakes() {
     let values = |text: &str| -> Vec<String> {
         let lines = text
             .lines()
-            .filter(|l| l.contains(" = ") && !l.contains("********"));
+            .filter(|l| l.contains(" = ") && !l.starts_with('#'));
         lines
             .map(|l| l.split("  #").next().unwrap().to_owned())
             .collect()

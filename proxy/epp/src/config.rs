@@ -13,6 +13,9 @@ use pd_router::config::{ConfigError, RouterConfig};
 use pd_router::flags::{headings, parse_args, with_env_prefix, FleetArgs};
 use pd_service::{parse_seconds_or_zero, LogFormat, TlsFiles};
 
+/// The admin listener's port when none is given.
+pub const DEFAULT_ADMIN_PORT: u16 = 9090;
+
 /// The prefills when no `--prefill` flag is given: comma-separated `URL[ PORT]` entries.
 pub const PREFILL_ENV: &str = "PD_EPP_PREFILL";
 
@@ -28,15 +31,20 @@ pub struct Args {
     #[arg(help_heading = headings::LISTEN, long, env = "PD_EPP_PORT", default_value_t = 9002)]
     pub port: u16,
     /// Port of the operator's HTTP listener: `GET /metrics`, `/health`, `/ready` and the
-    /// admin routes (`--metrics-port` is the older name).
+    /// admin routes (`--metrics-port` and PD_EPP_METRICS_PORT are the older names); 9090 when
+    /// not given.
     #[arg(
         help_heading = headings::ADMIN,
         long,
         visible_alias = "metrics-port",
         env = "PD_EPP_ADMIN_PORT",
-        default_value_t = 9090
+        value_name = "PORT"
     )]
-    pub admin_port: u16,
+    pub admin_port: Option<u16>,
+    /// The older variable of --admin-port, read when neither the flag nor PD_EPP_ADMIN_PORT
+    /// is set.
+    #[arg(long = "legacy-metrics-port", env = "PD_EPP_METRICS_PORT", hide = true)]
+    pub legacy_metrics_port: Option<u16>,
     /// Address of the --admin-port listener (default: --host).
     #[arg(help_heading = headings::ADMIN, long, env = "PD_EPP_ADMIN_HOST")]
     pub admin_host: Option<String>,
@@ -195,7 +203,9 @@ impl Args {
             admin_host: self.admin_host.unwrap_or_else(|| self.host.clone()),
             host: self.host,
             port: self.port,
-            admin_port: self.admin_port,
+            admin_port: (self.admin_port)
+                .or(self.legacy_metrics_port)
+                .unwrap_or(DEFAULT_ADMIN_PORT),
             tls: (self.tls_cert.zip(self.tls_key)).map(|(cert, key)| TlsFiles {
                 cert,
                 key,
@@ -242,15 +252,31 @@ mod tests {
 
     #[test]
     fn every_flag_has_a_heading_and_so_a_section_of_the_config_file() {
-        let command = Args::command();
-        for arg in command.get_arguments() {
-            let id = arg.get_id().as_str();
-            if ["help", "version", "config"].contains(&id) {
-                continue;
-            }
-            let heading = arg.get_help_heading();
-            let section = heading.and_then(headings::section_of);
-            assert!(section.is_some(), "--{id} is under {heading:?}");
-        }
+        let unplaced = headings::without_section(&Args::command());
+        assert!(unplaced.is_empty(), "{unplaced:?}");
+    }
+
+    #[test]
+    fn the_older_name_of_the_admin_port_still_works_in_a_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("epp.toml");
+        std::fs::write(&file, "[admin]\nmetrics-port = 9123\n").unwrap();
+        let argv = [
+            "pd-epp",
+            "--decode",
+            "http://d:1",
+            "--config",
+            file.to_str().unwrap(),
+        ];
+        let config = Args::try_parse_args(argv)
+            .unwrap()
+            .into_config(None)
+            .unwrap();
+        assert_eq!(config.admin_port, 9123);
+        let plain = Args::try_parse_args(["pd-epp", "--decode", "http://d:1"]).unwrap();
+        assert_eq!(
+            plain.into_config(None).unwrap().admin_port,
+            DEFAULT_ADMIN_PORT
+        );
     }
 }

@@ -57,8 +57,9 @@ const HEALTH_EVERY: Duration = Duration::from_millis(500);
 pub struct Epp {
     grpc: TcpListener,
     http: TcpListener,
-    /// TLS on both listeners (`--tls-cert`), if on.
-    tls: Option<ServerTls>,
+    /// TLS on both listeners (`--tls-cert`), if on: the admin listener's (HTTP/2 or
+    /// HTTP/1.1) and the gRPC listener's (HTTP/2 alone).
+    tls: Option<(ServerTls, ServerTls)>,
     shared: Arc<Shared>,
     draining: Draining,
 }
@@ -74,15 +75,15 @@ impl Epp {
             .build()?;
         let adapter_timeout = config.router.models.load_timeout;
         let router = Router::new(config.router, client, metrics.fleet().clone())?;
-        let tls = config.tls.as_ref().map(ServerTls::load).transpose()?;
-        let tenants = Tenants::load(config.api_keys_file.as_deref(), config.api_key.as_deref())?;
-        if let Some(tenants) = &tenants {
-            tenants
-                .names()
-                .iter()
-                .for_each(|name| metrics.tenants().known(name));
-            tenants.watch(pd_router::tenants::RELOAD_EVERY);
-        }
+        let tls = match &config.tls {
+            Some(files) => Some((
+                ServerTls::load(files)?,
+                ServerTls::load_offering(files, &[b"h2"])?,
+            )),
+            None => None,
+        };
+        let (file, key) = (config.api_keys_file.as_deref(), config.api_key.as_deref());
+        let tenants = Tenants::start(file, key, metrics.tenants())?;
         let grpc = bind(&config.host, config.port).await?;
         let http = bind(&config.admin_host, config.admin_port).await?;
         let shared = Arc::new(Shared {
@@ -166,14 +167,14 @@ impl Epp {
                 let _ = http_stopped.await;
             },
             ServeLimits {
-                tls: tls.clone(),
+                tls: tls.as_ref().map(|(admin, _)| admin.clone()),
                 ..ServeLimits::default()
             },
         ));
         let services = tonic::transport::Server::builder()
             .add_service(health)
             .add_service(service::ext_proc(shared));
-        let served = match tls {
+        let served = match tls.map(|(_, grpc)| grpc) {
             Some(tls) => {
                 let accepted = tls.accept_all(grpc, TLS_HANDSHAKE_TIMEOUT);
                 let incoming = ReceiverStream::new(accepted)

@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use pd_router::tenants::Tenants;
 use pd_service::tls::read_key_pair;
 
-use super::Args;
+use super::{Args, PREFILL_ENV};
 
 /// The subcommand's name.
 pub const CHECK_CONFIG: &str = "check-config";
@@ -29,7 +29,10 @@ pub fn check_config(argv: &[OsString], prefill_env: Option<&str>) -> Result<Stri
         .into_iter()
         .chain(flags.iter().cloned())
         .collect();
-    let (args, text) = Args::try_check_args(full).map_err(|err| err.to_string())?;
+    let (args, mut text) = Args::try_check_args(full).map_err(|err| err.to_string())?;
+    if let Some(env) = prefill_env.filter(|_| args.fleet.prefill_groups.is_empty()) {
+        text.push_str(&format!("\n# prefill: from {PREFILL_ENV}={env:?}\n"));
+    }
     let config = args
         .into_config(prefill_env)
         .map_err(|err| err.to_string())?;

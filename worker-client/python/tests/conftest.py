@@ -1,8 +1,11 @@
 """Fixtures: the real bootstrap-server binary on 127.0.0.1, one per test."""
 
+import contextlib
 import json
 import os
 import pathlib
+import re
+import signal
 import subprocess
 import tempfile
 import threading
@@ -87,3 +90,30 @@ def start_server(tmp_path: pathlib.Path) -> Iterator[Callable[..., Server]]:
 def server(start_server: Callable[..., Server]) -> Server:
     """A server with default flags."""
     return start_server()
+
+
+@contextlib.contextmanager
+def local_cluster(run_dir: pathlib.Path, *flags: str) -> Iterator[str]:
+    """A local P/D cluster of simulated engines (`pd-cluster`, no KV events) with `flags`, until
+    the block ends: the proxy's URL (http or https) once it runs; stopped with SIGINT after,
+    which must exit 0."""
+    bin_dir = server_binary().parent
+    cluster = subprocess.Popen(
+        [str(bin_dir / "pd-cluster"), "--bin-dir", str(bin_dir), "--run-dir", str(run_dir),
+         "--port", "0", "--no-kv-events", "--clean", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert cluster.stdout is not None
+    url, seen = None, []
+    for line in cluster.stdout:
+        seen.append(line)
+        found = re.match(r"\s+proxy: (https?://\S+)", line)
+        url = found.group(1) if found else url
+        if line.startswith("Press Ctrl-C"):
+            break
+    assert url, "".join(seen)
+    try:
+        yield url
+    finally:
+        cluster.send_signal(signal.SIGINT)
+        rest, _ = cluster.communicate(timeout=30)
+        assert cluster.returncode == 0, "".join(seen) + rest

@@ -2,38 +2,17 @@
 engines, `pd-cluster --models 2`): the models' list, completions and chat on each model and an
 adapter, and an unknown model as the SDK's NotFoundError."""
 
-import re
-import signal
-import subprocess
 from typing import Iterator
 
 import openai
 import pytest
-from conftest import server_binary
+from conftest import local_cluster
 
 
 @pytest.fixture
 def gateway(tmp_path) -> Iterator[str]:
-    bin_dir = server_binary().parent
-    cluster = subprocess.Popen(
-        [str(bin_dir / "pd-cluster"), "--bin-dir", str(bin_dir), "--run-dir", str(tmp_path / "run"),
-         "--port", "0", "--models", "2", "--no-kv-events", "--clean"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert cluster.stdout is not None
-    url, seen = None, []
-    for line in cluster.stdout:
-        seen.append(line)
-        found = re.match(r"\s+proxy: (http://\S+)", line)
-        url = found.group(1) if found else url
-        if line.startswith("Press Ctrl-C"):
-            break
-    assert url, "".join(seen)
-    try:
+    with local_cluster(tmp_path / "run", "--models", "2") as url:
         yield url
-    finally:
-        cluster.send_signal(signal.SIGINT)
-        rest, _ = cluster.communicate(timeout=30)
-        assert cluster.returncode == 0, "".join(seen) + rest
 
 
 def test_the_sdk_lists_every_model_and_calls_each(gateway: str) -> None:

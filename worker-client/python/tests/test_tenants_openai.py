@@ -4,15 +4,12 @@ headers of an answer, raises RateLimitError over the limit, and, left to retry, 
 retry-after-ms says and gets its answer."""
 
 import pathlib
-import re
-import signal
-import subprocess
 import time
 from typing import Iterator
 
 import openai
 import pytest
-from conftest import server_binary
+from conftest import local_cluster
 
 KEYS = """
 [tenants.slow]
@@ -25,27 +22,9 @@ requests_per_second = 1
 def limited_proxy(tmp_path: pathlib.Path) -> Iterator[str]:
     keys = tmp_path / "keys.toml"
     keys.write_text(KEYS)
-    bin_dir = server_binary().parent
-    cluster = subprocess.Popen(
-        [str(bin_dir / "pd-cluster"), "--bin-dir", str(bin_dir), "--run-dir", str(tmp_path / "run"),
-         "--port", "0", "--no-kv-events", "--clean", "--api-key", "sk-demo",
-         f"--proxy-arg=--api-keys-file={keys}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert cluster.stdout is not None
-    url, seen = None, []
-    for line in cluster.stdout:
-        seen.append(line)
-        found = re.match(r"\s+proxy: (http://\S+)", line)
-        url = found.group(1) if found else url
-        if line.startswith("Press Ctrl-C"):
-            break
-    assert url, "".join(seen)
-    try:
+    flags = ("--api-key", "sk-demo", f"--proxy-arg=--api-keys-file={keys}")
+    with local_cluster(tmp_path / "run", *flags) as url:
         yield url
-    finally:
-        cluster.send_signal(signal.SIGINT)
-        rest, _ = cluster.communicate(timeout=30)
-        assert cluster.returncode == 0, "".join(seen) + rest
 
 
 def test_the_sdk_reads_the_limits_and_waits_as_told(limited_proxy: str) -> None:

@@ -4,8 +4,6 @@ the CA alone, and names an unusable file; the OpenAI SDK talks to pd-proxy over 
 cluster with TLS everywhere (`pd-cluster --tls`)."""
 
 import pathlib
-import re
-import signal
 import ssl
 import subprocess
 from typing import Callable, Dict, Iterator
@@ -13,7 +11,7 @@ from typing import Callable, Dict, Iterator
 import httpx
 import openai
 import pytest
-from conftest import Server, server_binary
+from conftest import Server, local_cluster
 
 import pd_bootstrap as pd
 
@@ -74,27 +72,9 @@ def test_an_unusable_tls_file_is_named() -> None:
 
 @pytest.fixture
 def tls_cluster(tmp_path: pathlib.Path) -> Iterator[Dict[str, str]]:
-    bin_dir = server_binary().parent
     run_dir = tmp_path / "run"
-    cluster = subprocess.Popen(
-        [str(bin_dir / "pd-cluster"), "--bin-dir", str(bin_dir), "--run-dir", str(run_dir),
-         "--port", "0", "--no-kv-events", "--tls", "--clean"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert cluster.stdout is not None
-    url, seen = None, []
-    for line in cluster.stdout:
-        seen.append(line)
-        found = re.match(r"\s+proxy: (https://\S+)", line)
-        url = found.group(1) if found else url
-        if line.startswith("Press Ctrl-C"):
-            break
-    assert url, "".join(seen)
-    try:
+    with local_cluster(run_dir, "--tls") as url:
         yield {"url": url, "ca": str(run_dir / "tls" / "cluster-ca.pem")}
-    finally:
-        cluster.send_signal(signal.SIGINT)
-        rest, _ = cluster.communicate(timeout=30)
-        assert cluster.returncode == 0, "".join(seen) + rest
 
 
 def test_the_openai_sdk_over_https(tls_cluster: Dict[str, str]) -> None:

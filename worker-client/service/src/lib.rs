@@ -10,6 +10,7 @@
 //! servers' live pages ([`live_page`]), and their traces over OTLP ([`traces`]).
 
 mod bearer;
+mod connection;
 mod draining;
 mod gate;
 pub mod live_page;

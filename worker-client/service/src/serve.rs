@@ -6,31 +6,21 @@
 //! read timeout, `TCP_NODELAY` on every connection, and a bounded grace period at shutdown (after
 //! the not-ready delay of a [`Draining`] server, when it has one).
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::extract::{ConnectInfo, Request};
-use axum::http::header::CONNECTION;
-use axum::http::HeaderValue;
-use axum::response::Response;
 use axum::Router;
-use hyper::body::Incoming;
-use hyper::server::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioTimer;
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tower::ServiceExt;
 
+use crate::connection::Connection;
 use crate::draining::Draining;
-use crate::tls::{ClientCertified, ServerTls};
-use crate::wire_errors::{JsonWireErrors, WireErrorBody};
+use crate::tls::ServerTls;
+use crate::wire_errors::WireErrorBody;
 
 /// The listening socket could not be bound.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +50,8 @@ pub async fn bind(host: &str, port: u16) -> Result<TcpListener, BindError> {
 /// [`Background::shutdown`]. Tests and embedders start servers this way.
 pub struct Background<E> {
     addr: SocketAddr,
+    /// Whether it serves HTTPS (its URL's scheme).
+    tls: bool,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), E>>,
 }
@@ -77,6 +69,7 @@ impl<E: From<std::io::Error> + Send + 'static> Background<E> {
         })));
         Background {
             addr,
+            tls: false,
             stop: Some(stop),
             task,
         }
@@ -87,9 +80,16 @@ impl<E: From<std::io::Error> + Send + 'static> Background<E> {
         self.addr
     }
 
-    /// `http://ADDR`, the base URL clients use.
+    /// The same server, said to serve HTTPS when `tls` (its [`url`](Background::url)).
+    pub fn over_tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// `http://ADDR` (or `https://ADDR`), the base URL clients use.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Shuts the server down gracefully and waits until it has stopped.
@@ -168,7 +168,9 @@ pub async fn serve(
         // the memory of many slow clients.
         .max_buf_size(MAX_CONNECTION_BUFFER)
         .keep_alive(true);
-    let graceful = GracefulShutdown::new();
+    // Every connection holds a receiver: at shutdown each is told, and the server waits until
+    // every one is gone (the connections ended).
+    let (stop, stopping) = watch::channel(());
     tokio::pin!(shutdown);
     let slots = limits
         .max_connections
@@ -201,7 +203,7 @@ pub async fn serve(
             app: app.clone(),
             peer,
             http: http.clone(),
-            graceful: graceful.watcher(),
+            stop: stopping.clone(),
             limits: limits.clone(),
         };
         tokio::spawn(async move {
@@ -213,167 +215,15 @@ pub async fn serve(
     if let Some(draining) = &limits.draining {
         draining.stop();
     }
-    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
+    drop(stopping);
+    let _ = stop.send(());
+    if tokio::time::timeout(limits.shutdown_grace, stop.closed())
         .await
         .is_err()
     {
         tracing::warn!(grace = ?limits.shutdown_grace, "requests still running after the shutdown grace period were cut off");
     }
     Ok(())
-}
-
-/// One accepted connection and what serving it takes.
-struct Connection {
-    app: Router,
-    peer: SocketAddr,
-    http: http1::Builder,
-    graceful: Watcher,
-    limits: ServeLimits,
-}
-
-impl Connection {
-    /// Serves the connection until it ends: through TLS first when the listener has it.
-    async fn run(self, stream: TcpStream) {
-        let Some(tls) = self.limits.tls.clone() else {
-            return self.serve_http1(stream, false).await;
-        };
-        if !starts_tls(&stream, self.limits.header_read_timeout).await {
-            return refuse_plain_http(stream, self.limits.wire_error_body).await;
-        }
-        let handshake = tls.acceptor().accept(stream);
-        let stream = match tokio::time::timeout(self.limits.header_read_timeout, handshake).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(err)) => {
-                return tracing::debug!(peer = %self.peer, error = %err, "TLS handshake failed")
-            }
-            Err(_) => return tracing::debug!(peer = %self.peer, "TLS handshake timed out"),
-        };
-        let (_, session) = stream.get_ref();
-        let certified = session.peer_certificates().is_some_and(|c| !c.is_empty());
-        match session.alpn_protocol() {
-            Some(b"h2") => self.serve_http2(stream, certified).await,
-            _ => self.serve_http1(stream, certified).await,
-        }
-    }
-
-    /// The router as a hyper service: each request carries its peer (handlers and layers that
-    /// need it read it, e.g. write allow-lists) and whether its client certificate verified,
-    /// and its answer says `Connection: close` while the server drains.
-    fn service(
-        &self,
-        certified: bool,
-    ) -> impl hyper::service::Service<
-        Request<Incoming>,
-        Response = Response,
-        Error = Infallible,
-        Future = impl Future<Output = Result<Response, Infallible>> + Send + 'static,
-    > + Clone
-           + Send
-           + 'static {
-        let peer = self.peer;
-        let service = self
-            .app
-            .clone()
-            .map_request(move |request: Request<Incoming>| {
-                let mut request = request.map(Body::new);
-                request.extensions_mut().insert(ConnectInfo(peer));
-                if certified {
-                    request.extensions_mut().insert(ClientCertified);
-                }
-                request
-            });
-        let draining = self.limits.draining.clone();
-        TowerToHyperService::new(
-            service.map_response(move |response| close_if_draining(response, &draining)),
-        )
-    }
-
-    async fn serve_http1<I>(self, io: I, certified: bool)
-    where
-        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
-        let service = self.service(certified);
-        let ended = match self.limits.wire_error_body {
-            Some(render) => {
-                let io = TokioIo::new(JsonWireErrors::new(io, render));
-                (self.graceful)
-                    .watch(self.http.serve_connection(io, service))
-                    .await
-            }
-            None if self.limits.upgrades => {
-                // Not drained at shutdown (see `ServeLimits::upgrades`): no watcher held.
-                drop(self.graceful);
-                let io = TokioIo::new(io);
-                self.http
-                    .serve_connection(io, service)
-                    .with_upgrades()
-                    .await
-            }
-            None => {
-                let io = TokioIo::new(io);
-                (self.graceful)
-                    .watch(self.http.serve_connection(io, service))
-                    .await
-            }
-        };
-        if let Err(err) = ended {
-            tracing::debug!(peer = %self.peer, error = %err, "connection ended with an error");
-        }
-    }
-
-    async fn serve_http2<I>(self, io: I, certified: bool)
-    where
-        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
-        let mut http = http2::Builder::new(TokioExecutor::new());
-        http.timer(TokioTimer::new())
-            .max_concurrent_streams(MAX_HTTP2_STREAMS)
-            .max_header_list_size(MAX_CONNECTION_BUFFER as u32);
-        let connection = http.serve_connection(TokioIo::new(io), self.service(certified));
-        if let Err(err) = self.graceful.watch(connection).await {
-            tracing::debug!(peer = %self.peer, error = %err, "connection ended with an error");
-        }
-    }
-}
-
-/// The most requests one HTTP/2 connection may have in flight at once.
-const MAX_HTTP2_STREAMS: u32 = 256;
-
-/// Whether the client's first byte opens a TLS handshake (a record of type 22), waiting for it
-/// at most `timeout`. A client that sends nothing in time gets the handshake's own timeout.
-async fn starts_tls(stream: &TcpStream, timeout: Duration) -> bool {
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
-        Ok(Ok(1)) => first[0] == 0x16,
-        _ => true,
-    }
-}
-
-/// Answers a plain HTTP request on a TLS port with a 400 that says to use https, and closes.
-async fn refuse_plain_http(mut stream: TcpStream, render: Option<WireErrorBody>) {
-    let reason = "This port speaks TLS: use https://";
-    let body = render.map_or_else(|| reason.as_bytes().to_vec(), |render| render(400, reason));
-    let content_type = if render.is_some() {
-        "application/json"
-    } else {
-        "text/plain"
-    };
-    let mut answer = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    answer.extend_from_slice(&body);
-    let _ = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&answer)).await;
-    let _ = stream.shutdown().await;
-}
-
-/// `response`, with `Connection: close` while `draining`.
-fn close_if_draining(mut response: Response, draining: &Option<Draining>) -> Response {
-    if draining.as_ref().is_some_and(Draining::is_draining) {
-        (response.headers_mut()).insert(CONNECTION, HeaderValue::from_static("close"));
-    }
-    response
 }
 
 #[cfg(test)]

@@ -114,8 +114,10 @@ pub fn read_key_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> 
 
 /// When each file was last changed, and its size: a change of either means "read it again".
 fn stamp(files: &TlsFiles) -> Vec<Option<(SystemTime, u64)>> {
+    let client_ca = files.client_ca.iter();
     [&files.cert, &files.key]
-        .iter()
+        .into_iter()
+        .chain(client_ca)
         .map(|file| {
             let meta = std::fs::metadata(file).ok()?;
             Some((meta.modified().ok()?, meta.len()))
@@ -123,68 +125,93 @@ fn stamp(files: &TlsFiles) -> Vec<Option<(SystemTime, u64)>> {
         .collect()
 }
 
-/// Hands every handshake the certificate read last.
-#[derive(Debug)]
-struct Reloading {
-    files: TlsFiles,
-    current: RwLock<Arc<CertifiedKey>>,
+/// The rustls configuration of `files`, offering `alpn`.
+fn server_config(files: &TlsFiles, alpn: &[&[u8]]) -> Result<ServerConfig, TlsError> {
+    let crypto = crypto();
+    let certified = Arc::new(read_key_pair(&files.cert, &files.key)?);
+    let builder = ServerConfig::builder_with_provider(crypto.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|err| TlsError::new(&files.cert, err))?;
+    let builder = match &files.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let roots = Arc::new(read_roots(ca)?);
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots, crypto)
+                .allow_unauthenticated()
+                .build()
+                .map_err(|err| TlsError::new(ca, err))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(Fixed(certified)));
+    config.alpn_protocols = alpn.iter().map(|protocol| protocol.to_vec()).collect();
+    Ok(config)
 }
 
-impl ResolvesServerCert for Reloading {
+/// Hands every handshake the one certificate of a configuration.
+#[derive(Debug)]
+struct Fixed(Arc<CertifiedKey>);
+
+impl ResolvesServerCert for Fixed {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(
-            self.current
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
-        )
+        Some(self.0.clone())
     }
 }
 
-impl Reloading {
-    /// Re-reads the files; keeps the current certificate when they cannot be used.
+/// What a listener's connections are accepted with: the configuration read last.
+struct Current {
+    files: TlsFiles,
+    alpn: Vec<&'static [u8]>,
+    acceptor: RwLock<TlsAcceptor>,
+}
+
+impl Current {
+    /// Reads the files again; keeps the current configuration when they cannot be used.
     fn reload(&self) {
-        match read_key_pair(&self.files.cert, &self.files.key) {
-            Ok(certified) => {
-                *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(certified);
-                tracing::info!(cert = %self.files.cert.display(), "TLS certificate reloaded");
+        match server_config(&self.files, &self.alpn) {
+            Ok(config) => {
+                let acceptor = TlsAcceptor::from(Arc::new(config));
+                *self.acceptor.write().unwrap_or_else(|e| e.into_inner()) = acceptor;
+                tracing::info!(cert = %self.files.cert.display(), "TLS files reloaded");
             }
             Err(err) => {
-                tracing::warn!(error = %err, "the TLS files changed but cannot be used; the current certificate stays")
+                tracing::warn!(error = %err, "the TLS files changed but cannot be used; the current ones stay")
             }
         }
     }
 
     /// Checks the files every `every` and reloads them when they changed; ends when the
     /// listener is gone.
-    async fn watch(this: Weak<Reloading>, every: Duration) {
+    async fn watch(this: Weak<Current>, every: Duration) {
         let mut seen = match this.upgrade() {
-            Some(reloading) => stamp(&reloading.files),
+            Some(current) => stamp(&current.files),
             None => return,
         };
         loop {
             tokio::time::sleep(every).await;
-            let Some(reloading) = this.upgrade() else {
+            let Some(current) = this.upgrade() else {
                 return;
             };
-            let now = stamp(&reloading.files);
+            let now = stamp(&current.files);
             if now != seen {
                 seen = now;
-                reloading.reload();
+                current.reload();
             }
         }
     }
 }
 
-/// A listener's TLS: the acceptor its connections go through.
+/// A listener's TLS: what its connections are accepted with, re-read when the files change.
 #[derive(Clone)]
 pub struct ServerTls {
-    acceptor: TlsAcceptor,
+    current: Arc<Current>,
 }
 
 impl std::fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ServerTls")
+        f.debug_struct("ServerTls")
+            .field("cert", &self.current.files.cert)
+            .finish()
     }
 }
 
@@ -192,38 +219,26 @@ impl ServerTls {
     /// Loads `files` and starts watching them for changes (on the current runtime; the watch
     /// ends when the last clone of this is dropped). ALPN offers HTTP/2 and HTTP/1.1.
     pub fn load(files: &TlsFiles) -> Result<Self, TlsError> {
-        let crypto = crypto();
-        let certified = read_key_pair(&files.cert, &files.key)?;
-        let builder = ServerConfig::builder_with_provider(crypto.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|err| TlsError::new(&files.cert, err))?;
-        let builder = match &files.client_ca {
-            None => builder.with_no_client_auth(),
-            Some(ca) => {
-                let roots = Arc::new(read_roots(ca)?);
-                let verifier = WebPkiClientVerifier::builder_with_provider(roots, crypto.clone())
-                    .allow_unauthenticated()
-                    .build()
-                    .map_err(|err| TlsError::new(ca, err))?;
-                builder.with_client_cert_verifier(verifier)
-            }
-        };
-        let reloading = Arc::new(Reloading {
-            files: files.clone(),
-            current: RwLock::new(Arc::new(certified)),
-        });
-        let mut config = builder.with_cert_resolver(reloading.clone());
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        tokio::spawn(Reloading::watch(Arc::downgrade(&reloading), RELOAD_EVERY));
-        // The watch holds a weak reference; the acceptor's config holds the strong one.
-        Ok(ServerTls {
-            acceptor: TlsAcceptor::from(Arc::new(config)),
-        })
+        Self::load_offering(files, &[b"h2", b"http/1.1"])
     }
 
-    /// The acceptor that runs each connection's handshake.
-    pub(crate) fn acceptor(&self) -> &TlsAcceptor {
-        &self.acceptor
+    /// [`ServerTls::load`], ALPN offering `alpn` (a gRPC listener: `h2` alone).
+    pub fn load_offering(files: &TlsFiles, alpn: &[&'static [u8]]) -> Result<Self, TlsError> {
+        let config = server_config(files, alpn)?;
+        let current = Arc::new(Current {
+            files: files.clone(),
+            alpn: alpn.to_vec(),
+            acceptor: RwLock::new(TlsAcceptor::from(Arc::new(config))),
+        });
+        tokio::spawn(Current::watch(Arc::downgrade(&current), RELOAD_EVERY));
+        Ok(ServerTls { current })
+    }
+
+    /// The acceptor a new connection's handshake runs with.
+    pub(crate) fn acceptor(&self) -> TlsAcceptor {
+        (self.current.acceptor.read())
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Accepts connections on `listener` (with TCP_NODELAY) and runs each handshake on a task
@@ -236,7 +251,7 @@ impl ServerTls {
         timeout: Duration,
     ) -> mpsc::Receiver<TlsStream<TcpStream>> {
         let (sender, receiver) = mpsc::channel(ACCEPTED_BACKLOG);
-        let acceptor = self.acceptor.clone();
+        let tls = self.clone();
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -249,7 +264,7 @@ impl ServerTls {
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let (acceptor, sender) = (acceptor.clone(), sender.clone());
+                let (acceptor, sender) = (tls.acceptor(), sender.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
                         Ok(Ok(stream)) => {

@@ -26,9 +26,15 @@ fn app() -> Router {
 
 /// Serves [`app`] over TLS with `files`; returns the port.
 async fn start(files: &TlsFiles) -> u16 {
+    start_with(files, Duration::from_secs(30)).await
+}
+
+/// [`start`], silent connections closed after `header_read_timeout`.
+async fn start_with(files: &TlsFiles, header_read_timeout: Duration) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let limits = ServeLimits {
+        header_read_timeout,
         tls: Some(ServerTls::load(files).expect("usable TLS files")),
         wire_error_body: Some(|code, reason| {
             format!("{{\"code\":{code},\"error\":\"{reason}\"}}").into_bytes()
@@ -198,6 +204,29 @@ async fn client_certificates_are_verified_against_the_client_ca() {
     // A certificate from another CA is refused at the handshake.
     let forged = client(&ca, Some(&ca.client("forged"))).build().unwrap();
     assert!(forged.get(&url).send().await.is_err());
+
+    // The writers' CA replaced in place: its new writers are let in, the old ones no more.
+    let next = TestCa::new(dir.path(), "next");
+    std::fs::copy(&next.ca, &writers.ca).unwrap();
+    let next_writer = next.client("next-writer");
+    let started = Instant::now();
+    loop {
+        let fresh = client(&ca, Some(&next_writer)).build().unwrap();
+        if let Ok(answer) = fresh.get(&url).send().await {
+            assert_eq!(answer.text().await.unwrap(), "certified");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the new client CA was never read"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let old = client(&ca, Some(&writer)).build().unwrap();
+    assert!(
+        old.get(&url).send().await.is_err(),
+        "the old CA's writer is refused"
+    );
 }
 
 #[tokio::test]
@@ -262,4 +291,40 @@ async fn unusable_files_are_named_with_the_problem() {
             .to_string();
         assert!(err.contains(file) && err.contains(problem), "{err}");
     }
+}
+
+/// A client that completes the TLS handshake choosing HTTP/2 and then sends nothing (not even
+/// the preface) does not keep its connection: it is closed within about the header timeout.
+#[tokio::test]
+async fn a_silent_http2_connection_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "test");
+    let port = start_with(
+        &files(&ca.server("server"), None),
+        Duration::from_millis(400),
+    )
+    .await;
+    let roots = pd_service::tls::read_roots(&ca.ca).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(pd_service::tls::crypto())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let started = Instant::now();
+    let mut sink = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut sink)).await;
+    assert!(closed.is_ok(), "a silent HTTP/2 connection was kept");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
 }

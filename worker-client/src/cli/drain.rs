@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::Duration;
+use worker_client::ClientTls;
 
 use clap::{ArgGroup, Args};
 use pd_service::parse_seconds;
@@ -56,6 +57,7 @@ pub async fn drain(
     client: &BootstrapClient,
     args: DrainArgs,
     call_timeout: Duration,
+    tls: &ClientTls,
 ) -> Result<(), Failure> {
     // Bad proxy URLs are refused before anything is marked.
     let proxies = (args.wait_idle.iter())
@@ -89,6 +91,7 @@ pub async fn drain(
         admin_key: args.admin_key.as_deref().filter(|key| !key.is_empty()),
         call_timeout,
         timeout: args.idle_timeout,
+        tls,
     };
     let answered = wait.run().await?;
     println!(

@@ -12,6 +12,7 @@
 
 use std::net::SocketAddr;
 use std::time::Duration;
+use worker_client::ClientTls;
 
 use futures_util::future::join_all;
 use pd_protocol::proxy_admin::{BackendState, Backends};
@@ -109,6 +110,8 @@ pub struct IdleWait<'a> {
     pub call_timeout: Duration,
     /// The longest the whole wait may take.
     pub timeout: Duration,
+    /// What an `https://` proxy is trusted by and shown (`--ca-file`, `--cert-file`).
+    pub tls: &'a ClientTls,
 }
 
 impl IdleWait<'_> {
@@ -191,7 +194,7 @@ impl IdleWait<'_> {
 
     /// Asks one address of `proxy`; `None`: nothing listens there.
     async fn poll(&self, proxy: &Proxy, addr: SocketAddr, deadline: Instant) -> Option<Verdict> {
-        let client = match client_for(proxy, addr) {
+        let client = match client_for(proxy, addr, self.tls) {
             Ok(client) => client,
             Err(err) => return Some(Verdict::Busy(format!("cannot build an HTTP client: {err}"))),
         };
@@ -273,8 +276,12 @@ enum Asked<T> {
 /// A client whose connections to `proxy`'s host go to `addr`, while the URL keeps its host
 /// name (its `Host` header, its TLS name); and to no HTTP proxy: it asks one proxy replica, not
 /// whatever a forward proxy picks.
-fn client_for(proxy: &Proxy, addr: SocketAddr) -> reqwest::Result<reqwest::Client> {
-    (reqwest::Client::builder().no_proxy())
+fn client_for(
+    proxy: &Proxy,
+    addr: SocketAddr,
+    tls: &ClientTls,
+) -> reqwest::Result<reqwest::Client> {
+    (tls.apply(reqwest::Client::builder()).no_proxy())
         .resolve(&proxy.host, addr)
         .build()
 }

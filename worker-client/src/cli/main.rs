@@ -235,7 +235,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     })?;
     let mut builder = BootstrapClient::builder(&cli.url)
         .request_timeout(cli.timeout)
-        .tls(tls);
+        .tls(tls.clone());
     if let Some(token) = &cli.token {
         builder = builder.token(token);
     }
@@ -288,7 +288,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 .await?;
             println!("removed {removed} worker(s)");
         }
-        Command::Drain(args) => drain::drain(&client, args, cli.timeout).await?,
+        Command::Drain(args) => drain::drain(&client, args, cli.timeout, &tls).await?,
         Command::Query { engine_id, json } => {
             let topology = client.topology(engine_id.as_deref()).await?;
             if json {

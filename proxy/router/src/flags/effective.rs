@@ -1,6 +1,7 @@
 //! The effective configuration as text (`check-config`): a TOML file in the sections of the
-//! flags' headings, each flag's value with where it came from, secrets masked, then the
-//! models' tables. Read back with `--config`, it starts the same front door.
+//! flags' headings, each flag's value with where it came from, a secret as a comment saying it
+//! is set (never its value), then the models' tables. Read back with `--config` (the secrets
+//! given again by their variables), it starts the same front door.
 
 use std::fmt::Write;
 
@@ -13,9 +14,6 @@ use super::FileModels;
 
 /// Flags that are not configuration.
 const SKIPPED: [&str; 3] = ["help", "version", "config"];
-
-/// What a secret flag's value is shown as.
-const MASKED: &str = "\"********\"";
 
 /// The text of `parsed`'s configuration of `command`.
 pub(super) fn render(command: &Command, parsed: &Parsed) -> String {
@@ -61,9 +59,10 @@ fn line(arg: &Arg, parsed: &Parsed) -> Option<String> {
             words.join(" ")
         })
         .collect();
-    let value = if arg.is_hide_env_values_set() {
-        MASKED.to_owned()
-    } else if !arg.get_action().takes_values() {
+    if arg.is_hide_env_values_set() {
+        return Some(format!("# {long} = <a secret, not shown>  # {source}\n"));
+    }
+    let value = if !arg.get_action().takes_values() {
         groups.last().map_or("false", |v| v.as_str()).to_owned()
     } else if matches!(arg.get_action(), clap::ArgAction::Append) || groups.len() > 1 {
         let items: Vec<String> = groups.iter().map(|v| scalar(v)).collect();

@@ -248,15 +248,21 @@ impl Flag {
         at: &impl Fn(usize, String) -> FileError,
         offset: usize,
     ) -> Result<Flag, FileError> {
-        let long = key.replace('_', "-");
+        let named = key.replace('_', "-");
+        let names = |arg: &clap::Arg| {
+            let aliases = arg.get_all_aliases().unwrap_or_default();
+            arg.get_long() == Some(named.as_str()) || aliases.contains(&named.as_str())
+        };
         let arg = (command.get_arguments())
-            .find(|arg| arg.get_long() == Some(long.as_str()) && long != "config")
+            .find(|arg| names(arg) && named != "config" && !arg.is_hide_set())
             .ok_or_else(|| {
                 at(
                     offset,
-                    format!("`{long}` is not a {} flag", command.get_name()),
+                    format!("`{named}` is not a {} flag", command.get_name()),
                 )
             })?;
+        // Its own name, whatever alias the file used.
+        let long = arg.get_long().unwrap_or(&named).to_owned();
         let heading = (arg.get_help_heading())
             .and_then(|h| headings::SECTIONS.iter().find(|(name, _)| *name == h))
             .map(|(name, _)| *name);

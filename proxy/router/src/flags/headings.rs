@@ -36,6 +36,18 @@ pub fn section_of(heading: &str) -> Option<&'static str> {
         .map(|(_, section)| *section)
 }
 
+/// The flags of `command` under no section's heading (by id): what a front door's test keeps
+/// empty, so that every flag has its place in `--help` and in the config file. `--help`,
+/// `--version`, `--config` and hidden flags are left out.
+pub fn without_section(command: &clap::Command) -> Vec<String> {
+    (command.get_arguments())
+        .filter(|arg| !["help", "version", "config"].contains(&arg.get_id().as_str()))
+        .filter(|arg| !arg.is_hide_set())
+        .filter(|arg| arg.get_help_heading().and_then(section_of).is_none())
+        .map(|arg| arg.get_id().to_string())
+        .collect()
+}
+
 /// The heading of the config file's `section`.
 pub fn heading_of(section: &str) -> Option<&'static str> {
     SECTIONS

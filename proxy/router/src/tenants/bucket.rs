@@ -47,7 +47,7 @@ impl Bucket {
             return Ok(());
         }
         let wait = (cost <= self.capacity && self.rate > 0.0)
-            .then(|| Duration::from_secs_f64((cost - self.tokens) / self.rate));
+            .then(|| seconds((cost - self.tokens) / self.rate));
         Err(Short { wait })
     }
 
@@ -66,10 +66,27 @@ impl Bucket {
     pub fn until_full(&mut self, now: Instant) -> Duration {
         self.refill(now);
         match self.rate > 0.0 {
-            true => Duration::from_secs_f64((self.capacity - self.tokens).max(0.0) / self.rate),
+            true => seconds((self.capacity - self.tokens).max(0.0) / self.rate),
             false => Duration::ZERO,
         }
     }
+
+    /// The bucket with another size and rate that keeps what was used of this one (a tenant
+    /// whose limits change keeps what it has spent).
+    pub fn resized(&mut self, capacity: f64, rate: f64, now: Instant) -> Bucket {
+        let used = self.capacity - self.remaining(now);
+        Bucket {
+            capacity,
+            rate,
+            tokens: (capacity - used).clamp(0.0, capacity),
+            at: now,
+        }
+    }
+}
+
+/// `secs` as a duration, however large (a tiny rate makes a wait of ages).
+fn seconds(secs: f64) -> Duration {
+    Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(Duration::MAX)
 }
 
 #[cfg(test)]
@@ -91,5 +108,13 @@ mod tests {
         let much_later = start + Duration::from_secs(3600);
         assert_eq!(bucket.remaining(much_later), 10.0);
         assert_eq!(bucket.check(11.0, much_later).unwrap_err().wait, None);
+        // A rate so small the wait would overflow a duration: the longest one, no panic.
+        let mut slow = Bucket::new(1.0, 1e-300, start);
+        slow.take(1.0);
+        assert_eq!(
+            slow.check(1.0, start).unwrap_err().wait,
+            Some(Duration::MAX)
+        );
+        assert_eq!(slow.until_full(start), Duration::MAX);
     }
 }

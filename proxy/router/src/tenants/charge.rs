@@ -5,7 +5,9 @@
 //! quarter of the bytes of `prompt`, `messages`, `text` or `input_ids`), and its output tokens
 //! as the most it may generate (`max_tokens`, `max_completion_tokens`, SGLang's
 //! `sampling_params.max_new_tokens`; vLLM's default of 16 for a completion,
-//! [`UNBOUNDED_OUTPUT`] for a chat or `/generate` that names no limit).
+//! [`UNBOUNDED_OUTPUT`] for a chat or `/generate` that names no limit), for each of the answers
+//! it asks for (`n`, `best_of`, a batch of prompts). Numbers are read as the engines read them
+//! (`"64"` is 64); a negative one counts as 0.
 
 use std::time::Duration;
 
@@ -29,28 +31,58 @@ pub enum Api {
     Generate,
 }
 
+/// The most answers one request is charged for (a larger `n` is charged as this many).
+const MAX_COPIES: f64 = 1024.0;
+
 /// A request's charge: (prompt tokens, estimated; output tokens, at most).
 pub fn cost(api: Api, body: &Body<'_>) -> (f64, f64) {
     let size = |field: &str| body.get(field).map_or(0, |value| value.get().len());
     let prompt_bytes = size("prompt") + size("messages") + size("text") + size("input_ids");
-    let number = |field: &str| {
-        body.get(field)
-            .and_then(|value| value.get().trim().parse::<f64>().ok())
-            .filter(|n| n.is_finite() && *n >= 0.0)
-    };
+    let number = |field: &str| body.get(field).and_then(|value| number_in(value.get()));
     let sampling_max = || {
         let params = body.get("sampling_params")?;
         let params: serde_json::Value = serde_json::from_str(params.get()).ok()?;
-        params["max_new_tokens"].as_f64()
+        number_in(&params["max_new_tokens"].to_string())
     };
-    let output = match api {
+    let each = match api {
         Api::Completions => number("max_tokens").unwrap_or(COMPLETION_DEFAULT),
         Api::Chat => (number("max_completion_tokens"))
             .or_else(|| number("max_tokens"))
             .unwrap_or(UNBOUNDED_OUTPUT),
         Api::Generate => sampling_max().unwrap_or(UNBOUNDED_OUTPUT),
     };
-    ((prompt_bytes as f64 / 4.0).ceil(), output)
+    let copies = [number("n"), number("best_of")]
+        .into_iter()
+        .flatten()
+        .fold(1.0, f64::max)
+        .min(MAX_COPIES);
+    let batch = ["prompt", "text"]
+        .iter()
+        .find_map(|field| body.get(field).map(|value| prompts_in(value.get())))
+        .unwrap_or(1.0);
+    ((prompt_bytes as f64 / 4.0).ceil(), each * copies * batch)
+}
+
+/// A JSON number, or a string holding one; negative ones are 0.
+fn number_in(json: &str) -> Option<f64> {
+    let text = json.trim().trim_matches('"').trim();
+    let n = text.parse::<f64>().ok().filter(|n| n.is_finite())?;
+    Some(n.max(0.0))
+}
+
+/// How many prompts a `prompt` (or SGLang's `text`) holds: a list of strings or of token-id
+/// lists is a batch; a string or one list of token ids is one.
+fn prompts_in(json: &str) -> f64 {
+    let Ok(serde_json::Value::Array(items)) = serde_json::from_str::<serde_json::Value>(json)
+    else {
+        return 1.0;
+    };
+    match items.first() {
+        Some(serde_json::Value::String(_) | serde_json::Value::Array(_)) => {
+            (items.len() as f64).max(1.0)
+        }
+        _ => 1.0,
+    }
 }
 
 /// The `x-ratelimit-*` headers of `status`: `limit`, `remaining` and `reset` of the requests
@@ -123,6 +155,32 @@ mod tests {
             cost(Api::Generate, &Body::parse(generate).unwrap()),
             (2.0, 12.0)
         );
+    }
+
+    #[test]
+    fn every_answer_asked_for_is_charged_and_nothing_refills() {
+        let output = |body: &[u8], api| cost(api, &Body::parse(body).unwrap()).1;
+        let completion = |body: &[u8]| output(body, Api::Completions);
+        // Numbers as strings, as the engines coerce them.
+        assert_eq!(completion(br#"{"prompt":"p","max_tokens":"64"}"#), 64.0);
+        // n, best_of and batches multiply.
+        assert_eq!(completion(br#"{"prompt":"p","max_tokens":10,"n":3}"#), 30.0);
+        assert_eq!(
+            completion(br#"{"prompt":"p","max_tokens":10,"n":2,"best_of":5}"#),
+            50.0
+        );
+        assert_eq!(
+            completion(br#"{"prompt":["a","b","c"],"max_tokens":10}"#),
+            30.0
+        );
+        assert_eq!(completion(br#"{"prompt":[1,2,3],"max_tokens":10}"#), 10.0);
+        assert_eq!(completion(br#"{"prompt":[[1],[2]],"max_tokens":10}"#), 20.0);
+        let batch = br#"{"text":["a","b"],"sampling_params":{"max_new_tokens":7}}"#;
+        assert_eq!(output(batch, Api::Generate), 14.0);
+        // A negative ask is charged nothing, never refills.
+        let negative = br#"{"text":"a","sampling_params":{"max_new_tokens":-1e12}}"#;
+        assert_eq!(output(negative, Api::Generate), 0.0);
+        assert_eq!(completion(br#"{"prompt":"p","max_tokens":-5}"#), 0.0);
     }
 
     #[test]

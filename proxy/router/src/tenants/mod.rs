@@ -142,22 +142,66 @@ pub struct Tenant {
     name: Arc<str>,
     limits: Limits,
     buckets: Mutex<Buckets>,
-    in_flight: AtomicU32,
+    /// Its requests in flight (shared with the tenant it replaces when its limits change).
+    in_flight: Arc<AtomicU32>,
+}
+
+/// A bucket's size and rate for a limit: requests per second (bursts of a second's worth, at
+/// least one request).
+fn requests_bucket(rate: f64) -> (f64, f64) {
+    (rate.max(1.0), rate)
+}
+
+/// A bucket's size and rate for tokens per minute.
+fn tokens_bucket(per_minute: f64) -> (f64, f64) {
+    (per_minute, per_minute / 60.0)
 }
 
 impl Tenant {
     fn new(name: &str, limits: Limits, now: Instant) -> Self {
-        let per_minute = |rate: f64| Bucket::new(rate, rate / 60.0, now);
+        let bucket = |(capacity, rate): (f64, f64)| Bucket::new(capacity, rate, now);
         Tenant {
             name: Arc::from(name),
             limits,
             buckets: Mutex::new(Buckets {
-                requests: (limits.requests_per_second)
-                    .map(|rate| Bucket::new(rate.max(1.0), rate, now)),
-                prompt: limits.prompt_tokens_per_minute.map(per_minute),
-                output: limits.output_tokens_per_minute.map(per_minute),
+                requests: limits.requests_per_second.map(requests_bucket).map(bucket),
+                prompt: limits
+                    .prompt_tokens_per_minute
+                    .map(tokens_bucket)
+                    .map(bucket),
+                output: limits
+                    .output_tokens_per_minute
+                    .map(tokens_bucket)
+                    .map(bucket),
             }),
-            in_flight: AtomicU32::new(0),
+            in_flight: Arc::default(),
+        }
+    }
+
+    /// `old` under new `limits`: its requests in flight still count, and each limit it had
+    /// keeps what was used of it (up to the new size).
+    fn after(old: &Tenant, limits: Limits, now: Instant) -> Self {
+        let mut before = lock(&old.buckets);
+        let carry = |old: &mut Option<Bucket>, sized: Option<(f64, f64)>| {
+            let (capacity, rate) = sized?;
+            Some(match old {
+                Some(bucket) => bucket.resized(capacity, rate, now),
+                None => Bucket::new(capacity, rate, now),
+            })
+        };
+        let requests = limits.requests_per_second.map(requests_bucket);
+        let prompt = limits.prompt_tokens_per_minute.map(tokens_bucket);
+        let output = limits.output_tokens_per_minute.map(tokens_bucket);
+        let buckets = Buckets {
+            requests: carry(&mut before.requests, requests),
+            prompt: carry(&mut before.prompt, prompt),
+            output: carry(&mut before.output, output),
+        };
+        Tenant {
+            name: old.name.clone(),
+            limits,
+            buckets: Mutex::new(buckets),
+            in_flight: old.in_flight.clone(),
         }
     }
 
@@ -190,7 +234,7 @@ impl Tenant {
                 });
             }
         }
-        let held = InFlight(self.limits.max_concurrent_requests.map(|_| self.clone()));
+        let held = InFlight((self.limits.max_concurrent_requests).map(|_| self.in_flight.clone()));
         let mut buckets = lock(&self.buckets);
         if let Some(requests) = &mut buckets.requests {
             if let Err(short) = requests.check(1.0, now) {
@@ -212,6 +256,8 @@ impl Tenant {
     /// Charges a request's tokens (`prompt` estimated, `output` its `max_tokens`): both must
     /// fit, or neither is taken.
     pub fn charge(&self, prompt: f64, output: f64, now: Instant) -> Result<RateStatus, Limited> {
+        // A cost is never negative (that would fill the bucket).
+        let (prompt, output) = (prompt.max(0.0), output.max(0.0));
         let mut buckets = lock(&self.buckets);
         let limits = [
             (
@@ -281,12 +327,12 @@ impl Tenant {
 
 /// A request's place among its tenant's requests in flight, given back when dropped.
 #[derive(Debug)]
-pub struct InFlight(Option<Arc<Tenant>>);
+pub struct InFlight(Option<Arc<AtomicU32>>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some(tenant) = &self.0 {
-            tenant.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if let Some(in_flight) = &self.0 {
+            in_flight.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -314,18 +360,17 @@ struct Directory {
 }
 
 impl Directory {
-    /// The directory of `entries`, keeping the tenants of `old` whose limits did not change
-    /// (so that they keep their buckets and their requests in flight).
+    /// The directory of `entries`, keeping the tenants of `old` (their buckets and their
+    /// requests in flight, whether their limits changed or not).
     fn build(entries: &[TenantEntry], old: Option<&Directory>, now: Instant) -> Self {
         let mut directory = Directory::default();
         for entry in entries {
-            let kept = old.and_then(|old| {
-                (old.tenants.iter())
-                    .find(|t| *t.name == *entry.name && t.limits == entry.limits)
-                    .cloned()
-            });
-            let tenant =
-                kept.unwrap_or_else(|| Arc::new(Tenant::new(&entry.name, entry.limits, now)));
+            let before = old.and_then(|old| old.tenants.iter().find(|t| *t.name == *entry.name));
+            let tenant = match before {
+                Some(same) if same.limits == entry.limits => same.clone(),
+                Some(changed) => Arc::new(Tenant::after(changed, entry.limits, now)),
+                None => Arc::new(Tenant::new(&entry.name, entry.limits, now)),
+            };
             for key in &entry.keys {
                 let hash = directory.hasher.hash_one(key.as_bytes());
                 let found = directory.keys.entry(hash).or_default();
@@ -373,6 +418,21 @@ impl Tenants {
         *tenants.directory.write().unwrap_or_else(|e| e.into_inner()) =
             Arc::new(Directory::build(&entries, None, Instant::now()));
         Ok(Some(Arc::new(tenants)))
+    }
+
+    /// [`Tenants::load`], every tenant's metric series made, and the keys file watched (on the
+    /// current runtime): what a front door starts with.
+    pub fn start(
+        file: Option<&Path>,
+        flag_key: Option<&str>,
+        metrics: &metrics::TenantMetrics,
+    ) -> Result<Option<Arc<Tenants>>, KeysFileError> {
+        let tenants = Tenants::load(file, flag_key)?;
+        if let Some(tenants) = &tenants {
+            tenants.names().iter().for_each(|name| metrics.known(name));
+            tenants.watch(RELOAD_EVERY);
+        }
+        Ok(tenants)
     }
 
     /// The file's tenants and the flag's.

@@ -119,8 +119,59 @@ fn a_reload_keeps_the_state_of_tenants_whose_limits_stay() {
     assert!(Arc::ptr_eq(&a, &a_again), "same limits: same buckets");
     assert_eq!(a_again.arrive(now).unwrap_err().kind, LimitKind::Requests);
     assert!(tenant_of(&tenants, "kb").is_none() && tenant_of(&tenants, "kc").is_some());
+    // Changed limits keep what the tenant used: its requests in flight and its buckets.
+    let c = tenant_of(&tenants, "kc").unwrap();
+    let text = "[tenants.a]\nkeys = [\"ka-new\"]\nrequests_per_second = 2\n\
+                max_concurrent_requests = 1\n[tenants.c]\nkeys = [\"kc\"]\n";
+    std::fs::write(file.path(), text).unwrap();
+    tenants.reload();
+    let a_changed = tenant_of(&tenants, "ka-new").unwrap();
+    assert!(!Arc::ptr_eq(&a, &a_changed));
+    assert!(Arc::ptr_eq(&c, &tenant_of(&tenants, "kc").unwrap()));
+    let held = a_changed
+        .arrive(now)
+        .expect("a second request fits the new rate");
+    assert_eq!(
+        a_changed.arrive(now).unwrap_err().kind,
+        LimitKind::Concurrency
+    );
+    drop(held);
+    let later = now + Duration::from_secs(5);
+    let held = a_changed.arrive(later).unwrap();
+    let text = "[tenants.a]\nkeys = [\"ka-new\"]\nmax_concurrent_requests = 1\n";
+    std::fs::write(file.path(), text).unwrap();
+    tenants.reload();
+    let a_again = tenant_of(&tenants, "ka-new").unwrap();
+    let busy = a_again.arrive(later).unwrap_err();
+    assert_eq!(
+        busy.kind,
+        LimitKind::Concurrency,
+        "its request is still in flight"
+    );
+    drop(held);
+    assert!(a_again.arrive(later).is_ok());
     // A broken file leaves the keys as they were.
     std::fs::write(file.path(), "[tenants.a\n").unwrap();
     tenants.reload();
     assert!(tenant_of(&tenants, "ka-new").is_some());
+}
+
+#[test]
+fn a_negative_or_enormous_cost_neither_refills_nor_panics() {
+    let now = Instant::now();
+    let limits = Limits {
+        output_tokens_per_minute: Some(100.0),
+        requests_per_second: Some(1e-20),
+        ..Limits::default()
+    };
+    let tenant = Arc::new(Tenant::new("t", limits, now));
+    tenant.charge(0.0, 100.0, now).unwrap();
+    tenant.charge(0.0, -1e12, now).unwrap();
+    let over = tenant.charge(0.0, 1.0, now).unwrap_err();
+    assert_eq!(over.kind, LimitKind::OutputTokens);
+    // One request fits a tiny rate; the next is told to wait ages, and the status renders.
+    tenant.arrive(now).unwrap();
+    let refused = tenant.arrive(now).unwrap_err();
+    assert_eq!(refused.retry_after, Some(Duration::MAX));
+    assert!(refused.status.requests.is_some());
 }
