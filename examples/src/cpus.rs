@@ -1,8 +1,8 @@
-//! Splitting the machine's CPUs between a benchmark and the systems it measures: the benchmark
-//! (load generator and in-process mock engines) on one CPU, every process it starts on the
-//! others. On a small machine the systems then each get the same dedicated CPUs instead of
-//! sharing them with the load they are sent, so their throughputs compare the systems, not how
-//! much room the load generator left them.
+//! Splitting the machine's CPUs between a benchmark and the systems it measures: every process
+//! the benchmark starts on the last N CPUs it may use, the benchmark itself (load generator and
+//! in-process mock engines) on the others. The systems then each get the same dedicated CPUs
+//! instead of sharing them with the load they are sent, so their throughputs compare the
+//! systems per core, not how much room the load generator left them.
 
 use std::sync::OnceLock;
 
@@ -12,30 +12,32 @@ static CHILD_CPUS: OnceLock<libc::cpu_set_t> = OnceLock::new();
 /// Which CPUs went where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Split {
-    /// The calling process's CPU.
-    pub own: usize,
+    /// The calling process's CPUs.
+    pub own: Vec<usize>,
     /// The CPUs of the processes it starts.
     pub children: Vec<usize>,
 }
 
-/// Pins the calling thread (and so every thread it starts later, such as an async runtime's
-/// workers) to the first CPU it may run on, and every process started afterwards through
-/// [`crate::process`] to the others. Call it before any other thread starts.
-pub fn split() -> Result<Split, String> {
+/// Pins every process started from now on through [`crate::process`] to the last `children`
+/// CPUs the caller may run on, and the calling thread (and so every thread it starts later,
+/// such as an async runtime's workers) to the others; `None` leaves the caller one CPU. Call it
+/// before any other thread starts.
+pub fn split(children: Option<usize>) -> Result<Split, String> {
     let allowed = allowed_cpus()?;
-    let [own, children @ ..] = allowed.as_slice() else {
-        return Err("no CPU is allowed".to_owned());
-    };
-    if children.is_empty() {
+    let children = children.unwrap_or(allowed.len().saturating_sub(1));
+    if children == 0 || children >= allowed.len() {
         return Err(format!(
-            "only CPU {own} is allowed: splitting needs at least two"
+            "{children} CPUs for the systems under test out of the {} allowed ({allowed:?}): \
+             the benchmark needs one or more of its own, and they at least one",
+            allowed.len()
         ));
     }
-    set_affinity(&cpu_set(&[*own])).map_err(|err| format!("sched_setaffinity: {err}"))?;
-    // A second split keeps the first one's children: the calling thread is then on one CPU.
+    let (own, children) = allowed.split_at(allowed.len() - children);
+    set_affinity(&cpu_set(own)).map_err(|err| format!("sched_setaffinity: {err}"))?;
+    // A second split keeps the first one's children.
     let _ = CHILD_CPUS.set(cpu_set(children));
     Ok(Split {
-        own: *own,
+        own: own.to_vec(),
         children: children.to_vec(),
     })
 }

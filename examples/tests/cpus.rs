@@ -1,6 +1,6 @@
-//! `pd-bench --pin`'s CPU split as a benchmark uses it: after the split the calling thread runs
-//! on one CPU and every process started through `pd_examples::process` on the others. A test
-//! binary of its own, since the split pins the thread that calls it.
+//! `pd-bench --proxy-cpus`'s CPU split as a benchmark uses it: after the split every process
+//! started through `pd_examples::process` runs on the last CPUs and the calling thread on the
+//! others. A test binary of its own, since the split pins the thread that calls it.
 
 use std::path::Path;
 
@@ -31,10 +31,15 @@ async fn processes_started_after_a_split_run_on_the_other_cpus() {
         eprintln!("skipped: this test needs two CPUs, it may use {before:?}");
         return;
     }
-    let split = cpus::split().expect("split the CPUs");
-    assert_eq!(split.own, before[0]);
-    assert_eq!(split.children, before[1..]);
-    assert_eq!(allowed_cpus("/proc/thread-self/status"), vec![split.own]);
+    // More CPUs than there are, or none, for the systems: refused, nothing pinned.
+    assert!(cpus::split(Some(before.len())).is_err());
+    assert!(cpus::split(Some(0)).is_err());
+    assert_eq!(allowed_cpus("/proc/thread-self/status"), before);
+
+    let split = cpus::split(Some(1)).expect("split the CPUs");
+    assert_eq!(split.own, before[..before.len() - 1]);
+    assert_eq!(split.children, [before[before.len() - 1]]);
+    assert_eq!(allowed_cpus("/proc/thread-self/status"), split.own);
 
     let dir = tempfile::tempdir().expect("a run folder");
     let mut sleeper = spawn(

@@ -315,6 +315,26 @@ pub fn get(host: &str, path: &str) -> Request<Full<Bytes>> {
         .expect("a valid request")
 }
 
+/// Raises this process's limit of open files (and so its children's) to the hard limit: every
+/// client in flight holds a socket, and each system under test opens more for its backends.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the one struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        limit.rlim_cur = limit.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(limit.rlim_cur)
+}
+
 /// CPU time and peak memory of a process, read from `/proc`.
 #[derive(Debug, Clone, Copy)]
 pub struct ProcessUsage {
@@ -326,6 +346,11 @@ pub struct ProcessUsage {
     pub peak_rss: u64,
     /// Current resident set size (VmRSS), in bytes.
     pub rss: u64,
+    /// Context switches of its live threads so far ...
+    pub switches: u64,
+    /// ... of which voluntary: a thread gave up its CPU to wait (for a socket, a lock, work)
+    /// and had to be woken again.
+    pub wakeups: u64,
 }
 
 impl ProcessUsage {
@@ -349,13 +374,40 @@ impl ProcessUsage {
                 .unwrap_or(0)
                 * 1024
         };
+        let (voluntary, involuntary) = thread_switches(pid);
         Some(ProcessUsage {
             cpu: seconds(user_ticks + kernel_ticks),
             kernel: seconds(kernel_ticks),
             peak_rss: kb("VmHWM:"),
             rss: kb("VmRSS:"),
+            switches: voluntary + involuntary,
+            wakeups: voluntary,
         })
     }
+}
+
+/// The voluntary and involuntary context switches of every live thread of `pid`, from each
+/// thread's `/proc/PID/task/TID/status` (the process's own status counts its first thread only).
+fn thread_switches(pid: u32) -> (u64, u64) {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return (0, 0);
+    };
+    let count = |status: &str, key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    threads
+        .flatten()
+        .filter_map(|thread| std::fs::read_to_string(thread.path().join("status")).ok())
+        .fold((0, 0), |(voluntary, involuntary), status| {
+            (
+                voluntary + count(&status, "voluntary_ctxt_switches:"),
+                involuntary + count(&status, "nonvoluntary_ctxt_switches:"),
+            )
+        })
 }
 
 #[cfg(test)]
@@ -384,5 +436,10 @@ mod tests {
         assert!(usage.peak_rss > 0 && usage.cpu > Duration::ZERO);
         // 300 ms of HTTP over loopback spends some of its time in system calls.
         assert!(usage.kernel > Duration::ZERO && usage.kernel < usage.cpu);
+        // The runtime's threads waited for the sockets, and were woken.
+        assert!(
+            usage.wakeups > 0 && usage.switches >= usage.wakeups,
+            "{usage:?}"
+        );
     }
 }

@@ -112,7 +112,11 @@ async fn answer(body: Bytes, tail_gap: Option<Duration>) -> Response {
             Body::from_stream(futures_util::StreamExt::then(
                 parts,
                 |(bytes, wait)| async move {
-                    tokio::time::sleep(wait).await;
+                    // Not even a zero sleep for the first event: the timer's millisecond ticks
+                    // would delay it by up to one, hiding what a proxy adds.
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                    }
                     Ok::<_, std::convert::Infallible>(bytes)
                 },
             ))

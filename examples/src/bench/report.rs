@@ -29,6 +29,10 @@ pub struct Row {
     pub cpu_us_per_request: Option<f64>,
     /// The kernel's part of `cpu_us_per_request` (system calls and their TCP traffic).
     pub kernel_us_per_request: Option<f64>,
+    /// Context switches of the server under test's threads per successful request ...
+    pub switches_per_request: Option<f64>,
+    /// ... of which wake-ups (voluntary switches: a thread waited and was woken).
+    pub wakeups_per_request: Option<f64>,
     /// Peak RSS of the server under test.
     pub peak_rss_mib: Option<f64>,
 }
@@ -43,12 +47,15 @@ impl Row {
         before: Option<ProcessUsage>,
         after: Option<ProcessUsage>,
     ) -> Self {
-        let per_request = |time: fn(&ProcessUsage) -> Duration| match (before, after) {
+        let per_request = |amount: fn(&ProcessUsage) -> f64| match (before, after) {
             (Some(b), Some(a)) if report.ok > 0 => {
-                Some(time(&a).saturating_sub(time(&b)).as_secs_f64() * 1e6 / report.ok as f64)
+                Some((amount(&a) - amount(&b)).max(0.0) / report.ok as f64)
             }
             _ => None,
         };
+        fn micros(time: Duration) -> f64 {
+            time.as_secs_f64() * 1e6
+        }
         Row {
             scenario: scenario.to_owned(),
             system: system.to_owned(),
@@ -58,8 +65,10 @@ impl Row {
             p99_ms: report.quantile_ms(0.99),
             p999_ms: report.quantile_ms(0.999),
             errors: report.errors,
-            cpu_us_per_request: per_request(|u| u.cpu),
-            kernel_us_per_request: per_request(|u| u.kernel),
+            cpu_us_per_request: per_request(|u| micros(u.cpu)),
+            kernel_us_per_request: per_request(|u| micros(u.kernel)),
+            switches_per_request: per_request(|u| u.switches as f64),
+            wakeups_per_request: per_request(|u| u.wakeups as f64),
             peak_rss_mib: after.map(|a| a.peak_rss as f64 / (1024.0 * 1024.0)),
         }
     }
@@ -69,7 +78,7 @@ impl Row {
         let opt =
             |v: Option<f64>, digits: usize| v.map_or("-".to_owned(), |v| format!("{v:.digits$}"));
         format!(
-            "| {} | {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {} | {} | {} | {} | {} |",
             self.scenario,
             self.system,
             self.concurrency,
@@ -80,13 +89,15 @@ impl Row {
             self.errors,
             opt(self.cpu_us_per_request, 1),
             opt(self.kernel_us_per_request, 1),
+            opt(self.switches_per_request, 3),
+            opt(self.wakeups_per_request, 3),
             opt(self.peak_rss_mib, 1),
         )
     }
 }
 
 /// The table header.
-pub const HEADER: &str = "| scenario | system | conc. | req/s | p50 ms | p99 ms | p99.9 ms | errors | server CPU µs/req | of which kernel | server peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|";
+pub const HEADER: &str = "| scenario | system | conc. | req/s | p50 ms | p99 ms | p99.9 ms | errors | server CPU µs/req | of which kernel | context switches/req | of which wake-ups | server peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
 /// A Markdown table of `rows`.
 /// Requests per second of every (scenario, system), one bar per concurrency level, as SVG.

@@ -47,10 +47,14 @@ struct Args {
     /// under its own cluster name) instead of the embedded store.
     #[arg(long)]
     store: Option<String>,
-    /// Run the benchmark itself (load generator, mock engines) on the first CPU it may use and
-    /// every system it starts on the others, so that each system is measured on the same
-    /// dedicated CPUs instead of sharing them with the load (needs two CPUs or more).
-    #[arg(long)]
+    /// Run every system under test (pd-proxy, the peers, bootstrap-server, the engines it
+    /// starts) on the last N CPUs this program may use and the benchmark itself (load
+    /// generator, mock engines) on the others, so that the systems are compared per core on the
+    /// same dedicated CPUs instead of sharing them with the load.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    proxy_cpus: Option<u16>,
+    /// `--proxy-cpus` with every CPU but one.
+    #[arg(long, conflicts_with = "proxy_cpus")]
     pin: bool,
     #[command(subcommand)]
     suite: Suite,
@@ -75,8 +79,10 @@ fn placement(split: Option<&pd_examples::cpus::Split>) -> String {
     match split {
         None => "every process on every CPU".to_owned(),
         Some(split) => format!(
-            "pd-bench (load generator, mock engines) on CPU {}, the systems it starts on CPUs {:?} (`--pin`)",
-            split.own, split.children
+            "pd-bench (load generator, mock engines) on CPUs {:?}, the systems it starts on CPUs {:?} (`--proxy-cpus {}`)",
+            split.own,
+            split.children,
+            split.children.len()
         ),
     }
 }
@@ -365,12 +371,17 @@ fn main() -> std::process::ExitCode {
     let args = Args::parse();
     // Read before a split narrows what this process may use.
     let mut machine = machine();
-    if args.pin {
-        // Before the runtime starts, so that its threads inherit the CPU.
-        match pd_examples::cpus::split() {
+    // Every client connection and every system's connections fit: 1,024 clients in flight
+    // open a few thousand sockets, over the usual soft limit of 1,024.
+    if let Err(err) = pd_examples::bench::loadgen::raise_open_files_limit() {
+        eprintln!("warning: cannot raise the open files limit: {err}");
+    }
+    if args.pin || args.proxy_cpus.is_some() {
+        // Before the runtime starts, so that its threads inherit the CPUs.
+        match pd_examples::cpus::split(args.proxy_cpus.map(usize::from)) {
             Ok(split) => machine = format!("{machine}; {}", placement(Some(&split))),
             Err(err) => {
-                eprintln!("error: --pin: {err}");
+                eprintln!("error: --proxy-cpus: {err}");
                 return std::process::ExitCode::FAILURE;
             }
         }
