@@ -11,7 +11,9 @@ use pd_service::{disable_transparent_huge_pages, drain_on_signal, init_logging};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
+/// The control plane's runtime (discovery, health checks, KV events, reloads, the operator's
+/// listener): clients are served on threads of their own (`--serving-threads`).
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     disable_transparent_huge_pages();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();

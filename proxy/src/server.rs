@@ -7,7 +7,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
-use pd_service::{bind, serve, Background, BindError, Draining, ServeLimits, ServerTls, TlsError};
+use pd_service::{
+    bind, bind_shared, serve, serve_on_cores, serving_threads, Background, BindError, Draining,
+    ServeLimits, ServerTls, TlsError,
+};
 use tokio::net::TcpListener;
 
 use pd_router::tenants::{KeysFileError, Tenants};
@@ -47,7 +50,8 @@ pub enum ProxyError {
 
 /// A bound proxy, ready to [`run`](Proxy::run).
 pub struct Proxy {
-    listener: TcpListener,
+    /// The serving port's listeners, one per serving thread (`--serving-threads`).
+    listeners: Vec<TcpListener>,
     /// The operator's listener (`--admin-port`), if any.
     admin: Option<TcpListener>,
     /// HTTPS on both listeners (`--tls-cert`), if on.
@@ -60,9 +64,10 @@ impl Proxy {
     /// Builds the backend pool and the HTTP client and binds the socket.
     pub async fn bind(config: Config) -> Result<Self, ProxyError> {
         let metrics = Arc::new(Metrics::new());
-        let upstream = Upstream::new(&config)?;
+        let threads = serving_threads(config.serving_threads);
+        let upstream = Upstream::new(&config, threads)?;
         let tls = config.tls.as_ref().map(ServerTls::load).transpose()?;
-        let listener = bind(&config.host, config.port).await?;
+        let listeners = bind_shared(&config.host, config.port, threads).await?;
         let admin = match &config.admin_listener {
             Some((host, port)) => Some(bind(host, *port).await?),
             None => None,
@@ -71,7 +76,7 @@ impl Proxy {
         let tenants = Tenants::start(file, key, metrics.tenants())?;
         let state = Arc::new(Shared::new(&config, upstream, metrics, tenants)?);
         Ok(Proxy {
-            listener,
+            listeners,
             admin,
             tls,
             state,
@@ -86,7 +91,7 @@ impl Proxy {
 
     /// The address actually bound.
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
+        self.listeners[0]
             .local_addr()
             .expect("a bound TCP listener has an address")
     }
@@ -111,7 +116,7 @@ impl Proxy {
     ) -> Result<(), ProxyError> {
         let admin_addr = self.admin_addr();
         let Proxy {
-            listener,
+            listeners,
             admin,
             tls,
             state,
@@ -119,7 +124,8 @@ impl Proxy {
         } = self;
         let running = state.router.start()?;
         tracing::info!(
-            addr = %listener.local_addr()?,
+            addr = %listeners[0].local_addr()?,
+            serving_threads = listeners.len(),
             admin_addr = admin_addr.map(|addr| addr.to_string()),
             tls = tls.is_some(),
             prefills = ?config.router.prefills.iter().map(|p| format!("{} (bootstrap {})", p.url, p.bootstrap_addr.as_deref().unwrap_or("none"))).collect::<Vec<_>>(),
@@ -159,7 +165,7 @@ impl Proxy {
                 limits,
             ))
         });
-        let served = serve(listener, routes::router(state), shutdown, limits).await;
+        let served = serve_on_cores(listeners, routes::router(state), shutdown, limits).await;
         if let Some(admin) = admin {
             if let Ok(Err(err)) = admin.await {
                 tracing::warn!(error = %err, "the admin listener failed");

@@ -92,6 +92,7 @@ impl KeepAlive {
     /// The distinct connections completions arrived on.
     fn completion_connections(&self) -> usize {
         let mut numbers = self.completions_on.lock().unwrap().clone();
+        numbers.sort_unstable();
         numbers.dedup();
         numbers.len()
     }
@@ -116,18 +117,22 @@ impl Drop for KeepAlive {
 }
 
 /// A keep-alive P and D behind a ready proxy.
-async fn keep_alive_cluster(idle_close: Option<Duration>) -> (KeepAlive, KeepAlive, Cluster2) {
+async fn keep_alive_cluster(
+    idle_close: Option<Duration>,
+    serving_threads: usize,
+) -> (KeepAlive, KeepAlive, Cluster2) {
     let prefill = KeepAlive::start(prefill_answer(), idle_close).await;
     let decode = KeepAlive::start(decode_answer(), idle_close).await;
     let bootstrap = Bootstrap::start(topology(&[(0, "engine-0")])).await;
-    let proxy = start_proxy(config(
+    let mut config = config(
         vec![PrefillTarget {
             url: prefill.url.clone(),
             bootstrap_addr: Some(bootstrap.url()),
         }],
         vec![decode.url.clone()],
-    ))
-    .await;
+    );
+    config.serving_threads = serving_threads;
+    let proxy = start_proxy(config).await;
     wait_ready(&proxy).await;
     (prefill, decode, Cluster2 { bootstrap, proxy })
 }
@@ -155,7 +160,7 @@ impl Cluster2 {
 
 #[tokio::test]
 async fn calls_one_after_another_reuse_one_connection_per_backend() {
-    let (prefill, decode, cluster) = keep_alive_cluster(None).await;
+    let (prefill, decode, cluster) = keep_alive_cluster(None, 1).await;
     for round in 0..20 {
         cluster.complete(round % 2 == 1).await;
     }
@@ -166,8 +171,28 @@ async fn calls_one_after_another_reuse_one_connection_per_backend() {
 }
 
 #[tokio::test]
+async fn each_serving_thread_keeps_its_own_connections_to_a_backend() {
+    let (prefill, decode, cluster) = keep_alive_cluster(None, 3).await;
+    // Each call on a new client connection: the kernel spreads them over the three threads.
+    for round in 0..30 {
+        cluster.complete(round % 2 == 1).await;
+    }
+    assert_eq!(prefill.completions_on.lock().unwrap().len(), 30);
+    for (backend, connections) in [
+        ("P", prefill.completion_connections()),
+        ("D", decode.completion_connections()),
+    ] {
+        // More than one thread served, and none opened a second connection.
+        assert!(
+            (2..=3).contains(&connections),
+            "{backend}'s connections: {connections}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn connections_the_backend_closed_when_idle_are_replaced_without_a_failure() {
-    let (prefill, decode, cluster) = keep_alive_cluster(Some(Duration::from_millis(100))).await;
+    let (prefill, decode, cluster) = keep_alive_cluster(Some(Duration::from_millis(100)), 1).await;
     for _ in 0..3 {
         cluster.complete(false).await;
         // Longer than the backends keep an idle connection.
@@ -179,7 +204,7 @@ async fn connections_the_backend_closed_when_idle_are_replaced_without_a_failure
 
 #[tokio::test]
 async fn a_restarted_backend_is_reached_on_new_connections_at_once() {
-    let (prefill, decode, cluster) = keep_alive_cluster(None).await;
+    let (prefill, decode, cluster) = keep_alive_cluster(None, 1).await;
     cluster.complete(false).await;
     cluster.complete(true).await;
     prefill.close_connections().await;

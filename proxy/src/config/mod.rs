@@ -36,6 +36,12 @@ pub struct Args {
     /// The private key (PEM) of --tls-cert.
     #[arg(help_heading = headings::LISTEN, long, env = "PD_PROXY_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Threads serving clients, each on a runtime of its own with its own listener on the port
+    /// (SO_REUSEPORT: the kernel spreads connections over them) and its own connections to the
+    /// engines, so that a request stays on one core from its arrival to its last byte. 0: one
+    /// per CPU the process may use.
+    #[arg(help_heading = headings::LISTEN, long, env = "PD_PROXY_SERVING_THREADS", default_value_t = 0)]
+    pub serving_threads: usize,
     /// The backends, how they are found, checked and chosen.
     #[command(flatten)]
     pub fleet: FleetArgs,
@@ -163,6 +169,7 @@ impl Args {
         config.router = self.fleet.into_config(prefill_env, true)?;
         config.host = self.host;
         config.port = self.port;
+        config.serving_threads = self.serving_threads;
         config.tls = (self.tls_cert.zip(self.tls_key)).map(|(cert, key)| TlsFiles {
             cert,
             key,

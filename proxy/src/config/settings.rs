@@ -33,6 +33,9 @@ pub struct Config {
     pub port: u16,
     /// HTTPS on the serving and admin listeners, when set.
     pub tls: Option<TlsFiles>,
+    /// Threads serving clients, each with a runtime, a listener and backend connections of its
+    /// own (0: one per CPU).
+    pub serving_threads: usize,
     /// Time limit of a whole request, from its arrival, streaming included.
     pub request_timeout: Duration,
     /// Time limit of one request to P.
@@ -70,6 +73,7 @@ impl Config {
             host: "127.0.0.1".to_owned(),
             port: 0,
             tls: None,
+            serving_threads: 0,
             request_timeout: Duration::from_secs(600),
             prefill_timeout: Duration::from_secs(30),
             decode_first_byte_timeout: Duration::from_secs(60),

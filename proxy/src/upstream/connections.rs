@@ -11,6 +11,11 @@
 //! Nothing polls a connection while it waits in the pool, so a backend that closed it is only
 //! noticed when it is taken out again (it is then dropped and the next one tried), or by the
 //! sweep that closes connections idle for too long.
+//!
+//! Each serving thread ([`pd_service::serve_on_cores`]) has a pool of its own: a connection
+//! is registered with the runtime of the thread that opened it, so its bytes wake that thread
+//! only, and no lock is shared between threads. Calls from any other thread (the control
+//! plane's) share one more pool.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::{poll_fn, Future};
@@ -72,9 +77,10 @@ struct Idle {
 /// not the clients'.
 type IdleByBackend = HashMap<Box<str>, VecDeque<Idle>, foldhash::fast::RandomState>;
 
-/// The pool of idle connections, per backend.
+/// The pools of idle connections, per backend: one per serving thread, the last one for calls
+/// from any other thread.
 pub(super) struct Connections {
-    idle: Mutex<IdleByBackend>,
+    idle: Box<[Mutex<IdleByBackend>]>,
     /// How `https://` backends are reached (`--upstream-ca`, `--upstream-cert`).
     tls: TlsConnector,
     connect_timeout: Duration,
@@ -82,15 +88,19 @@ pub(super) struct Connections {
 }
 
 impl Connections {
-    /// An empty pool; new connections get `connect_timeout`, and idle ones are closed by
-    /// [`sweep`](Connections::sweep) after `idle_timeout`.
+    /// Empty pools for `serving_threads` threads and the others; new connections get
+    /// `connect_timeout`, and idle ones are closed by [`sweep`](Connections::sweep) after
+    /// `idle_timeout`.
     pub(super) fn new(
         tls: TlsConnector,
         connect_timeout: Duration,
         idle_timeout: Duration,
+        serving_threads: usize,
     ) -> Arc<Self> {
         Arc::new(Connections {
-            idle: Mutex::new(IdleByBackend::default()),
+            idle: (0..=serving_threads)
+                .map(|_| Mutex::new(IdleByBackend::default()))
+                .collect(),
             tls,
             connect_timeout,
             idle_timeout,
@@ -106,8 +116,9 @@ impl Connections {
         target: &Target,
         mut request: Request<Full<Bytes>>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
+        let shard = self.shard();
         loop {
-            let pooled = poll_fn(|cx| Poll::Ready(self.checkout(&target.key, cx))).await;
+            let pooled = poll_fn(|cx| Poll::Ready(self.checkout(shard, &target.key, cx))).await;
             let (mut connection, reused) = match pooled {
                 Some(connection) => (connection, true),
                 None => (self.connect(target).await?, false),
@@ -127,6 +138,7 @@ impl Connections {
                 Ok(response) => {
                     let home = Home {
                         pool: self.clone(),
+                        shard,
                         key: target.key.clone(),
                     };
                     return Ok(response.map(|body| PooledBody {
@@ -143,15 +155,21 @@ impl Connections {
         }
     }
 
-    /// Takes the most recently used idle connection to the backend `key` that is still ready,
-    /// dropping those that are not (closed by the backend, or idle too long).
-    fn checkout(&self, key: &str, cx: &mut Context<'_>) -> Option<Box<Connection>> {
+    /// The pool of the calling thread.
+    fn shard(&self) -> usize {
+        let others = self.idle.len() - 1;
+        pd_service::current_core().map_or(others, |core| core.min(others))
+    }
+
+    /// Takes the most recently used idle connection to the backend `key` in pool `shard` that
+    /// is still ready, dropping those that are not (closed by the backend, or idle too long).
+    fn checkout(&self, shard: usize, key: &str, cx: &mut Context<'_>) -> Option<Box<Connection>> {
         loop {
             // The most recent first: the one least likely to have been closed.
             let Idle {
                 mut connection,
                 since,
-            } = lock(&self.idle).get_mut(key)?.pop_back()?;
+            } = lock(&self.idle[shard]).get_mut(key)?.pop_back()?;
             if since.elapsed() < self.idle_timeout && connection.ready(cx) {
                 return Some(connection);
             }
@@ -168,12 +186,19 @@ impl Connections {
         Ok(Box::new(Connection { sender, driver }))
     }
 
-    /// Puts a connection whose answer has ended back, if it can take another request.
-    fn release(&self, key: &str, mut connection: Box<Connection>, cx: &mut Context<'_>) {
+    /// Puts a connection whose answer has ended back in pool `shard`, if it can take another
+    /// request.
+    fn release(
+        &self,
+        shard: usize,
+        key: &str,
+        mut connection: Box<Connection>,
+        cx: &mut Context<'_>,
+    ) {
         if !connection.ready(cx) {
             return;
         }
-        let mut idle = lock(&self.idle);
+        let mut idle = lock(&self.idle[shard]);
         let queue = match idle.get_mut(key) {
             Some(queue) => queue,
             None => idle.entry(key.into()).or_default(),
@@ -189,14 +214,16 @@ impl Connections {
     /// Closes the connections idle longer than the idle timeout and those the backend closed.
     pub(super) fn sweep(&self) {
         let mut cx = Context::from_waker(Waker::noop());
-        let mut idle = lock(&self.idle);
-        for queue in idle.values_mut() {
-            queue.retain_mut(|waiting| {
-                waiting.since.elapsed() < self.idle_timeout
-                    && !waiting.connection.poll_ended(&mut cx)
-            });
+        for shard in &self.idle {
+            let mut idle = lock(shard);
+            for queue in idle.values_mut() {
+                queue.retain_mut(|waiting| {
+                    waiting.since.elapsed() < self.idle_timeout
+                        && !waiting.connection.poll_ended(&mut cx)
+                });
+            }
+            idle.retain(|_, queue| !queue.is_empty());
         }
-        idle.retain(|_, queue| !queue.is_empty());
     }
 
     /// Sweeps every `period`, for as long as the pool is used elsewhere.
@@ -213,9 +240,10 @@ impl Connections {
     }
 }
 
-/// Where a connection goes back to.
+/// Where a connection goes back to: the pool of the thread that took it out.
 struct Home {
     pool: Arc<Connections>,
+    shard: usize,
     key: Arc<str>,
 }
 
@@ -247,7 +275,8 @@ impl PooledBody {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
         if let Poll::Ready(None) = polled {
             if let Some(connection) = self.connection.take() {
-                self.home.pool.release(&self.home.key, connection, cx);
+                let Home { pool, shard, key } = &self.home;
+                pool.release(*shard, key, connection, cx);
             }
         }
         polled
@@ -261,8 +290,8 @@ impl Drop for PooledBody {
         if self.body.is_end_stream() {
             if let Some(connection) = self.connection.take() {
                 let mut cx = Context::from_waker(Waker::noop());
-                let Home { pool, key } = &self.home;
-                pool.release(key, connection, &mut cx);
+                let Home { pool, shard, key } = &self.home;
+                pool.release(*shard, key, connection, &mut cx);
             }
         }
     }

@@ -63,10 +63,11 @@ pub(crate) struct Upstream {
 }
 
 impl Upstream {
-    /// Builds the clients: pooled keep-alive connections (idle ones closed after 60 s),
-    /// TCP_NODELAY, the connect timeout, no system proxy. Starts the task that closes idle
-    /// connections (it ends when the last clone of this is dropped).
-    pub(crate) fn new(config: &Config) -> reqwest::Result<Self> {
+    /// Builds the clients: pooled keep-alive connections (idle ones closed after 60 s, kept
+    /// apart for each of the `serving_threads`), TCP_NODELAY, the connect timeout, no system
+    /// proxy. Starts the task that closes idle connections (it ends when the last clone of this
+    /// is dropped).
+    pub(crate) fn new(config: &Config, serving_threads: usize) -> reqwest::Result<Self> {
         let client = (config.router.upstream_tls.apply(reqwest::Client::builder()))
             .no_proxy()
             .connect_timeout(config.connect_timeout)
@@ -74,7 +75,12 @@ impl Upstream {
             .tcp_nodelay(true)
             .build()?;
         let tls = TlsConnector::from(config.router.upstream_tls.rustls_http1());
-        let connections = Connections::new(tls, config.connect_timeout, POOL_IDLE_TIMEOUT);
+        let connections = Connections::new(
+            tls,
+            config.connect_timeout,
+            POOL_IDLE_TIMEOUT,
+            serving_threads,
+        );
         tokio::spawn(Connections::sweep_forever(
             Arc::downgrade(&connections),
             POOL_IDLE_TIMEOUT / 4,

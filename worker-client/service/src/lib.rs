@@ -3,7 +3,8 @@
 //! ([`shutdown_signal`]), stopping in two steps, not ready first and closed after
 //! ([`Draining`], [`drain_on_signal`]), duration flags and error text ([`parse_seconds`], [`error_chain`]),
 //! binding and serving an axum router with bounded timeouts and a graceful shutdown
-//! ([`serve`], [`bind`], [`Background`]), the bearer-token check ([`BearerToken`]), a layer
+//! ([`serve`], [`bind`], [`Background`]), or on one single-threaded runtime per core
+//! ([`serve_on_cores`]), the bearer-token check ([`BearerToken`]), a layer
 //! answering the requests a server's own rule refuses ([`GateLayer`]), what a server
 //! allocating with mimalloc needs of its process ([`disable_transparent_huge_pages`]), and the
 //! check that a shipped dashboard queries only exported metrics ([`check_dashboard`]), and the
@@ -11,6 +12,7 @@
 
 mod bearer;
 mod connection;
+mod cores;
 mod draining;
 mod gate;
 pub mod live_page;
@@ -29,6 +31,7 @@ pub mod traces;
 mod wire_errors;
 
 pub use bearer::BearerToken;
+pub use cores::{bind_shared, current_core, serve_on_cores, serving_threads};
 pub use draining::{drain_on_signal, Draining};
 pub use gate::{Gate, GateLayer, Gated};
 pub use logging::{init_logging, LogFormat, Logging};

@@ -8,13 +8,14 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioTimer;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::connection::Connection;
@@ -119,8 +120,8 @@ pub struct ServeLimits {
     /// The JSON body of the errors hyper answers by itself (400 malformed request, 414, 431);
     /// `None` leaves them bodiless.
     pub wire_error_body: Option<WireErrorBody>,
-    /// The most connections open at once; the next ones wait in the listen backlog until one
-    /// closes. `None`: no cap.
+    /// The most connections open at once; the next one accepted waits until one closes, the
+    /// others in the listen backlog. `None`: no cap.
     pub max_connections: Option<usize>,
     /// Whether a handler may take its connection over (answer `101 Switching Protocols` and
     /// use `hyper::upgrade::on`). hyper-util's graceful shutdown knows no upgradeable
@@ -161,6 +162,20 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     limits: ServeLimits,
 ) -> std::io::Result<()> {
+    let slots = (limits.max_connections).map(|n| Arc::new(Semaphore::new(n.max(1))));
+    serve_with_slots(listener, app, shutdown, limits, slots).await
+}
+
+/// [`serve`] with the connection cap's `slots`, which several listeners may share: a
+/// connection is accepted, then waits for a slot before it is served (so a slot freed on one
+/// listener never waits for a connection queued on another).
+pub(crate) async fn serve_with_slots(
+    listener: TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()>,
+    limits: ServeLimits,
+    slots: Option<Arc<Semaphore>>,
+) -> std::io::Result<()> {
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
@@ -172,18 +187,7 @@ pub async fn serve(
     // every one is gone (the connections ended).
     let (stop, stopping) = watch::channel(());
     tokio::pin!(shutdown);
-    let slots = limits
-        .max_connections
-        .map(|n| std::sync::Arc::new(tokio::sync::Semaphore::new(n.max(1))));
     loop {
-        // A free connection slot before the next accept, when connections are capped.
-        let slot = match &slots {
-            Some(slots) => tokio::select! {
-                slot = slots.clone().acquire_owned() => slot.ok(),
-                () = &mut shutdown => break,
-            },
-            None => None,
-        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -195,6 +199,14 @@ pub async fn serve(
                 }
             },
             () = &mut shutdown => break,
+        };
+        // A free connection slot before it is served, when connections are capped.
+        let slot = match &slots {
+            Some(slots) => tokio::select! {
+                slot = slots.clone().acquire_owned() => slot.ok(),
+                () = &mut shutdown => break,
+            },
+            None => None,
         };
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = %err, "cannot set TCP_NODELAY");
