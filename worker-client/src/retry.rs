@@ -1,16 +1,19 @@
-//! Bounded retries with exponential backoff and jitter (the schedule comes from `backon`).
+//! Bounded retries with exponential backoff and jitter (`backon` runs them; the pauses, never
+//! longer than the cap, are [`pd_service::backoff`]'s).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
+use pd_service::backoff::Backoff;
 
 use crate::error::ClientError;
 
-/// How a client retries: exponential backoff with full jitter between `initial_backoff` and
-/// `max_backoff`, for at most the deadline of the call.
+/// How a client retries: pauses doubling from `initial_backoff` to `max_backoff`, each drawn
+/// between half and all of its step (so never longer than `max_backoff`: a lease keep-alive
+/// retried within its TTL stays within it), for at most the deadline of the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// The first pause between attempts.
@@ -29,20 +32,10 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The backoff schedule, as an iterator of pauses (for loops that are not one call).
-    pub fn schedule(&self) -> impl Iterator<Item = Duration> {
-        use backon::BackoffBuilder;
-        self.builder(None).build()
-    }
-
-    fn builder(&self, total: Option<Duration>) -> ExponentialBuilder {
-        ExponentialBuilder::default()
-            .with_jitter()
-            .with_factor(2.0)
-            .with_min_delay(self.initial_backoff)
-            .with_max_delay(self.max_backoff)
-            .without_max_times()
-            .with_total_delay(total)
+    /// The backoff schedule, as an endless iterator of pauses (for loops that are not one
+    /// call).
+    pub fn schedule(&self) -> impl Iterator<Item = Duration> + Send + Sync + Unpin {
+        Backoff::new(self.initial_backoff, self.max_backoff)
     }
 
     /// Runs `call` until it succeeds, fails with an error that is not retryable, or `deadline`
@@ -67,7 +60,7 @@ impl RetryPolicy {
             call()
         };
         let retried = counted
-            .retry(self.builder(Some(deadline)))
+            .retry(self.schedule())
             .sleep(tokio::time::sleep)
             .when(ClientError::is_retryable)
             .notify(|err: &ClientError, pause: Duration| {
@@ -97,5 +90,54 @@ impl RetryPolicy {
                 Err(exceeded(last))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_pause_is_longer_than_the_cap() {
+        let policy = RetryPolicy::default();
+        let pauses: Vec<Duration> = policy.schedule().take(500).collect();
+        assert!(pauses[0] <= policy.initial_backoff, "{:?}", pauses[0]);
+        // backon's own jitter added up to one more step: pauses of up to twice the cap.
+        assert!(
+            pauses.iter().all(|p| *p <= policy.max_backoff),
+            "{pauses:?}"
+        );
+        // Once at the cap, still spread below it (half to all of it).
+        assert!(pauses[10..].iter().all(|p| *p >= policy.max_backoff / 2));
+        assert!(pauses[10..].iter().any(|p| *p < policy.max_backoff * 3 / 4));
+    }
+
+    #[tokio::test]
+    async fn attempts_are_never_further_apart_than_the_cap() {
+        let policy = RetryPolicy {
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(80),
+        };
+        let attempts = Mutex::new(Vec::new());
+        let outcome: Result<(), ClientError> = policy
+            .run("http://test", Duration::from_millis(900), || async {
+                attempts.lock().unwrap().push(Instant::now());
+                Err(ClientError::Timeout {
+                    url: "http://test".to_owned(),
+                    timeout: Duration::ZERO,
+                })
+            })
+            .await;
+        assert!(matches!(outcome, Err(ClientError::DeadlineExceeded { .. })));
+        let attempts = attempts.into_inner().unwrap();
+        let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1] - w[0]).collect();
+        // The timer's granularity and a busy machine's scheduling on top of the cap.
+        assert!(
+            gaps.iter()
+                .all(|gap| *gap <= Duration::from_millis(80 + 40)),
+            "{gaps:?}"
+        );
+        // 20, 40, then 80 ms steps: at least 10 attempts in 900 ms.
+        assert!(attempts.len() >= 10, "{gaps:?}");
     }
 }

@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use worker_client::{BootstrapClient, ClientTls, RetryPolicy, WatchUpdate};
 
 use crate::backend::{DiscoveredRank, Pool, Prefill};
-use crate::backoff::Backoff;
 use crate::config::DiscoveryConfig;
+use pd_service::backoff::Backoff;
 
 /// Why one discovery attempt failed (it is retried).
 #[derive(Debug, thiserror::Error)]

@@ -29,7 +29,6 @@
 
 pub mod admission;
 pub mod backend;
-mod backoff;
 pub mod body;
 pub mod config;
 pub mod discovery;

@@ -8,8 +8,10 @@
 //! answering the requests a server's own rule refuses ([`GateLayer`]), what a server
 //! allocating with mimalloc needs of its process ([`disable_transparent_huge_pages`]), and the
 //! check that a shipped dashboard queries only exported metrics ([`check_dashboard`]), and the
-//! servers' live pages ([`live_page`]), and their traces over OTLP ([`traces`]).
+//! servers' live pages ([`live_page`]), and their traces over OTLP ([`traces`]), and the
+//! pauses of every retry loop ([`backoff`]).
 
+pub mod backoff;
 mod bearer;
 mod connection;
 mod cores;

@@ -1,5 +1,5 @@
-//! The pauses between retries of a background loop: exponential, with jitter that never takes
-//! a pause past its cap.
+//! The pauses between retries (the proxy's discovery, the worker client's calls, watch and
+//! lease keep-alives): exponential, with jitter that never takes a pause past its cap.
 //!
 //! backon's jitter adds up to one more step on top of each pause, so a 5 s cap gave pauses of up
 //! to 10 s; here each pause is drawn between half and all of its step (`min`, `2 min`, ...,
@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
-/// Pauses doubling from `min` to `max`, each drawn in the upper half of its step.
+/// Pauses doubling from `min` to `max`, each drawn in the upper half of its step; as an
+/// iterator (endless) it is a backon backoff too.
+#[derive(Debug)]
 pub struct Backoff {
     builder: ExponentialBuilder,
     steps: ExponentialBackoff,
@@ -47,6 +49,14 @@ impl Backoff {
     /// Starts again from the first step.
     pub fn reset(&mut self) {
         self.steps = self.builder.build();
+    }
+}
+
+impl Iterator for Backoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        Some(self.next_pause())
     }
 }
 
