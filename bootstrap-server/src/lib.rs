@@ -28,4 +28,4 @@ pub mod server;
 pub mod store;
 mod sync;
 
-pub use server::{Server, ServerConfig, ServerError};
+pub use server::{Server, ServerConfig, ServerError, ServerHandle};

@@ -1,6 +1,12 @@
-//! What a client sees when the proxy itself fails a request: OpenAI's error shape
-//! `{"error": {"message", "type", "code"}}` (what OpenAI client libraries parse), or, once an SSE
-//! stream has begun, the same object as an SSE event followed by `data: [DONE]`.
+//! What a client sees when a request fails: OpenAI's error shape
+//! `{"error": {"message", "type", "param", "code"}}` (what OpenAI client libraries parse), with
+//! `param` the request field at fault or `null` and `code` a word or `null`, always; or, once an
+//! SSE stream has begun, the same object as an SSE event followed by `data: [DONE]`. An engine's
+//! own error answer is told in the same shape ([`ApiError::from_engine`]), and which engine
+//! failed never reaches the client's body: it goes to the logs and, for operators, the
+//! `x-pd-upstream` header (see `crate::handler`).
+
+use std::borrow::Cow;
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -16,11 +22,18 @@ pub(crate) struct ApiError {
     pub kind: &'static str,
     /// What went wrong, for a person.
     pub message: String,
-    /// OpenAI's `code` when it is a word (e.g. `model_not_found`); else the status.
-    pub code: Option<&'static str>,
-    /// The request field at fault (OpenAI's `param`).
-    pub param: Option<&'static str>,
+    /// OpenAI's `code`, a word (e.g. `model_not_found`), or `null`.
+    pub code: Option<Cow<'static, str>>,
+    /// The request field at fault (OpenAI's `param`), or `null`.
+    pub param: Option<Cow<'static, str>>,
+    /// Which engine failed (`prefill http://host:port (dp rank 1)`), for the logs and the
+    /// operators' header only.
+    pub upstream: Option<Box<str>>,
 }
+
+/// Which engine failed a request, on its error response (see [`ApiError::upstream`]).
+#[derive(Debug, Clone)]
+pub(crate) struct FailedUpstream(pub String);
 
 #[derive(Serialize)]
 struct Envelope<'a> {
@@ -32,16 +45,8 @@ struct Inner<'a> {
     message: &'a str,
     #[serde(rename = "type")]
     kind: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
     param: Option<&'a str>,
-    code: Code<'a>,
-}
-
-#[derive(Serialize)]
-#[serde(untagged)]
-enum Code<'a> {
-    Status(u16),
-    Word(&'a str),
+    code: Option<&'a str>,
 }
 
 impl ApiError {
@@ -53,22 +58,66 @@ impl ApiError {
             message: message.into(),
             code: None,
             param: None,
+            upstream: None,
         }
     }
 
     /// The same error with OpenAI's `code` as a word.
-    pub(crate) fn with_code(self, code: &'static str) -> Self {
+    pub(crate) fn with_code(self, code: impl Into<Cow<'static, str>>) -> Self {
         ApiError {
-            code: Some(code),
+            code: Some(code.into()),
             ..self
         }
     }
 
     /// The same error naming the request field at fault.
-    pub(crate) fn with_param(self, param: &'static str) -> Self {
+    pub(crate) fn with_param(self, param: impl Into<Cow<'static, str>>) -> Self {
         ApiError {
-            param: Some(param),
+            param: Some(param.into()),
             ..self
+        }
+    }
+
+    /// The same error, said to come from the engine `who` (logs and operators only).
+    pub(crate) fn failed_at(self, who: String) -> Self {
+        ApiError {
+            upstream: Some(who.into()),
+            ..self
+        }
+    }
+
+    /// An engine's error answer (`status`, `body`) in the proxy's shape: the engine's message,
+    /// and its `param` and word `code` when it gave them (vLLM's `{"error": {...}}`, its older
+    /// `{"object": "error", ...}`, FastAPI's `{"detail": ...}`, or plain text); the type is
+    /// OpenAI's `invalid_request_error` for a 4xx and `upstream_error` for the rest. `role`
+    /// (`prefill` or `decode`) only words an empty message.
+    pub(crate) fn from_engine(status: StatusCode, body: &[u8], role: &str) -> Self {
+        let json = serde_json::from_slice::<serde_json::Value>(body).ok();
+        let error = json.as_ref().map(|json| json.get("error").unwrap_or(json));
+        let text = |value: &serde_json::Value| match value.as_str() {
+            Some(text) => text.to_owned(),
+            None => value.to_string(),
+        };
+        let message = error
+            .and_then(|e| e.get("message").or_else(|| e.get("detail")))
+            .map(text)
+            .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_owned());
+        let message = match message.is_empty() {
+            true => format!("the {role} answered {status}"),
+            false => message,
+        };
+        let word = |key: &str| {
+            let value = error?.get(key)?.as_str()?;
+            (!value.is_empty()).then(|| Cow::Owned(value.to_owned()))
+        };
+        let kind = match status.is_client_error() {
+            true => "invalid_request_error",
+            false => "upstream_error",
+        };
+        ApiError {
+            code: word("code"),
+            param: word("param"),
+            ..Self::new(status, kind, message)
         }
     }
 
@@ -97,11 +146,8 @@ impl ApiError {
             error: Inner {
                 message: &self.message,
                 kind: self.kind,
-                param: self.param,
-                code: match self.code {
-                    Some(word) => Code::Word(word),
-                    None => Code::Status(self.status.as_u16()),
-                },
+                param: self.param.as_deref(),
+                code: self.code.as_deref(),
             },
         })
         .expect("the error envelope serializes")
@@ -143,6 +189,9 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if let Some(who) = self.upstream {
+            response.extensions_mut().insert(FailedUpstream(who.into()));
+        }
         response
     }
 }
@@ -157,11 +206,48 @@ mod tests {
         let json: serde_json::Value = serde_json::from_slice(&err.to_json()).unwrap();
         assert_eq!(
             json,
-            serde_json::json!({"error": {"message": "P failed \"badly\"", "type": "upstream_error", "code": 502}})
+            serde_json::json!({"error": {"message": "P failed \"badly\"", "type": "upstream_error", "param": null, "code": null}})
         );
         let sse = err.to_sse();
         let text = std::str::from_utf8(&sse).unwrap();
         assert!(text.starts_with("data: {\"error\":"));
         assert!(text.ends_with("\n\ndata: [DONE]\n\n"));
+    }
+
+    #[test]
+    fn engines_errors_are_told_in_one_shape() {
+        let shape = |status: u16, body: &str| {
+            let err = ApiError::from_engine(
+                StatusCode::from_u16(status).unwrap(),
+                body.as_bytes(),
+                "decode",
+            );
+            serde_json::from_slice::<serde_json::Value>(&err.to_json()).unwrap()["error"].clone()
+        };
+        let expected = serde_json::json!({"message": "bad temperature", "type": "invalid_request_error", "param": "temperature", "code": null});
+        // vLLM's error, its older form, and FastAPI's: the same answer.
+        for body in [
+            r#"{"error": {"message": "bad temperature", "type": "BadRequestError", "param": "temperature", "code": 400}}"#,
+            r#"{"object": "error", "message": "bad temperature", "type": "BadRequestError", "param": "temperature", "code": 400}"#,
+        ] {
+            assert_eq!(shape(400, body), expected, "{body}");
+        }
+        assert_eq!(
+            shape(422, r#"{"detail": "bad temperature"}"#)["message"],
+            "bad temperature"
+        );
+        let server = shape(500, "");
+        assert_eq!(
+            server["message"],
+            "the decode answered 500 Internal Server Error"
+        );
+        assert_eq!(server["type"], "upstream_error");
+        assert_eq!(
+            shape(
+                404,
+                r#"{"error": {"message": "no", "code": "model_not_found"}}"#
+            )["code"],
+            "model_not_found"
+        );
     }
 }

@@ -10,6 +10,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use std::time::Instant;
 
+use crate::error::FailedUpstream;
 use crate::flow::{self, Started};
 use crate::layers::request_id::RequestId;
 use crate::layers::track::TrackerSlot;
@@ -74,10 +75,38 @@ async fn serve(
         Ok(started) => respond(started, tracker, start),
         Err(refusal) => {
             tracker.finish(refusal.outcome);
-            *refusal.response
+            let mut response = *refusal.response;
+            name_failed_upstream(state, headers, &request_id, &mut response);
+            response
         }
     }
 }
+
+/// Which engine failed the request: logged, and told in `x-pd-upstream` to operators (a
+/// request with the admin key, or any request of a proxy without keys); the body never says.
+fn name_failed_upstream(
+    state: &AppState,
+    headers: &HeaderMap,
+    request_id: &HeaderValue,
+    response: &mut Response,
+) {
+    let Some(FailedUpstream(who)) = response.extensions_mut().remove::<FailedUpstream>() else {
+        return;
+    };
+    tracing::warn!(request_id = ?request_id, upstream = %who, status = %response.status(), "an engine failed the request");
+    let operator = match &state.admin_key {
+        Some(key) => key.admits(headers),
+        None => state.tenants.is_none(),
+    };
+    if operator {
+        if let Ok(value) = HeaderValue::from_str(&who) {
+            response.headers_mut().insert(X_PD_UPSTREAM, value);
+        }
+    }
+}
+
+/// The header naming the engine that failed a request, for operators.
+pub(crate) const X_PD_UPSTREAM: &str = "x-pd-upstream";
 
 /// D's status and content type, and its body: whole when it is all in (the usual non-streamed
 /// case), else relayed as it comes.

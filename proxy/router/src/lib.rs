@@ -23,7 +23,7 @@
 //! give a request, for the requests that carry targets; the [`retry_budget`].
 //!
 //! Beside them: [`body`] (a request's JSON body, read without copying, and the fields P and D
-//! receive), [`endpoint`] (a backend's URLs, parsed once), [`metrics`] (the fleet's, registered
+//! receive), [`validate`] (what is wrong with a body before any engine sees it), [`endpoint`] (a backend's URLs, parsed once), [`metrics`] (the fleet's, registered
 //! in the front door's registry) and [`sync`]; the [`tenants`] whose API keys say who sends a request,
 //! and their limits.
 
@@ -51,6 +51,7 @@ pub mod routing;
 pub mod saturation;
 pub mod sync;
 pub mod tenants;
+pub mod validate;
 
 pub use config::RouterConfig;
 pub use placement::{Facts, Placement, Side, Unplaceable, Unplaced};

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
+use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
@@ -35,76 +35,60 @@ impl From<Failure> for Refusal {
     }
 }
 
-/// What P's failure means for the client.
+/// What P's failure means for the client: its own error answer told in the proxy's shape, the
+/// same whichever engine failed (the engine is named for operators only).
 pub(super) fn prefill_failure(pair: &Pair, err: &UpstreamError) -> Failure {
     let who = format!("prefill {} (dp rank {})", pair.backend.url(), pair.dp_rank);
+    let (error, outcome) = engine_failure(
+        "prefill",
+        err,
+        Outcome::PrefillTimeout,
+        Outcome::PrefillError,
+    );
+    (error.failed_at(format!("{who}: {err}")), outcome)
+}
+
+/// What D's failure means for the client: as P's ([`prefill_failure`]).
+pub(super) fn decode_refusal(decode: &Backend, err: UpstreamError) -> Refusal {
+    let who = format!("decode {}", decode.url());
+    let (error, outcome) = match &err {
+        UpstreamError::Status { status, .. } if status.is_client_error() => {
+            let (error, _) =
+                engine_failure("decode", &err, Outcome::DecodeTimeout, Outcome::DecodeError);
+            (error, Outcome::DecodeRejected)
+        }
+        UpstreamError::FirstByteTimeout(limit) => (
+            ApiError::gateway_timeout(format!(
+                "the decode sent nothing within {limit:?} of the prefill's answer \
+                 (--decode-first-byte-timeout); it was not retried"
+            )),
+            Outcome::DecodeTimeout,
+        ),
+        _ => engine_failure("decode", &err, Outcome::DecodeTimeout, Outcome::DecodeError),
+    };
+    Refusal::from((error.failed_at(format!("{who}: {err}")), outcome))
+}
+
+/// What the `role` engine's failure `err` tells the client, counted as `timed_out` or `failed`.
+fn engine_failure(role: &str, err: &UpstreamError, timed_out: Outcome, failed: Outcome) -> Failure {
     match err {
         UpstreamError::Timeout(limit)
         | UpstreamError::FirstByteTimeout(limit)
         | UpstreamError::Stalled(limit) => (
-            ApiError::gateway_timeout(format!("{who} did not answer within {limit:?}")),
-            Outcome::PrefillTimeout,
+            ApiError::gateway_timeout(format!("the {role} did not answer within {limit:?}")),
+            timed_out,
         ),
-        UpstreamError::Status { status, .. } if status.is_client_error() => (
-            ApiError::new(
-                *status,
-                "invalid_request_error",
-                format!("{who} {}", err.backend_message()),
-            ),
-            Outcome::PrefillError,
-        ),
-        UpstreamError::Status { .. } => (
-            ApiError::bad_gateway(format!("{who} {}", err.backend_message())),
-            Outcome::PrefillError,
-        ),
-        UpstreamError::Connect(_) | UpstreamError::Broken(_) => (
-            ApiError::bad_gateway(format!("{who}: {err}")),
-            Outcome::PrefillError,
-        ),
-    }
-}
-
-/// What D's failure means for the client: its own error answer is relayed as is.
-pub(super) fn decode_refusal(decode: &Backend, err: UpstreamError) -> Refusal {
-    match err {
-        UpstreamError::Status {
-            status,
-            content_type,
-            body,
-        } => {
-            let mut response = (status, body).into_response();
-            if let Some(content_type) = content_type {
-                response.headers_mut().insert(CONTENT_TYPE, content_type);
-            }
-            Refusal {
-                response: Box::new(response),
-                outcome: if status.is_client_error() {
-                    Outcome::DecodeRejected
-                } else {
-                    Outcome::DecodeError
-                },
-                replaceable: None,
-            }
+        UpstreamError::Status { status, body, .. } => {
+            (ApiError::from_engine(*status, body, role), failed)
         }
-        UpstreamError::Timeout(limit) => Refusal::from((
-            ApiError::gateway_timeout(format!(
-                "decode {} did not answer within the request timeout ({limit:?})",
-                decode.url()
-            )),
-            Outcome::DecodeTimeout,
-        )),
-        UpstreamError::FirstByteTimeout(limit) => Refusal::from((
-            ApiError::gateway_timeout(format!(
-                "decode {} sent nothing within {limit:?} of the prefill's answer \
-                 (--decode-first-byte-timeout); it was not retried",
-                decode.url()
-            )),
-            Outcome::DecodeTimeout,
-        )),
-        other => Refusal::from((
-            ApiError::bad_gateway(format!("decode {}: {other}", decode.url())),
-            Outcome::DecodeError,
-        )),
+        UpstreamError::Connect(_) => (
+            ApiError::bad_gateway(format!("the {role} could not be reached")),
+            failed,
+        ),
+        UpstreamError::Broken(_) => (
+            ApiError::bad_gateway(format!("the {role}'s answer broke off")),
+            failed,
+        ),
     }
 }
 

@@ -28,18 +28,21 @@ mod placement;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use bytes::Bytes;
 use pd_router::admission::RequestClass;
 use pd_router::backend::Backend;
 use pd_router::body::Body;
 use pd_router::models;
 use pd_router::tenants::{RateStatus, Tenant};
+use pd_router::validate;
 
 pub(crate) use failure::Refusal;
 
-use crate::metrics::RouteMetrics;
+use crate::error::ApiError;
+use crate::metrics::{Outcome, RouteMetrics};
 use crate::models::ModelHandles;
+use crate::rate_limits;
 use crate::relay::{PrefillCall, Resumption, Tracker};
 use crate::route::Route;
 use crate::state::AppState;
@@ -120,6 +123,18 @@ pub(crate) async fn start(
         Some(rewritten) => intake::parse(rewritten)?,
         None => parsed,
     };
+    let context = (state.pool().decodes().iter()).find_map(|decode| decode.context_length(model));
+    validate::check(&body, rate_limits::api(route), context).map_err(|invalid| {
+        Refusal::from((
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                invalid.message,
+            )
+            .with_param(invalid.param),
+            Outcome::BadRequest,
+        ))
+    })?;
     let followed = migration::follow(state, route, &mut body);
     let handles = state.model_metrics(model);
     let metrics = handles.route(route).clone();

@@ -19,6 +19,7 @@ use pd_router::{Facts, Placement, Unplaceable, Unplaced};
 
 use super::failure::{no_decode, no_prefill, overloaded, refused, Refusal};
 use super::Request;
+use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::models::ModelHandles;
 use crate::trace::RequestTrace;
@@ -196,15 +197,14 @@ fn refusal(why: Unplaceable) -> Refusal {
             model,
             prefill,
             dp_rank,
-        } => refused(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "service_unavailable",
-            format!(
-                "no healthy decode serves model {model:?}, which prefill {prefill} (dp rank \
-                 {dp_rank}) serves: P and D of different models are never paired (see GET /ready)"
-            ),
+        } => Refusal::from((
+            ApiError::unavailable(format!(
+                "no healthy decode serves model {model:?}, which the chosen prefill serves: P \
+                 and D of different models are never paired (see GET /ready)"
+            ))
+            .failed_at(format!("prefill {prefill} (dp rank {dp_rank})")),
             Outcome::ModelMismatch,
-        ),
+        )),
         Unplaceable::NotInFleet { address } => refused(
             StatusCode::FORBIDDEN,
             "permission_error",

@@ -90,7 +90,7 @@ impl Tracker {
     }
 
     /// The route's metrics.
-    pub(crate) fn metrics(&self) -> &RouteMetrics {
+    pub(crate) fn metrics(&self) -> &Arc<RouteMetrics> {
         &self.metrics
     }
 

@@ -20,6 +20,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -49,6 +50,8 @@ type Driver = http1::Connection<TokioIo<Transport>, Full<Bytes>>;
 struct Connection {
     sender: http1::SendRequest<Full<Bytes>>,
     driver: Driver,
+    /// Its transport's writes failed (see [`Transport::write_failed`]): never reused.
+    write_failed: Arc<AtomicBool>,
 }
 
 impl Connection {
@@ -60,7 +63,9 @@ impl Connection {
     /// Whether a new request can be sent now (polls the connection first, so a close that
     /// arrived while it waited is seen).
     fn ready(&mut self, cx: &mut Context<'_>) -> bool {
-        !self.poll_ended(cx) && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
+        !self.write_failed.load(Ordering::Relaxed)
+            && !self.poll_ended(cx)
+            && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
     }
 }
 
@@ -125,7 +130,7 @@ impl Connections {
             };
             let mut ended = false;
             let answer = {
-                let Connection { sender, driver } = &mut *connection;
+                let Connection { sender, driver, .. } = &mut *connection;
                 let mut answer = pin!(sender.try_send_request(request));
                 poll_fn(|cx| {
                     // Once ended, any error reaches the answer through hyper.
@@ -180,10 +185,15 @@ impl Connections {
     /// through TLS for `https://`).
     async fn connect(&self, target: &Target) -> Result<Box<Connection>, UpstreamError> {
         let transport = Transport::open(target, &self.tls, self.connect_timeout).await?;
+        let write_failed = transport.write_failed();
         let (sender, driver) = http1::handshake(TokioIo::new(transport))
             .await
             .map_err(|err| UpstreamError::Connect(error_chain(&err)))?;
-        Ok(Box::new(Connection { sender, driver }))
+        Ok(Box::new(Connection {
+            sender,
+            driver,
+            write_failed,
+        }))
     }
 
     /// Puts a connection whose answer has ended back in pool `shard`, if it can take another

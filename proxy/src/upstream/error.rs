@@ -118,33 +118,6 @@ impl UpstreamError {
             body: Bytes::copy_from_slice(event),
         })
     }
-
-    /// The message in a backend's error body: OpenAI's `error.message`, FastAPI's `detail`, or
-    /// the text itself.
-    pub(crate) fn backend_message(&self) -> String {
-        match self {
-            UpstreamError::Status { status, body, .. } => {
-                let message = serde_json::from_slice::<serde_json::Value>(body)
-                    .ok()
-                    .and_then(|json| {
-                        json.pointer("/error/message")
-                            .or_else(|| json.get("detail"))
-                            .or_else(|| json.get("message"))
-                            .map(|value| match value.as_str() {
-                                Some(text) => text.to_owned(),
-                                None => value.to_string(),
-                            })
-                    })
-                    .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_owned());
-                if message.is_empty() {
-                    format!("answered {status}")
-                } else {
-                    format!("answered {status}: {message}")
-                }
-            }
-            other => other.to_string(),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -178,10 +151,6 @@ mod tests {
     fn a_stream_that_begins_with_an_error_is_a_failure() {
         let err = UpstreamError::from_stream_start(VLLM_STREAM).expect("an error event");
         assert!(err.may_be_unknown_engine() && err.retryable());
-        assert_eq!(
-            err.backend_message(),
-            "answered 500 Internal Server Error: Internal server error"
-        );
         let UpstreamError::Status { body, .. } = err else {
             unreachable!()
         };
@@ -212,25 +181,5 @@ mod tests {
         assert!(UpstreamError::Connect("refused".into()).retryable());
         assert!(!UpstreamError::Timeout(Duration::from_secs(1)).retryable());
         assert!(!UpstreamError::FirstByteTimeout(Duration::from_secs(1)).retryable());
-    }
-
-    #[test]
-    fn backend_messages_are_extracted() {
-        assert_eq!(
-            status(
-                400,
-                r#"{"error":{"message":"too long","type":"BadRequestError"}}"#
-            )
-            .backend_message(),
-            "answered 400 Bad Request: too long"
-        );
-        assert_eq!(
-            status(500, r#"{"detail":"boom"}"#).backend_message(),
-            "answered 500 Internal Server Error: boom"
-        );
-        assert_eq!(
-            status(503, "").backend_message(),
-            "answered 503 Service Unavailable"
-        );
     }
 }

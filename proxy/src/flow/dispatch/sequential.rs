@@ -28,14 +28,18 @@ pub(super) async fn run(call: Call<'_>, body: &Body<'_>) -> Result<Started, Refu
         .and_then(|answer| answer.kv_transfer_params)
         .filter(Value::is_object)
         .ok_or_else(|| {
+            let who = format!(
+                "prefill {} (dp rank {})",
+                call.pair.backend.url(),
+                call.pair.dp_rank
+            );
             Refusal::from((
-                ApiError::bad_gateway(format!(
-                    "prefill {} (dp rank {}) answered without kv_transfer_params, which \
-                     sequential mode hands to D (does P run a connector that returns them, \
+                ApiError::bad_gateway(
+                    "the prefill answered without kv_transfer_params, which sequential mode \
+                     hands to the decode (does the prefill run a connector that returns them, \
                      such as NIXL?)",
-                    call.pair.backend.url(),
-                    call.pair.dp_rank
-                )),
+                )
+                .failed_at(who),
                 Outcome::PrefillError,
             ))
         })?;

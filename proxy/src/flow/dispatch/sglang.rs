@@ -34,12 +34,13 @@ fn bootstrap_of(addr: &str) -> Option<(String, u16)> {
 pub(super) async fn run(call: Call<'_>, body: &Body<'_>) -> Result<Started, Refusal> {
     let addr = call.pair.bootstrap_addr.as_deref();
     let Some((host, port)) = addr.and_then(bootstrap_of) else {
+        let who = format!(
+            "prefill {} (bootstrap address {})",
+            call.pair.backend.url(),
+            addr.unwrap_or("none")
+        );
         return Err(Refusal::from((
-            ApiError::bad_gateway(format!(
-                "prefill {} has no usable bootstrap address ({})",
-                call.pair.backend.url(),
-                addr.unwrap_or("none")
-            )),
+            ApiError::bad_gateway("the prefill has no usable bootstrap address").failed_at(who),
             Outcome::PrefillError,
         )));
     };
