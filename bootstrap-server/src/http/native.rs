@@ -70,6 +70,7 @@ pub fn worker_info(record: &WorkerRecord) -> WorkerInfo {
         pp_rank: record.slot.pp,
         addr: record.addr.clone(),
         lease_id: record.lease.map(|l| l.id),
+        lease_id_str: record.lease.map(|l| l.id.to_string()),
         incarnation: Some(record.incarnation),
         draining: record.draining,
         meta: (*record.meta).clone(),
@@ -96,6 +97,7 @@ async fn keep_alive(
     Ok(Json(LeaseStatus {
         status: "ok".to_owned(),
         lease_id,
+        lease_id_str: lease_id.to_string(),
         lease_ttl,
     }))
 }

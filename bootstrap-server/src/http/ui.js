@@ -6,15 +6,15 @@ function ranks(worker) {
 }
 
 function lease(worker, age) {
-  if (worker.lease_id === undefined) return h("span", { class: "muted" }, "none");
+  if (worker.lease_id_str === undefined) return h("span", { class: "muted" }, "none");
   if (worker.lease_remaining_ms === undefined) {
-    return h("span", { class: "bad", "data-lease": "expired" }, worker.lease_id + ": expired");
+    return h("span", { class: "bad", "data-lease": "expired" }, worker.lease_id_str + ": expired");
   }
   const left = worker.lease_remaining_ms - age;
   const tone = left <= 0 ? "bad" : left < 5000 ? "warn" : "ok";
   const text = left <= 0 ? "expiring" : duration(left) + " left of " + worker.lease_ttl + " s";
   return h("span", { class: tone, "data-lease": left <= 0 ? "expiring" : "live" },
-    worker.lease_id + ": " + text);
+    worker.lease_id_str + ": " + text);
 }
 
 function engines(workers, age) {

@@ -109,6 +109,7 @@ async fn register(
     Ok(Json(RegisterResponse {
         status: "ok".to_owned(),
         lease_id: lease.map(|l| l.id),
+        lease_id_str: lease.map(|l| l.id.to_string()),
         lease_ttl: lease.map(|l| l.ttl),
     }))
 }

@@ -40,6 +40,11 @@ pub const MAX_ADDR_LEN: usize = 512;
 pub const MAX_LEASE_TTL: u32 = 86_400;
 
 /// Identifies a lease: a registration that lives only while its worker keeps it alive.
+///
+/// Ids are 63-bit numbers (etcd's, or drawn at random), over 2^53: a JSON parser that reads
+/// numbers as doubles (JavaScript's, and many others) loses their last digits. So every answer
+/// that carries one as `lease_id` carries it again as the string `lease_id_str`, which such
+/// clients read instead; the paths (`/leases/{lease_id}`) take the digits.
 pub type LeaseId = i64;
 
 /// A position in the registry's history of worker changes (see `GET /watch`).

@@ -13,6 +13,9 @@ pub struct LeaseStatus {
     pub status: String,
     /// The lease kept alive.
     pub lease_id: LeaseId,
+    /// The same id as a string (see [`LeaseId`]).
+    #[serde(default)]
+    pub lease_id_str: String,
     /// Seconds it now lives without another keepalive.
     pub lease_ttl: u32,
 }
@@ -43,6 +46,9 @@ pub struct WorkerInfo {
     /// The lease it lives by, if it registered with one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_id: Option<LeaseId>,
+    /// The same id as a string (see [`LeaseId`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id_str: Option<String>,
     /// The engine's incarnation: it grows whenever the engine's registration is taken over
     /// (a restart with the same or a new engine id, or new addresses), so a cached lookup of an
     /// older incarnation is stale. Absent from servers that do not know incarnations.

@@ -55,6 +55,9 @@ pub struct RegisterResponse {
     /// The lease that keeps this registration alive (only with `lease_ttl`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_id: Option<LeaseId>,
+    /// The same id as a string (see [`LeaseId`]; only with `lease_ttl`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id_str: Option<String>,
     /// Its time to live in seconds (only with `lease_ttl`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ttl: Option<u32>,
