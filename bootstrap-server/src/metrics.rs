@@ -151,6 +151,8 @@ impl Metrics {
                 .register(collector)
                 .expect("metric names are unique");
         }
+        pd_service::build_info::register(&registry, "bootstrap_build_info")
+            .expect("metric names are unique");
         Metrics {
             registry,
             http_requests,

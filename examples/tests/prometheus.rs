@@ -287,7 +287,8 @@ async fn dashboards_and_rules_work_on_a_real_prometheus() {
     tokio::time::sleep(Duration::from_secs(4)).await;
 
     // Every dashboard expression parses and returns data (waiting for the scrapes to land):
-    // none is excused, the traffic makes every series exist (retries' counters included, at 0).
+    // none is excused: the traffic makes every series exist, and a counter that may never move
+    // (retries) is queried `or vector(0)`, as series appear only once used.
     let mut exprs = dashboard_exprs("pd-proxy.json");
     let proxy_count = exprs.len();
     exprs.extend(dashboard_exprs("pd-bootstrap.json"));

@@ -42,6 +42,7 @@ impl Metrics {
         let routes = RouteFamilies::new(&registry);
         let migrations = MigrationMetrics::new(&registry);
         let tenants = TenantMetrics::new(&registry);
+        pd_service::build_info::register(&registry, "build_info").expect("metric names are unique");
         Metrics {
             registry,
             fleet,
@@ -118,6 +119,39 @@ impl Metrics {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn request_series_appear_once_used() {
+        let metrics = Metrics::new();
+        let generate = metrics.route("/generate", "m");
+        let completions = metrics.route("/v1/completions", "m");
+        let decisions = metrics.decisions("m");
+        let fresh = metrics.render();
+        assert!(!fresh.contains("route=\"/generate\""), "{fresh}");
+        assert!(!fresh.contains("pd_proxy_requests_total"), "{fresh}");
+        assert!(!fresh.contains("pd_proxy_route_decisions_total"), "{fresh}");
+        assert!(fresh.contains("pd_proxy_build_info{commit="), "{fresh}");
+        completions.start();
+        completions.finish(Outcome::BadRequest, Duration::from_millis(1));
+        decisions.count(pd_router::routing::decision::Decision::ALL[0]);
+        let used = metrics.render();
+        assert!(used.contains(
+            r#"pd_proxy_requests_total{model="m",outcome="bad_request",route="/v1/completions"} 1"#
+        ));
+        // Only the outcome that happened, and still nothing of the route never called.
+        assert_eq!(
+            used.matches("pd_proxy_requests_total{").count(),
+            1,
+            "{used}"
+        );
+        assert_eq!(
+            used.matches("pd_proxy_route_decisions_total{").count(),
+            1,
+            "{used}"
+        );
+        assert!(!used.contains("route=\"/generate\""), "{used}");
+        drop(generate);
+    }
 
     /// The dashboard under docs/ queries only metrics the proxy exports.
     #[test]

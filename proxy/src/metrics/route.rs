@@ -1,12 +1,15 @@
 //! The metrics of client requests, by route and by model: outcomes, latencies, the phases (P's
 //! answer, D's first byte), retries, and the routing decisions.
+//!
+//! A series is created the first time it counts something ([`Series`]): a scrape shows what
+//! happened, not every route, model and outcome that could (a proxy in vLLM mode never shows
+//! `/generate`), while a request still holds its handles and looks no label up.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
-};
+use prometheus::core::{MetricVec, MetricVecBuilder};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::Outcome;
 use pd_router::routing::decision::Decision;
@@ -20,78 +23,114 @@ const OVERHEAD_BUCKETS: &[f64] = &[
     0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.05,
 ];
 
+/// One series of a family, created in it the first time it is used.
+struct Series<B: MetricVecBuilder> {
+    family: MetricVec<B>,
+    labels: Box<[String]>,
+    handle: OnceLock<B::M>,
+}
+
+impl<B: MetricVecBuilder> Series<B> {
+    fn new(family: &MetricVec<B>, labels: &[&str]) -> Self {
+        Series {
+            family: family.clone(),
+            labels: labels.iter().map(|label| (*label).to_owned()).collect(),
+            handle: OnceLock::new(),
+        }
+    }
+
+    /// The series, created now if it was not.
+    fn get(&self) -> &B::M {
+        self.handle.get_or_init(|| {
+            let labels: Vec<&str> = self.labels.iter().map(String::as_str).collect();
+            self.family.with_label_values(&labels)
+        })
+    }
+}
+
+type CounterSeries = Series<<IntCounterVec as VecOf>::Builder>;
+type GaugeSeries = Series<<IntGaugeVec as VecOf>::Builder>;
+type HistogramSeries = Series<<HistogramVec as VecOf>::Builder>;
+
+/// The builder of a metric vector type (what names [`Series`] of it).
+trait VecOf {
+    type Builder: MetricVecBuilder;
+}
+
+impl<B: MetricVecBuilder> VecOf for MetricVec<B> {
+    type Builder = B;
+}
+
 /// The metric handles of one client-facing route, for one model label.
-#[derive(Clone)]
 pub(crate) struct RouteMetrics {
-    outcomes: [IntCounter; Outcome::ALL.len()],
-    duration: Histogram,
-    ttft: Histogram,
-    overhead: Histogram,
-    in_flight: IntGauge,
-    retries: IntCounter,
-    engine_reroutes: IntCounter,
-    prefill: Histogram,
-    decode_first_byte: Histogram,
+    outcomes: [CounterSeries; Outcome::ALL.len()],
+    duration: HistogramSeries,
+    ttft: HistogramSeries,
+    overhead: HistogramSeries,
+    in_flight: GaugeSeries,
+    retries: CounterSeries,
+    engine_reroutes: CounterSeries,
+    prefill: HistogramSeries,
+    decode_first_byte: HistogramSeries,
 }
 
 impl RouteMetrics {
     /// Counts a request as started.
     pub(crate) fn start(&self) {
-        self.in_flight.inc();
+        self.in_flight.get().inc();
     }
 
     /// Counts a started request as no longer in flight under these labels (it moves to its
     /// model's, see [`crate::relay::Tracker::retarget`]).
     pub(crate) fn leave(&self) {
-        self.in_flight.dec();
+        self.in_flight.get().dec();
     }
 
     /// Counts a request as finished.
     pub(crate) fn finish(&self, outcome: Outcome, elapsed: Duration) {
-        self.in_flight.dec();
-        self.outcomes[outcome as usize].inc();
-        self.duration.observe(elapsed.as_secs_f64());
+        self.in_flight.get().dec();
+        self.outcomes[outcome as usize].get().inc();
+        self.duration.get().observe(elapsed.as_secs_f64());
     }
 
     /// Records the time from the request's arrival to D's first byte.
     pub(crate) fn first_byte(&self, elapsed: Duration) {
-        self.ttft.observe(elapsed.as_secs_f64());
+        self.ttft.get().observe(elapsed.as_secs_f64());
     }
 
     /// Records the proxy's own time on a request (see the metric's help).
     pub(crate) fn overhead(&self, elapsed: Duration) {
-        self.overhead.observe(elapsed.as_secs_f64());
+        self.overhead.get().observe(elapsed.as_secs_f64());
     }
 
     /// Counts one retry of D on another decode.
     pub(crate) fn retry(&self) {
-        self.retries.inc();
+        self.retries.get().inc();
     }
 
     /// Counts one call of D made again with the new engine id of a re-registered prefill.
     pub(crate) fn engine_reroute(&self) {
-        self.engine_reroutes.inc();
+        self.engine_reroutes.get().inc();
     }
 
     /// Records how long P took to answer (its whole call).
     pub(crate) fn prefill_answered(&self, elapsed: Duration) {
-        self.prefill.observe(elapsed.as_secs_f64());
+        self.prefill.get().observe(elapsed.as_secs_f64());
     }
 
     /// Records the time from D's call being issued to its first byte.
     pub(crate) fn decode_first_byte(&self, elapsed: Duration) {
-        self.decode_first_byte.observe(elapsed.as_secs_f64());
+        self.decode_first_byte.get().observe(elapsed.as_secs_f64());
     }
 }
 
 /// The routing decision counters of one model label, one per possible decision.
-#[derive(Clone)]
-pub(crate) struct DecisionMetrics([IntCounter; Decision::ALL.len()]);
+pub(crate) struct DecisionMetrics([CounterSeries; Decision::ALL.len()]);
 
 impl DecisionMetrics {
     /// Counts one decision.
     pub(crate) fn count(&self, decision: Decision) {
-        self.0[decision.slot()].inc();
+        self.0[decision.slot()].get().inc();
     }
 }
 
@@ -202,23 +241,23 @@ impl RouteFamilies {
         let labels = &[route, model];
         RouteMetrics {
             outcomes: Outcome::ALL
-                .map(|o| self.requests.with_label_values(&[route, model, o.as_str()])),
-            duration: self.duration.with_label_values(labels),
-            ttft: self.ttft.with_label_values(labels),
-            overhead: self.overhead.with_label_values(labels),
-            in_flight: self.in_flight.with_label_values(labels),
-            retries: self.retries.with_label_values(labels),
-            engine_reroutes: self.engine_reroutes.with_label_values(labels),
-            prefill: self.prefill.with_label_values(labels),
-            decode_first_byte: self.decode_first_byte.with_label_values(labels),
+                .map(|o| Series::new(&self.requests, &[route, model, o.as_str()])),
+            duration: Series::new(&self.duration, labels),
+            ttft: Series::new(&self.ttft, labels),
+            overhead: Series::new(&self.overhead, labels),
+            in_flight: Series::new(&self.in_flight, labels),
+            retries: Series::new(&self.retries, labels),
+            engine_reroutes: Series::new(&self.engine_reroutes, labels),
+            prefill: Series::new(&self.prefill, labels),
+            decode_first_byte: Series::new(&self.decode_first_byte, labels),
         }
     }
 
     /// The decision counters of `model`.
     pub(super) fn decisions(&self, model: &str) -> DecisionMetrics {
-        DecisionMetrics(Decision::ALL.map(|d| {
-            self.decisions
-                .with_label_values(&[d.path_label(), d.reason_label(), model])
-        }))
+        DecisionMetrics(
+            Decision::ALL
+                .map(|d| Series::new(&self.decisions, &[d.path_label(), d.reason_label(), model])),
+        )
     }
 }

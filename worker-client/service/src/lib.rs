@@ -9,10 +9,11 @@
 //! allocating with mimalloc needs of its process ([`disable_transparent_huge_pages`]), and the
 //! check that a shipped dashboard queries only exported metrics ([`check_dashboard`]), and the
 //! servers' live pages ([`live_page`]), and their traces over OTLP ([`traces`]), and the
-//! pauses of every retry loop ([`backoff`]).
+//! pauses of every retry loop ([`backoff`]), and the build a scrape names ([`build_info`]).
 
 pub mod backoff;
 mod bearer;
+pub mod build_info;
 mod connection;
 mod cores;
 mod draining;
