@@ -91,6 +91,11 @@ pub struct VllmEngines {
     pub otlp_traces: Option<String>,
     /// Serve HTTPS requiring client certificates (vLLM's `--ssl-*` flags), with these files.
     pub tls: Option<crate::cluster::ClusterTls>,
+    /// The GPUs the engines get, one each in turn (see [`VllmEngines::gpu_of`]); empty: every
+    /// engine sees every GPU.
+    pub gpus: Vec<String>,
+    /// The Mooncake transfer engine's protocol: `tcp`, or `rdma` where the hosts have it.
+    pub mooncake_protocol: String,
 }
 
 /// The Python of the pinned CPU environment, made by `venv.sh` in its cache folder if missing
@@ -134,7 +139,15 @@ impl VllmEngines {
             extra_args: Vec::new(),
             otlp_traces: None,
             tls: None,
+            gpus: Vec::new(),
+            mooncake_protocol: "tcp".to_owned(),
         }
+    }
+
+    /// The GPU of the engine started `nth` (prefills first, then decodes), when `gpus` are
+    /// given: the list in turn, so that P and D get their own devices while there are enough.
+    pub fn gpu_of(&self, nth: usize) -> Option<&str> {
+        (!self.gpus.is_empty()).then(|| self.gpus[nth % self.gpus.len()].as_str())
     }
 
     /// The CPU setup this repository tests: [`cpu_python`] and [`tiny_model`].
@@ -153,7 +166,7 @@ impl VllmEngines {
     pub fn kv_transfer_config(&self, role: EngineRole, bootstrap: Option<&str>) -> String {
         let config = match self.connector {
             Connector::Mooncake => {
-                let mut extra = serde_json::json!({"mooncake_protocol": "tcp"});
+                let mut extra = serde_json::json!({"mooncake_protocol": self.mooncake_protocol});
                 if let Some(bootstrap) = bootstrap {
                     extra["bootstrap_server_address"] = bootstrap
                         .trim_start_matches("http://")
@@ -194,6 +207,22 @@ impl VllmEngines {
         port: u16,
         bootstrap: Option<&str>,
         side_channel: u16,
+    ) -> Result<Process, ClusterError> {
+        self.spawn_on(run_dir, name, role, port, bootstrap, side_channel, None)
+    }
+
+    /// [`VllmEngines::spawn`], the engine seeing only `gpu` when one is given
+    /// (`CUDA_VISIBLE_DEVICES`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn spawn_on(
+        &self,
+        run_dir: &Path,
+        name: &str,
+        role: EngineRole,
+        port: u16,
+        bootstrap: Option<&str>,
+        side_channel: u16,
+        gpu: Option<&str>,
     ) -> Result<Process, ClusterError> {
         let mut args: Vec<String> = [
             "-m",
@@ -270,6 +299,9 @@ impl VllmEngines {
                 ("OTEL_SERVICE_NAME", name),
             ]);
         }
+        if let Some(gpu) = gpu {
+            env.push(("CUDA_VISIBLE_DEVICES", gpu));
+        }
         if self.small_host {
             env.extend([
                 ("VLLM_CPU_KVCACHE_SPACE", "1"),
@@ -318,4 +350,68 @@ async fn run_script(step: &str, program: &Path, args: &[String]) -> Result<Strin
         });
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::free_port;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[tokio::test]
+    async fn with_gpus_each_engine_sees_only_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        // A stand-in for vLLM's Python that says which GPUs it was given.
+        let python = dir.path().join("python");
+        std::fs::write(
+            &python,
+            "#!/bin/sh\necho \"gpus=[$CUDA_VISIBLE_DEVICES]\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut engines = VllmEngines::new(python, "m".into(), "m".into(), Connector::Mooncake);
+        assert_eq!(engines.gpu_of(0), None);
+        engines.gpus = vec!["2".into(), "3".into()];
+        // P and D on their own devices; a third engine shares the first's.
+        assert_eq!(
+            (0..3).map(|nth| engines.gpu_of(nth)).collect::<Vec<_>>(),
+            [Some("2"), Some("3"), Some("2")]
+        );
+        for (nth, name, role) in [
+            (0, "prefill-0", EngineRole::Prefill),
+            (1, "decode-0", EngineRole::Decode),
+        ] {
+            let gpu = engines.gpu_of(nth);
+            let mut engine = engines
+                .spawn_on(dir.path(), name, role, free_port(), None, free_port(), gpu)
+                .unwrap();
+            let expected = format!("gpus=[{}]", gpu.unwrap());
+            let mut said = String::new();
+            for _ in 0..100 {
+                said = std::fs::read_to_string(&engine.log).unwrap_or_default();
+                if said.contains("gpus=") {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(said.contains(&expected), "{name}: {said}");
+            engine.kill().await;
+        }
+    }
+
+    #[test]
+    fn the_mooncake_protocol_and_registry_reach_the_connector_config() {
+        let mut engines =
+            VllmEngines::new("python".into(), "m".into(), "m".into(), Connector::Mooncake);
+        engines.mooncake_protocol = "rdma".to_owned();
+        let config: serde_json::Value = serde_json::from_str(
+            &engines.kv_transfer_config(EngineRole::Prefill, Some("http://10.0.0.5:8998/")),
+        )
+        .unwrap();
+        let extra = &config["kv_connector_extra_config"];
+        assert_eq!(extra["mooncake_protocol"], "rdma");
+        // host:port, no scheme: vLLM splits it on ':'.
+        assert_eq!(extra["bootstrap_server_address"], "10.0.0.5:8998");
+        assert_eq!(config["kv_role"], "kv_producer");
+    }
 }

@@ -71,7 +71,13 @@ ENGINE_CONFLICT=${ENGINE_CONFLICT:-replace}
 # The P nodes' network (CIDR, comma separated): they register without a token. Needed beside
 # PD_BOOTSTRAP_AUTH_TOKEN; without either, anyone who reaches the port can register.
 WRITERS=${WRITERS:-}
-PROXY_POLICY=${PROXY_POLICY:-round_robin}   # or least_loaded
+PROXY_POLICY=${PROXY_POLICY:-round_robin}   # or least_loaded, or precise_prefix (then KV_EVENTS=1)
+# precise_prefix: P and D publish their KV cache events (prefix caching on) and the proxy routes
+# each request to the engine holding the longest part of its prompt. The proxy then needs the
+# model's tokenizer: a folder with tokenizer.json, reachable where the proxy runs.
+KV_EVENTS=${KV_EVENTS:-0}                   # 1: --kv-events-config on P and D
+KV_EVENTS_PORT=${KV_EVENTS_PORT:-5557}      # the PUB socket (the replay socket is the next port)
+PROXY_TOKENIZER=${PROXY_TOKENIZER:-}        # precise_prefix: the model's tokenizer folder
 PROXY_MODE=${PROXY_MODE:-concurrent}        # or sequential
 READY_TIMEOUT=${READY_TIMEOUT:-1200}        # seconds to wait for engines to come up
 
@@ -153,6 +159,13 @@ cmd_bootstrap() {
     --log-format text
 }
 
+# The engine arguments that publish its KV cache events, when KV_EVENTS=1.
+kv_events_args() {
+  (( KV_EVENTS )) || return 0
+  printf '%s\n' --enable-prefix-caching --kv-events-config \
+    "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"topic\":\"kv\",\"endpoint\":\"tcp://*:$KV_EVENTS_PORT\",\"replay_endpoint\":\"tcp://*:$((KV_EVENTS_PORT + 1))\"}"
+}
+
 cmd_prefill() {
   require_external_bootstrap_support
   # Recent vLLM tries to register 3 times (timeout VLLM_MOONCAKE_CONNECTOR_TIMEOUT, 30 s)
@@ -163,18 +176,22 @@ cmd_prefill() {
   address="$(bracket "$P_HOST"):$BOOTSTRAP_PORT"   # "host:port", no scheme (vLLM splits on ':')
   local dp_args=()
   (( P_DP > 1 )) && dp_args=(--data-parallel-size "$P_DP")
+  local events=()
+  mapfile -t events < <(kv_events_args)
   run env CUDA_VISIBLE_DEVICES="$P_GPUS" vllm serve "$MODEL" \
     --host 0.0.0.0 --port "$P_PORT" \
-    --tensor-parallel-size "$P_TP" "${dp_args[@]}" \
+    --tensor-parallel-size "$P_TP" "${dp_args[@]}" "${events[@]}" \
     --kv-transfer-config "$(kv_config kv_producer "\"bootstrap_server_address\":\"$address\"")"
 }
 
 cmd_decode() {
   # D needs no bootstrap setting: the proxy tells it remote_bootstrap_addr and
   # remote_engine_id with every request.
+  local events=()
+  mapfile -t events < <(kv_events_args)
   run env CUDA_VISIBLE_DEVICES="$D_GPUS" vllm serve "$MODEL" \
     --host 0.0.0.0 --port "$D_PORT" \
-    --tensor-parallel-size "$D_TP" \
+    --tensor-parallel-size "$D_TP" "${events[@]}" \
     --kv-transfer-config "$(kv_config kv_consumer)"
 }
 
@@ -188,12 +205,17 @@ cmd_proxy() {
     wait_http "http://$(bracket "$P_HOST"):$P_PORT/health" "$READY_TIMEOUT"
     wait_http "http://$(bracket "$D_HOST"):$D_PORT/health" "$READY_TIMEOUT"
   fi
+  local tokenizer=()
+  if [[ $PROXY_POLICY == precise_prefix ]]; then
+    [[ -n $PROXY_TOKENIZER ]] || die "PROXY_POLICY=precise_prefix needs PROXY_TOKENIZER (the model's tokenizer folder) and KV_EVENTS=1 on P and D"
+    tokenizer=(--tokenizer "$PROXY_TOKENIZER")
+  fi
   # The bootstrap port after the P URL: D is told http://P_HOST:BOOTSTRAP_PORT, i.e. ours.
   run "$BIN_DIR/pd-proxy" \
     --host "$PROXY_BIND" --port "$PROXY_PORT" \
     --prefill "http://$(bracket "$P_HOST"):$P_PORT" "$BOOTSTRAP_PORT" \
     --decode "http://$(bracket "$D_HOST"):$D_PORT" \
-    --policy "$PROXY_POLICY" --mode "$PROXY_MODE"
+    --policy "$PROXY_POLICY" --mode "$PROXY_MODE" "${tokenizer[@]}"
 }
 
 cmd_check() {

@@ -77,6 +77,16 @@ struct Args {
     /// instead of the pinned CPU environment examples/vllm/cpu/venv.sh makes.
     #[arg(long, value_name = "PYTHON")]
     vllm_python: Option<PathBuf>,
+    /// With --engine vllm on a GPU host: the GPUs to use (comma-separated indexes), one per
+    /// engine in turn, prefills first, each engine seeing only its own
+    /// (`CUDA_VISIBLE_DEVICES`): `--gpus 0,1` puts P on GPU 0 and D on GPU 1. More engines
+    /// than GPUs share them in turn. Without it every engine sees every GPU.
+    #[arg(long, value_delimiter = ',', value_name = "INDEXES")]
+    gpus: Vec<String>,
+    /// With --engine vllm --connector mooncake: the transfer engine's protocol, tcp or rdma
+    /// (RDMA NICs and a Mooncake build with them, as on a GPU host).
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "rdma"])]
+    mooncake_protocol: String,
     /// With --engine vllm: one more argument for every engine (repeatable), e.g.
     /// `--engine-arg=--tensor-parallel-size=2`.
     #[arg(long, allow_hyphen_values = true)]
@@ -182,6 +192,8 @@ async fn vllm_engines(args: &Args, run_dir: &std::path::Path) -> Result<VllmEngi
     engines.small_host = args.model.is_none();
     engines.kv_events = !args.no_kv_events;
     engines.extra_args = args.engine_arg.clone();
+    engines.gpus = args.gpus.clone();
+    engines.mooncake_protocol = args.mooncake_protocol.clone();
     Ok(engines)
 }
 
@@ -195,6 +207,14 @@ async fn main() -> std::process::ExitCode {
              (examples/local-cluster.sh --transfer ucx does that)",
             args.transfer
         );
+        return std::process::ExitCode::FAILURE;
+    }
+    if !args.gpus.is_empty() && args.engine != EngineKind::Vllm {
+        eprintln!("error: --gpus places real vLLM engines: it needs --engine vllm");
+        return std::process::ExitCode::FAILURE;
+    }
+    if let Some(bad) = args.gpus.iter().find(|gpu| gpu.parse::<u32>().is_err()) {
+        eprintln!("error: --gpus takes GPU indexes (0,1,...), not {bad:?}");
         return std::process::ExitCode::FAILURE;
     }
     if args.models > 1 && args.engine == EngineKind::Vllm {
@@ -330,7 +350,8 @@ fn describe(cluster: &Cluster, spec: &ClusterSpec, policy: &str) {
     let prefills = cluster.prefills.iter().zip(&cluster.bootstraps).zip(shapes);
     for (i, ((prefill, bootstrap), shape)) in prefills.enumerate() {
         println!(
-            "  prefill-{i}: {} (dp={}, tp={}), bootstrap server {}",
+            "  prefill-{i}: {} (dp={}, tp={}), bootstrap server {} (one per prefill \
+             deployment, as on its rank 0)",
             prefill.url, shape.dp, shape.tp, bootstrap.url
         );
     }
@@ -346,9 +367,13 @@ fn describe(cluster: &Cluster, spec: &ClusterSpec, policy: &str) {
     match &cluster.gateway {
         None => {
             println!("  proxy: {} (--policy {})", cluster.proxy.url, policy);
+            let registries: Vec<String> = (cluster.bootstraps.iter())
+                .map(|bootstrap| format!("{}/ui", bootstrap.url))
+                .collect();
             println!(
-                "  live pages: {}/ui, and each bootstrap server's /ui",
-                cluster.proxy.url
+                "  live pages: {}/ui (the proxy), {} (the bootstrap servers)",
+                cluster.proxy.url,
+                registries.join(", ")
             );
         }
         Some(gateway) => {
@@ -375,6 +400,12 @@ fn describe(cluster: &Cluster, spec: &ClusterSpec, policy: &str) {
             pd_examples::cluster::dns::PREFILLS,
             pd_examples::cluster::dns::BOOTSTRAPS,
             pd_examples::cluster::dns::DECODES
+        );
+    }
+    if spec.vllm.as_ref().is_some_and(|vllm| vllm.small_host) {
+        println!(
+            "  vLLM serves a tiny model made here with random weights: its answers are \
+             gibberish, as expected (--model for a real one)"
         );
     }
     if spec.kv_events {

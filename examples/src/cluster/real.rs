@@ -24,13 +24,15 @@ pub(super) async fn start(
         let port = ports.take()?;
         let name = format!("prefill-{i}");
         let registry = Some(bootstrap.url.as_str());
-        let engine = vllm.spawn(
+        let gpu = vllm.gpu_of(prefills.len());
+        let engine = vllm.spawn_on(
             &spec.run_dir,
             &name,
             EngineRole::Prefill,
             port,
             registry,
             free_port(),
+            gpu,
         )?;
         prefills.push(engine);
     }
@@ -38,13 +40,15 @@ pub(super) async fn start(
     for i in 0..spec.decodes {
         let port = ports.take()?;
         let name = format!("decode-{i}");
-        let engine = vllm.spawn(
+        let gpu = vllm.gpu_of(prefills.len() + decodes.len());
+        let engine = vllm.spawn_on(
             &spec.run_dir,
             &name,
             EngineRole::Decode,
             port,
             None,
             free_port(),
+            gpu,
         )?;
         decodes.push(engine);
     }
