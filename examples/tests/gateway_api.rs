@@ -636,6 +636,45 @@ async fn under_overload_the_picker_queues_and_refuses_with_429() {
     assert_eq!(shed, 1.0);
 }
 
+/// The same mistake gets the same answer from both front doors: Envoy with pd-epp refuses it
+/// before any engine, in the words and shape pd-proxy (the sidecar) uses.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mistake_gets_the_same_answer_through_the_gateway_as_from_the_proxy() {
+    let (cluster, _dir) = gateway("gateway-mistake-", Dialect::Vllm, "round_robin", false).await;
+    let sidecar = &cluster.gateway.as_ref().unwrap().sidecars[0];
+    let mistakes = [
+        (
+            "/v1/completions",
+            json!({"model": "sim-model", "max_tokens": 4}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "sim-model", "prompt": "x", "temperature": "hot"}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "sim-model", "messages": []}),
+        ),
+    ];
+    for (path, body) in mistakes {
+        let through_gateway = send(&cluster.proxy.url, path, body.clone()).await;
+        let from_proxy = send(&sidecar.url, path, body.clone()).await;
+        assert_eq!(
+            through_gateway.status, 400,
+            "{body}: {}",
+            through_gateway.body
+        );
+        assert_eq!(from_proxy.status, 400, "{body}: {}", from_proxy.body);
+        let parsed = |text: &str| serde_json::from_str::<Value>(text).unwrap();
+        assert_eq!(
+            parsed(&through_gateway.body),
+            parsed(&from_proxy.body),
+            "{body}"
+        );
+        assert!(parsed(&from_proxy.body)["error"]["param"].is_string());
+    }
+}
+
 /// A sidecar runs P/D only through its fleet's prefills: a header naming anything else is
 /// refused, never relayed.
 #[tokio::test(flavor = "multi_thread")]

@@ -1,6 +1,8 @@
-//! The proxy's live page (`GET /ui`): every backend with its health, load (in flight here, and
-//! what its engine reports), drain state and dp ranks; the routing decisions by reason; the
-//! requests by outcome; the KV index's size when there is one. A snapshot each second over
+//! The proxy's live page (`GET /ui`): the routing policy; every backend with its health, load
+//! (in flight here, and what its engine reports), drain state and dp ranks; the routing
+//! decisions by reason, precise_prefix's picks by KV hit and miss; the requests by outcome; the
+//! KV index's size when there is one; and the totals the page draws its charts of the last
+//! minutes from (requests, errors, the TTFT histogram). A snapshot each second over
 //! server-sent events (`GET /ui/events`), also readable as one JSON document (`GET /ui/state`).
 //! Read-only: it shows what `/ready`, `/admin/backends` and `/metrics` show.
 
@@ -52,6 +54,20 @@ struct Snapshot {
     saturated: Saturation,
     /// Requests refused under overload, by reason.
     shed: Vec<Count>,
+    /// The prefill and decode policies.
+    policy: [String; 2],
+    /// precise_prefix's picks, by choice and reason (`kv_hit`, `kv_miss`...).
+    picks: Vec<Pick>,
+    /// Time to first byte, every request so far: (upper bound in seconds, requests at or
+    /// under it), cumulative, the last bound `null` (+Inf).
+    ttft: Vec<(Option<f64>, u64)>,
+}
+
+#[derive(Serialize)]
+struct Pick {
+    choice: String,
+    reason: String,
+    count: u64,
 }
 
 #[derive(Serialize)]
@@ -132,6 +148,19 @@ fn snapshot(state: &AppState) -> Snapshot {
             count,
         })
         .collect();
+    let picks = (metrics.totals_by("pd_proxy_route_picks_total", &["choice", "reason"]))
+        .into_iter()
+        .map(|(mut key, count)| Pick {
+            reason: key.pop().unwrap_or_default(),
+            choice: key.pop().unwrap_or_default(),
+            count,
+        })
+        .collect();
+    let ttft = (metrics
+        .buckets_of("pd_proxy_time_to_first_byte_seconds")
+        .into_iter())
+    .map(|(bound, count)| (bound.is_finite().then_some(bound), count))
+    .collect();
     let kv_index = state.router.kv().map(|kv| {
         let report = kv.report();
         KvIndexSize {
@@ -156,5 +185,8 @@ fn snapshot(state: &AppState) -> Snapshot {
         admission: state.router.admission().state(),
         saturated: ready.saturated,
         shed,
+        policy: state.router.policy_names(),
+        picks,
+        ttft,
     }
 }

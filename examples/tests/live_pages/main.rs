@@ -158,7 +158,17 @@ async fn the_registry_page_follows_registrations_leases_and_drains() {
         .await
         .unwrap();
     assert_ne!(before, after, "the countdown does not move");
-    let lease_id = lease["lease_id"].as_i64().unwrap();
+    // The lease id as the registry holds it, every digit (over 2^53, a number in JSON would
+    // lose its last ones in the browser).
+    let lease_id = lease["lease_id_str"].as_str().unwrap().to_owned();
+    assert_eq!(lease_id, lease["lease_id"].as_i64().unwrap().to_string());
+    assert!(
+        after
+            .as_str()
+            .unwrap_or_default()
+            .starts_with(&format!("{lease_id}: ")),
+        "{after}"
+    );
     browser
         .until(
             "the leased worker gone",
@@ -246,6 +256,35 @@ async fn the_proxy_page_shows_backends_routing_and_drains() {
     );
     let ready = card("status", "ready");
     browser.until("ready", &ready, Duration::from_secs(1)).await;
+    // The policy, and the last minutes charted from the snapshots (two points at least).
+    let policy = card("policy", "round_robin");
+    browser
+        .until("the policy", &policy, Duration::from_secs(1))
+        .await;
+    for _ in 0..4 {
+        let body = json!({"model": "sim-model", "prompt": "charted", "max_tokens": 2});
+        post(format!("{url}/v1/completions"), body).await;
+    }
+    let charted = |title: &str| {
+        format!(
+            "(document.querySelector('[data-chart=\"{title}\"] polyline')?.getAttribute('points') \
+             || '').split(' ').length >= 2"
+        )
+    };
+    browser
+        .until(
+            "the requests chart",
+            &charted("requests per second"),
+            Duration::from_secs(4),
+        )
+        .await;
+    browser
+        .until(
+            "the TTFT chart",
+            &charted("time to first byte"),
+            Duration::from_secs(4),
+        )
+        .await;
 
     // A drain at the proxy is on the page within a second or two (one snapshot a second).
     let decode = &cluster.decodes[0].url;

@@ -61,7 +61,7 @@ async fn ready(State(http): State<Http>) -> impl IntoResponse {
 
 /// An error of the admin routes, in OpenAI's shape.
 fn admin_error(status: StatusCode, message: &str) -> (StatusCode, Json<Value>) {
-    let body = json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": status.as_u16()}});
+    let body = json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": null}});
     (status, Json(body))
 }
 

@@ -21,6 +21,7 @@ use pd_router::routing::queued_work::Pending;
 use pd_router::routing::RequestInfo;
 use pd_router::tenants::charge::{cost, rate_headers, retry_after, Api};
 use pd_router::tenants::{LimitKind, Limited, Tenant};
+use pd_router::validate;
 use pd_router::{Facts, Router, Unplaceable, Unplaced};
 use serde_json::json;
 
@@ -67,10 +68,11 @@ pub struct Refused {
 }
 
 impl Refused {
-    /// A refusal with `status`, an error of `kind` saying `message`.
+    /// A refusal with `status`, an error of `kind` saying `message` (OpenAI's shape, as
+    /// pd-proxy's: `param` and `code` null).
     pub fn new(status: u16, kind: &str, message: &str, reason: &'static str) -> Self {
         let body =
-            json!({"error": {"message": message, "type": kind, "param": null, "code": status}});
+            json!({"error": {"message": message, "type": kind, "param": null, "code": null}});
         Refused {
             status,
             body: body.to_string(),
@@ -78,6 +80,25 @@ impl Refused {
             retry_after: None,
             headers: Vec::new(),
             limited: None,
+        }
+    }
+
+    /// The same refusal naming the request field at fault.
+    pub fn for_param(mut self, param: &str) -> Self {
+        self.set_error_field("param", param);
+        self
+    }
+
+    /// The same refusal with OpenAI's `code` word.
+    pub fn with_code(mut self, code: &str) -> Self {
+        self.set_error_field("code", code);
+        self
+    }
+
+    fn set_error_field(&mut self, name: &str, value: &str) {
+        if let Ok(mut body) = serde_json::from_str::<serde_json::Value>(&self.body) {
+            body["error"][name] = value.into();
+            self.body = body.to_string();
         }
     }
 
@@ -199,6 +220,17 @@ pub async fn pick(
         "/v1/chat/completions" => PromptKind::Chat,
         _ => PromptKind::Completion,
     };
+    // What the engines would refuse, refused here with one answer naming the field.
+    let context = (router.pool().decodes().iter()).find_map(|decode| decode.context_length(model));
+    validate::check(body, api_of(request.path), context).map_err(|invalid| {
+        Refused::new(
+            400,
+            "invalid_request_error",
+            &invalid.message,
+            "bad_request",
+        )
+        .for_param(invalid.param)
+    })?;
     let mut class = router.classify(request.headers).map_err(|err| {
         Refused::new(
             400,
@@ -261,17 +293,21 @@ pub async fn pick(
     })
 }
 
+/// The API a request's path calls.
+fn api_of(path: &str) -> Api {
+    match path {
+        "/v1/chat/completions" => Api::Chat,
+        "/generate" => Api::Generate,
+        _ => Api::Completions,
+    }
+}
+
 /// Charges the request's tokens to its tenant, or a 429 when they do not fit.
 fn charge(tenant: &Tenant, path: &str, body: &Body<'_>) -> Result<(), Refused> {
     if !tenant.limits().any() {
         return Ok(());
     }
-    let api = match path {
-        "/v1/chat/completions" => Api::Chat,
-        "/generate" => Api::Generate,
-        _ => Api::Completions,
-    };
-    let (prompt, output) = cost(api, body);
+    let (prompt, output) = cost(api_of(path), body);
     match tenant.charge(prompt, output, Instant::now()) {
         Ok(_) => Ok(()),
         Err(limited) => Err(Refused::rate_limited(tenant.name(), &limited)),
@@ -309,6 +345,8 @@ fn refusal(Unplaced { why, .. }: Unplaced) -> Refused {
                 ),
                 "model_not_found",
             )
+            .with_code("model_not_found")
+            .for_param("model")
         }
         Unplaceable::NoPrefill { .. } => no_endpoint("no prefill is ready"),
         Unplaceable::NoDecode => no_endpoint("no decode is ready"),

@@ -105,6 +105,31 @@ impl Metrics {
         totals
     }
 
+    /// The histogram `family`'s buckets summed over all its series: (upper bound, requests at
+    /// or under it), cumulative as Prometheus keeps them, `+Inf` last (as `f64::INFINITY`).
+    pub(crate) fn buckets_of(&self, family: &str) -> Vec<(f64, u64)> {
+        let mut buckets: Vec<(f64, u64)> = Vec::new();
+        for metric in (self.registry.gather().iter())
+            .filter(|f| f.name() == family)
+            .flat_map(|f| f.get_metric())
+        {
+            let histogram = metric.get_histogram();
+            for (i, bucket) in histogram.get_bucket().iter().enumerate() {
+                match buckets.get_mut(i) {
+                    Some(sum) => sum.1 += bucket.cumulative_count(),
+                    None => buckets.push((bucket.upper_bound(), bucket.cumulative_count())),
+                }
+            }
+            let total = histogram.get_sample_count();
+            let last = histogram.get_bucket().len();
+            match buckets.get_mut(last) {
+                Some(sum) => sum.1 += total,
+                None => buckets.push((f64::INFINITY, total)),
+            }
+        }
+        buckets
+    }
+
     /// Renders every metric in the Prometheus text format.
     pub(crate) fn render(&self) -> String {
         let mut out = Vec::new();
