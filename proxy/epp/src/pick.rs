@@ -221,7 +221,7 @@ pub async fn pick(
         _ => PromptKind::Completion,
     };
     // What the engines would refuse, refused here with one answer naming the field.
-    let context = (router.pool().decodes().iter()).find_map(|decode| decode.context_length(model));
+    let context = || router.pool().context_length(model);
     validate::check(body, api_of(request.path), context).map_err(|invalid| {
         Refused::new(
             400,

@@ -84,9 +84,14 @@ const COMMON: [(&str, Expect); 10] = [
     ),
 ];
 
-/// Checks `body` of a request to `api`; `context` is the model's context length, when a card
-/// gives it. SGLang's `/generate` is left to the engines (its fields are its own).
-pub fn check(body: &Body<'_>, api: Api, context: Option<u64>) -> Result<(), Invalid> {
+/// Checks `body` of a request to `api`; `context` tells the model's context length, when a
+/// card gives it (asked only of a body that sets a token limit). SGLang's `/generate` is left
+/// to the engines (its fields are its own).
+pub fn check(
+    body: &Body<'_>,
+    api: Api,
+    context: impl FnOnce() -> Option<u64>,
+) -> Result<(), Invalid> {
     let required = match api {
         Api::Completions => ("prompt", "the text (or token ids) to complete"),
         Api::Chat => ("messages", "the conversation, a list of messages"),
@@ -102,9 +107,12 @@ pub fn check(body: &Body<'_>, api: Api, context: Option<u64>) -> Result<(), Inva
         });
     }
     if api == Api::Chat {
-        let messages = parse(body.get("messages"));
-        let listed = messages.as_ref().and_then(Value::as_array);
-        if listed.is_none_or(Vec::is_empty) {
+        // Read from its text, not parsed: a conversation may be long.
+        let listed = body.get("messages").map(|raw| raw.get().trim());
+        let non_empty = listed
+            .and_then(|text| text.strip_prefix('['))
+            .is_some_and(|rest| !rest.trim_start().starts_with(']'));
+        if !non_empty {
             return Err(Invalid {
                 param: "messages",
                 message: "`messages` must be a non-empty list of messages".to_owned(),
@@ -119,7 +127,9 @@ pub fn check(body: &Body<'_>, api: Api, context: Option<u64>) -> Result<(), Inva
         .iter()
         .filter_map(|name| Some((*name, parse(body.get(name))?.as_u64()?)))
         .max_by_key(|(_, tokens)| *tokens);
-    if let (Some((name, tokens)), Some(context)) = (asked, context) {
+    if let Some((name, tokens, context)) =
+        asked.and_then(|(name, tokens)| Some((name, tokens, context()?)))
+    {
         if tokens > context {
             return Err(Invalid {
                 param: if name == "max_tokens" {
@@ -204,7 +214,7 @@ mod tests {
 
     fn checked(api: Api, json: &str, context: Option<u64>) -> Result<(), Invalid> {
         let body = Body::parse(json.as_bytes()).unwrap();
-        check(&body, api, context)
+        check(&body, api, || context)
     }
 
     fn param(api: Api, json: &str) -> &'static str {
@@ -220,6 +230,16 @@ mod tests {
         assert_eq!(param(Api::Chat, r#"{"prompt": "hi"}"#), "messages");
         assert_eq!(param(Api::Chat, r#"{"messages": []}"#), "messages");
         assert_eq!(param(Api::Chat, r#"{"messages": "hi"}"#), "messages");
+        assert_eq!(param(Api::Chat, r#"{"messages": [ ] }"#), "messages");
+        assert!(checked(
+            Api::Chat,
+            r#"{"messages": [ {"role": "user", "content": "x"} ]}"#,
+            None
+        )
+        .is_ok());
+        // The context length is asked for only when a token limit is set.
+        let body = Body::parse(br#"{"prompt": "x"}"#).unwrap();
+        assert!(check(&body, Api::Completions, || unreachable!()).is_ok());
         assert!(checked(
             Api::Chat,
             r#"{"messages": [{"role": "user", "content": "x"}]}"#,

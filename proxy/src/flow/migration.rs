@@ -343,8 +343,8 @@ impl Migrator {
         avoid: Vec<Arc<Backend>>,
     ) -> Result<Resumed, Failure> {
         let model = self.model.as_deref();
-        let context = (avoid.iter().chain(self.state.pool().decodes().iter()))
-            .find_map(|decode| decode.context_length(model));
+        let context = (avoid.iter().find_map(|decode| decode.context_length(model)))
+            .or_else(|| self.state.pool().context_length(model));
         let unreadable = || broke_off("its body could not be read again");
         let original = Body::parse(&self.body).map_err(|_| unreadable())?;
         let made = continuation_body(&original, self.asked, &continuation, context);

@@ -123,7 +123,7 @@ pub(crate) async fn start(
         Some(rewritten) => intake::parse(rewritten)?,
         None => parsed,
     };
-    let context = (state.pool().decodes().iter()).find_map(|decode| decode.context_length(model));
+    let context = || state.pool().context_length(model);
     validate::check(&body, rate_limits::api(route), context).map_err(|invalid| {
         Refusal::from((
             ApiError::new(

@@ -91,6 +91,12 @@ impl Pool {
         read(&self.prefills)
     }
 
+    /// The context length (`max_model_len`) of `model` as the first decode whose card gives
+    /// one says (see [`Backend::context_length`]).
+    pub fn context_length(&self, model: Option<&str>) -> Option<u64> {
+        (self.decodes().iter()).find_map(|decode| decode.context_length(model))
+    }
+
     /// The decodes, in the order they joined.
     pub fn decodes(&self) -> Arc<[Arc<Backend>]> {
         read(&self.decodes)
