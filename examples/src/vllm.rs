@@ -198,23 +198,10 @@ impl VllmEngines {
     /// Starts one engine serving on `port` (its log in `run_dir/<name>.log`), in a process
     /// group of its own so that stopping it stops vLLM's engine-core and worker processes too.
     /// `bootstrap` is the bootstrap server a Mooncake prefill registers with; `side_channel`
-    /// a free port for NIXL's handshake.
-    pub fn spawn(
-        &self,
-        run_dir: &Path,
-        name: &str,
-        role: EngineRole,
-        port: u16,
-        bootstrap: Option<&str>,
-        side_channel: u16,
-    ) -> Result<Process, ClusterError> {
-        self.spawn_on(run_dir, name, role, port, bootstrap, side_channel, None)
-    }
-
-    /// [`VllmEngines::spawn`], the engine seeing only `gpu` when one is given
-    /// (`CUDA_VISIBLE_DEVICES`).
+    /// a free port for NIXL's handshake; `gpu`, when given, the one GPU it sees
+    /// (`CUDA_VISIBLE_DEVICES`, see [`VllmEngines::gpu_of`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn spawn_on(
+    pub fn spawn(
         &self,
         run_dir: &Path,
         name: &str,
@@ -383,7 +370,7 @@ mod tests {
         ] {
             let gpu = engines.gpu_of(nth);
             let mut engine = engines
-                .spawn_on(dir.path(), name, role, free_port(), None, free_port(), gpu)
+                .spawn(dir.path(), name, role, free_port(), None, free_port(), gpu)
                 .unwrap();
             let expected = format!("gpus=[{}]", gpu.unwrap());
             let mut said = String::new();

@@ -289,8 +289,16 @@ async fn restart_killed(
         .and_then(|port| port.parse().ok())
         .ok_or_else(|| format!("no port in {}", old.url))?;
     let name = format!("{}-again", old.name);
-    let mut engine = (vllm.spawn(run_dir, &name, EngineRole::Decode, port, None, free_port()))
-        .map_err(|e| e.to_string())?;
+    let mut engine = (vllm.spawn(
+        run_dir,
+        &name,
+        EngineRole::Decode,
+        port,
+        None,
+        free_port(),
+        None,
+    ))
+    .map_err(|e| e.to_string())?;
     wait_ready(&mut engine).await.map_err(|e| e.to_string())?;
     cluster.decodes[killed] = engine;
     Ok(())

@@ -25,7 +25,7 @@ pub(super) async fn start(
         let name = format!("prefill-{i}");
         let registry = Some(bootstrap.url.as_str());
         let gpu = vllm.gpu_of(prefills.len());
-        let engine = vllm.spawn_on(
+        let engine = vllm.spawn(
             &spec.run_dir,
             &name,
             EngineRole::Prefill,
@@ -41,7 +41,7 @@ pub(super) async fn start(
         let port = ports.take()?;
         let name = format!("decode-{i}");
         let gpu = vllm.gpu_of(prefills.len() + decodes.len());
-        let engine = vllm.spawn_on(
+        let engine = vllm.spawn(
             &spec.run_dir,
             &name,
             EngineRole::Decode,

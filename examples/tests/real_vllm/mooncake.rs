@@ -141,6 +141,7 @@ async fn mooncake_pd_through_the_proxy_equals_one_engine() {
             prefill_port,
             Some(&bootstrap),
             free_port(),
+            None,
         )
         .unwrap();
     wait_ready(&mut restarted)

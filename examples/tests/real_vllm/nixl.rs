@@ -42,6 +42,7 @@ async fn adapter_still_needed_stock_mooncake_connector_fails_on_cpu() {
             free_port(),
             None,
             free_port(),
+            None,
         )
         .unwrap();
     let err = wait_ready(&mut engine)
