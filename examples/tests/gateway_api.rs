@@ -673,6 +673,16 @@ async fn a_mistake_gets_the_same_answer_through_the_gateway_as_from_the_proxy() 
         );
         assert!(parsed(&from_proxy.body)["error"]["param"].is_string());
     }
+    // Only the completion APIs are checked: a body of another API is not asked for a prompt.
+    let other = json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]});
+    let through_gateway = send(&cluster.proxy.url, "/tokenize", other.clone()).await;
+    let from_proxy = send(&sidecar.url, "/tokenize", other).await;
+    assert_ne!(through_gateway.status, 400, "{}", through_gateway.body);
+    assert_eq!(
+        through_gateway.status, from_proxy.status,
+        "{}",
+        through_gateway.body
+    );
 }
 
 /// A sidecar runs P/D only through its fleet's prefills: a header naming anything else is

@@ -146,7 +146,12 @@ async fn the_same_mistake_gets_the_same_answer_before_any_engine_is_called() {
         ),
         (
             COMPLETIONS,
-            json!({"prompt": "hi", "max_tokens": 0}),
+            json!({"model": "mock-model", "prompt": "hi", "max_tokens": 0}),
+            "max_tokens",
+        ),
+        (
+            COMPLETIONS,
+            json!({"model": "mock-model", "prompt": "hi", "max_tokens": "1.5"}),
             "max_tokens",
         ),
         (
@@ -183,7 +188,42 @@ async fn the_same_mistake_gets_the_same_answer_before_any_engine_is_called() {
             assert!(answers.windows(2).all(|w| w[0] == w[1]), "{answers:?}");
         }
         assert!(front.prefill.seen().is_empty() && front.decode.seen().is_empty());
+        // A refusal is counted under the model it asked for.
+        let refused = sample(
+            &metrics(&front.proxy).await,
+            "pd_proxy_requests_total",
+            r#"model="mock-model",outcome="bad_request",route="/v1/completions""#,
+        );
+        assert_eq!(refused, 9.0, "{mode:?}");
     }
+}
+
+#[tokio::test]
+async fn what_vllm_reads_is_passed_through() {
+    // vLLM's pydantic models read numbers in strings and whole floats; a completion that echoes
+    // its prompt may generate nothing; a chat's `max_completion_tokens` of 0 gives way to
+    // `max_tokens`; an API the proxy does not check is not asked for a prompt.
+    let front = Front::start(Mode::Concurrent, |_| {}).await;
+    let table = [
+        (
+            COMPLETIONS,
+            json!({"prompt": "hi", "max_tokens": "4", "n": 1.0, "temperature": "0.5"}),
+        ),
+        (
+            COMPLETIONS,
+            json!({"prompt": "hi", "max_tokens": 0, "echo": true}),
+        ),
+        (
+            CHAT,
+            json!({"messages": [{"role": "user", "content": "x"}],
+                "max_completion_tokens": 0, "max_tokens": 3}),
+        ),
+    ];
+    for (path, body) in &table {
+        let (status, _, answer) = front.post(path, body, None).await;
+        assert_eq!(status, 200, "{path} {body}: {answer}");
+    }
+    assert_eq!(front.decode.seen().len(), table.len());
 }
 
 #[tokio::test]

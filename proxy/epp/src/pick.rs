@@ -222,15 +222,19 @@ pub async fn pick(
     };
     // What the engines would refuse, refused here with one answer naming the field.
     let context = || router.pool().context_length(model);
-    validate::check(body, api_of(request.path), context).map_err(|invalid| {
-        Refused::new(
-            400,
-            "invalid_request_error",
-            &invalid.message,
-            "bad_request",
-        )
-        .for_param(invalid.param)
-    })?;
+    // Only the OpenAI APIs are checked; the others (embeddings, SGLang's own) go through.
+    let api = Api::of_path(request.path);
+    if let Some(api) = api {
+        validate::check(body, api, context).map_err(|invalid| {
+            Refused::new(
+                400,
+                "invalid_request_error",
+                &invalid.message,
+                "bad_request",
+            )
+            .for_param(invalid.param)
+        })?;
+    }
     let mut class = router.classify(request.headers).map_err(|err| {
         Refused::new(
             400,
@@ -242,7 +246,7 @@ pub async fn pick(
     if let Some(tenant) = request.tenant {
         // The key's tenant is the request's fair share, whatever its headers say.
         class.tenant = tenant.name().clone();
-        charge(tenant, request.path, body)?;
+        charge(tenant, api.unwrap_or(Api::Completions), body)?;
     }
     let tokens = router.tokens(kind, bytes, body).await;
     let deadline = Instant::now() + router.admission().config().max_wait;
@@ -293,21 +297,12 @@ pub async fn pick(
     })
 }
 
-/// The API a request's path calls.
-fn api_of(path: &str) -> Api {
-    match path {
-        "/v1/chat/completions" => Api::Chat,
-        "/generate" => Api::Generate,
-        _ => Api::Completions,
-    }
-}
-
 /// Charges the request's tokens to its tenant, or a 429 when they do not fit.
-fn charge(tenant: &Tenant, path: &str, body: &Body<'_>) -> Result<(), Refused> {
+fn charge(tenant: &Tenant, api: Api, body: &Body<'_>) -> Result<(), Refused> {
     if !tenant.limits().any() {
         return Ok(());
     }
-    let (prompt, output) = cost(api_of(path), body);
+    let (prompt, output) = cost(api, body);
     match tenant.charge(prompt, output, Instant::now()) {
         Ok(_) => Ok(()),
         Err(limited) => Err(Refused::rate_limited(tenant.name(), &limited)),

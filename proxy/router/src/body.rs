@@ -120,6 +120,17 @@ impl<'a> Body<'a> {
         self.fields.get(name).copied()
     }
 
+    /// The field `name` as a number, read as the engines' OpenAI servers read one (pydantic's
+    /// lax mode): a JSON number, or a string holding one (`"64"` is 64).
+    pub fn number(&self, name: &str) -> Option<f64> {
+        let text = self.get(name)?.get().trim();
+        let text = text
+            .strip_prefix('"')
+            .and_then(|t| t.strip_suffix('"'))
+            .unwrap_or(text);
+        text.trim().parse::<f64>().ok().filter(|n| n.is_finite())
+    }
+
     /// Sets the field `name` to `value` (what [`Body::render`] then writes, as if the client
     /// had sent it).
     pub fn insert(&mut self, name: &'static str, value: &'a RawValue) {

@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::body::Body;
-use crate::tenants::charge::Api;
+use crate::tenants::charge::{output_limit, Api};
 
 /// A request field that cannot be right, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,9 +24,11 @@ pub struct Invalid {
     pub message: String,
 }
 
-/// What a field's value must be.
+/// What a field's value must be. Numbers are read as the engines' OpenAI servers read them
+/// (pydantic's lax mode): `"16"` and `16.0` are the whole number 16, `"0.5"` is 0.5.
 #[derive(Debug, Clone, Copy)]
 enum Expect {
+    /// `true` or `false` itself: the proxy reads `stream` too, and reads nothing looser.
     Bool,
     Text,
     /// A whole number, at least this.
@@ -46,7 +48,7 @@ enum Expect {
 const COMMON: [(&str, Expect); 10] = [
     ("model", Expect::Text),
     ("stream", Expect::Bool),
-    ("max_tokens", Expect::Integer(1)),
+    ("max_tokens", Expect::Integer(0)),
     ("n", Expect::Integer(1)),
     ("seed", Expect::Integer(i64::MIN)),
     ("stop", Expect::Stop),
@@ -84,6 +86,9 @@ const COMMON: [(&str, Expect); 10] = [
     ),
 ];
 
+/// The most characters of a wrong value a refusal repeats.
+const SHOWN_CHARS: usize = 40;
+
 /// Checks `body` of a request to `api`; `context` tells the model's context length, when a
 /// card gives it (asked only of a body that sets a token limit). SGLang's `/generate` is left
 /// to the engines (its fields are its own).
@@ -118,37 +123,60 @@ pub fn check(
                 message: "`messages` must be a non-empty list of messages".to_owned(),
             });
         }
-        check_field(body, "max_completion_tokens", Expect::Integer(1))?;
+        check_field(body, "max_completion_tokens", Expect::Integer(0))?;
     }
     for (name, expect) in COMMON {
         check_field(body, name, expect)?;
     }
-    let asked = ["max_tokens", "max_completion_tokens"]
-        .iter()
-        .filter_map(|name| Some((*name, parse(body.get(name))?.as_u64()?)))
-        .max_by_key(|(_, tokens)| *tokens);
-    if let Some((name, tokens, context)) =
-        asked.and_then(|(name, tokens)| Some((name, tokens, context()?)))
-    {
-        if tokens > context {
-            return Err(Invalid {
-                param: if name == "max_tokens" {
-                    "max_tokens"
-                } else {
-                    "max_completion_tokens"
-                },
-                message: format!(
-                    "`{name}` is {tokens}, more than the model's context length ({context} \
-                     tokens, prompt included)"
-                ),
-            });
-        }
+    let Some((param, tokens)) = output_limit(api, body) else {
+        return Ok(());
+    };
+    // vLLM takes 0 from a completion that echoes its prompt (to score it, generating nothing).
+    let echoed = api == Api::Completions && parse(body.get("echo")).is_some_and(|v| truthy(&v));
+    if tokens < 1.0 && !echoed {
+        return Err(Invalid {
+            param,
+            message: format!(
+                "`{param}` must be at least 1 (0 only for a completion that echoes its prompt)"
+            ),
+        });
     }
-    Ok(())
+    match context() {
+        Some(context) if tokens > context as f64 => Err(Invalid {
+            param,
+            message: format!(
+                "`{param}` is {tokens}, more than the model's context length ({context} tokens, \
+                 prompt included)"
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 fn parse(raw: Option<&RawValue>) -> Option<Value> {
     serde_json::from_str(raw?.get()).ok()
+}
+
+/// A JSON number, or a string holding one.
+fn number(value: &Value) -> Option<f64> {
+    match value {
+        Value::Number(n) => n.as_f64(),
+        Value::String(text) => text.trim().parse::<f64>().ok().filter(|n| n.is_finite()),
+        _ => None,
+    }
+}
+
+/// Whether a value is true as pydantic's lax mode reads a boolean (`true`, `1`, `"yes"`, ...).
+fn truthy(value: &Value) -> bool {
+    match value {
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() == Some(1.0),
+        Value::String(text) => matches!(
+            text.trim().to_ascii_lowercase().as_str(),
+            "1" | "on" | "t" | "true" | "y" | "yes"
+        ),
+        _ => false,
+    }
 }
 
 fn check_field(body: &Body<'_>, name: &'static str, expect: Expect) -> Result<(), Invalid> {
@@ -161,14 +189,12 @@ fn check_field(body: &Body<'_>, name: &'static str, expect: Expect) -> Result<()
     let fits = match expect {
         Expect::Bool => value.is_boolean(),
         Expect::Text => value.is_string(),
-        Expect::Integer(low) => value.as_i64().is_some_and(|n| n >= low),
+        Expect::Integer(low) => number(&value).is_some_and(|n| n.fract() == 0.0 && n >= low as f64),
         Expect::Number {
             low,
             high,
             open_low,
-        } => value
-            .as_f64()
-            .is_some_and(|n| n <= high && if open_low { n > low } else { n >= low }),
+        } => number(&value).is_some_and(|n| n <= high && if open_low { n > low } else { n >= low }),
         Expect::Stop => {
             value.is_string()
                 || value
@@ -204,8 +230,17 @@ fn check_field(body: &Body<'_>, name: &'static str, expect: Expect) -> Result<()
     };
     Err(Invalid {
         param: name,
-        message: format!("`{name}` must be {what}, not {value}"),
+        message: format!("`{name}` must be {what}, not {}", shown(&value)),
     })
+}
+
+/// A wrong value as a refusal repeats it: its JSON, cut short.
+fn shown(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(SHOWN_CHARS) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text,
+    }
 }
 
 #[cfg(test)]
@@ -254,8 +289,10 @@ mod tests {
     fn common_fields_by_type_and_range() {
         let bad = [
             (r#""max_tokens": 0"#, "max_tokens"),
-            (r#""max_tokens": "16""#, "max_tokens"),
+            (r#""max_tokens": "1.5""#, "max_tokens"),
             (r#""max_tokens": 1.5"#, "max_tokens"),
+            (r#""max_tokens": -1"#, "max_tokens"),
+            (r#""max_tokens": 0, "echo": false"#, "max_tokens"),
             (r#""n": 0"#, "n"),
             (r#""temperature": -0.1"#, "temperature"),
             (r#""temperature": "hot""#, "temperature"),
@@ -276,6 +313,17 @@ mod tests {
         let fine = r#"{"prompt": "x", "max_tokens": 4096, "n": 2, "temperature": 0, "top_p": 1,
             "presence_penalty": -2, "stream": true, "stop": ["a", "b"], "seed": -3, "model": null}"#;
         assert!(checked(Api::Completions, fine, Some(4096)).is_ok());
+        // Read as vLLM reads them: numbers in strings, whole floats, 0 to echo a prompt.
+        let lax = r#"{"prompt": "x", "max_tokens": "16", "n": 2.0, "temperature": "0.5",
+            "seed": "7", "top_p": " 1 "}"#;
+        assert!(checked(Api::Completions, lax, Some(4096)).is_ok());
+        for echo in ["true", "1", r#""yes""#] {
+            let json = format!(r#"{{"prompt": "x", "max_tokens": 0, "echo": {echo}}}"#);
+            assert!(
+                checked(Api::Completions, &json, Some(4096)).is_ok(),
+                "{json}"
+            );
+        }
         // Without a card, no bound on the tokens.
         assert!(checked(
             Api::Completions,
@@ -286,6 +334,19 @@ mod tests {
         let chat =
             r#"{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 9000}"#;
         assert_eq!(param(Api::Chat, chat), "max_completion_tokens");
+        // A chat's limit is `max_completion_tokens or max_tokens`; a completion's `max_tokens`.
+        let chat = r#"{"messages": [{"role": "user", "content": "x"}],
+            "max_completion_tokens": 0, "max_tokens": 9000}"#;
+        assert_eq!(param(Api::Chat, chat), "max_tokens");
+        let chat = r#"{"messages": [{"role": "user", "content": "x"}],
+            "max_completion_tokens": 10, "max_tokens": 9000}"#;
+        assert!(checked(Api::Chat, chat, Some(4096)).is_ok());
+        let completion = r#"{"prompt": "x", "max_completion_tokens": 9000}"#;
+        assert!(checked(Api::Completions, completion, Some(4096)).is_ok());
+        // A long wrong value is cut short in the answer.
+        let long = format!(r#"{{"prompt": "x", "model": [{}1]}}"#, "1,".repeat(500));
+        let message = checked(Api::Completions, &long, None).unwrap_err().message;
+        assert!(message.len() < 100 && message.ends_with("..."), "{message}");
         let message = checked(Api::Completions, r#"{"prompt": "x", "top_p": 2}"#, None)
             .unwrap_err()
             .message;

@@ -15,6 +15,7 @@ use futures_util::future::BoxFuture;
 use pd_router::admission::RequestClass;
 use pd_router::backend::Backend;
 use pd_router::body::{raw_json, Body, Edit, KV_TRANSFER_PARAMS};
+use pd_router::tenants::charge::{output_limit, Api};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -191,14 +192,15 @@ pub(super) fn continuation_body(
     continuation: &Continuation,
     context: Option<u64>,
 ) -> Option<Vec<u8>> {
-    let number = |name: &str| {
-        original
-            .get(name)
-            .and_then(|value| value.get().trim().parse::<u64>().ok())
+    let number = |name: &str| original.number(name).map(|n| n.max(0.0) as u64);
+    let api = match asked.shape {
+        Shape::Completion => Api::Completions,
+        Shape::Chat => Api::Chat,
     };
+    let limit = output_limit(api, original).map(|(_, n)| n.max(0.0) as u64);
     let limit = match asked.shape {
-        Shape::Completion => Some(number("max_tokens").unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS)),
-        Shape::Chat => number("max_completion_tokens").or_else(|| number("max_tokens")),
+        Shape::Completion => Some(limit.unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS)),
+        Shape::Chat => limit,
     };
     let done = continuation.generated as u64;
     // What the chat had: the context left after its prompt.

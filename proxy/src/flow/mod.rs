@@ -123,6 +123,10 @@ pub(crate) async fn start(
         Some(rewritten) => intake::parse(rewritten)?,
         None => parsed,
     };
+    let handles = state.model_metrics(model);
+    let metrics = handles.route(route).clone();
+    // A refusal below is counted under the model asked for.
+    tracker.retarget(metrics.clone());
     let context = || state.pool().context_length(model);
     validate::check(&body, rate_limits::api(route), context).map_err(|invalid| {
         Refusal::from((
@@ -136,9 +140,6 @@ pub(crate) async fn start(
         ))
     })?;
     let followed = migration::follow(state, route, &mut body);
-    let handles = state.model_metrics(model);
-    let metrics = handles.route(route).clone();
-    tracker.retarget(metrics.clone());
     let mut class = (state.router.classify(headers)).map_err(|err| failure::bad_class(&err))?;
     let rate = match tenant {
         Some(tenant) => {

@@ -31,25 +31,51 @@ pub enum Api {
     Generate,
 }
 
+impl Api {
+    /// The API a request path calls, when it is one of these.
+    pub fn of_path(path: &str) -> Option<Api> {
+        match path {
+            "/v1/completions" => Some(Api::Completions),
+            "/v1/chat/completions" => Some(Api::Chat),
+            "/generate" => Some(Api::Generate),
+            _ => None,
+        }
+    }
+}
+
 /// The most answers one request is charged for (a larger `n` is charged as this many).
 const MAX_COPIES: f64 = 1024.0;
+
+/// The most output tokens a request names, and the field that names it, as vLLM reads them:
+/// a completion's `max_tokens` (its `max_completion_tokens` is not read); a chat's
+/// `max_completion_tokens`, or its `max_tokens` when that is absent or 0; `/generate`'s
+/// `sampling_params.max_new_tokens`. `None` when the request names none.
+pub fn output_limit(api: Api, body: &Body<'_>) -> Option<(&'static str, f64)> {
+    let named = |field: &'static str| body.number(field).map(|n| (field, n));
+    match api {
+        Api::Completions => named("max_tokens"),
+        Api::Chat => named("max_completion_tokens")
+            .filter(|(_, n)| *n != 0.0)
+            .or_else(|| named("max_tokens")),
+        Api::Generate => {
+            let params = body.get("sampling_params")?;
+            let params = Body::parse(params.get().as_bytes()).ok()?;
+            params
+                .number("max_new_tokens")
+                .map(|n| ("max_new_tokens", n))
+        }
+    }
+}
 
 /// A request's charge: (prompt tokens, estimated; output tokens, at most).
 pub fn cost(api: Api, body: &Body<'_>) -> (f64, f64) {
     let size = |field: &str| body.get(field).map_or(0, |value| value.get().len());
     let prompt_bytes = size("prompt") + size("messages") + size("text") + size("input_ids");
-    let number = |field: &str| body.get(field).and_then(|value| number_in(value.get()));
-    let sampling_max = || {
-        let params = body.get("sampling_params")?;
-        let params: serde_json::Value = serde_json::from_str(params.get()).ok()?;
-        number_in(&params["max_new_tokens"].to_string())
-    };
-    let each = match api {
-        Api::Completions => number("max_tokens").unwrap_or(COMPLETION_DEFAULT),
-        Api::Chat => (number("max_completion_tokens"))
-            .or_else(|| number("max_tokens"))
-            .unwrap_or(UNBOUNDED_OUTPUT),
-        Api::Generate => sampling_max().unwrap_or(UNBOUNDED_OUTPUT),
+    let number = |field: &str| body.number(field).map(|n| n.max(0.0));
+    let each = match (output_limit(api, body), api) {
+        (Some((_, limit)), _) => limit.max(0.0),
+        (None, Api::Completions) => COMPLETION_DEFAULT,
+        (None, Api::Chat | Api::Generate) => UNBOUNDED_OUTPUT,
     };
     let copies = [number("n"), number("best_of")]
         .into_iter()
@@ -61,13 +87,6 @@ pub fn cost(api: Api, body: &Body<'_>) -> (f64, f64) {
         .find_map(|field| body.get(field).map(|value| prompts_in(value.get())))
         .unwrap_or(1.0);
     ((prompt_bytes as f64 / 4.0).ceil(), each * copies * batch)
-}
-
-/// A JSON number, or a string holding one; negative ones are 0.
-fn number_in(json: &str) -> Option<f64> {
-    let text = json.trim().trim_matches('"').trim();
-    let n = text.parse::<f64>().ok().filter(|n| n.is_finite())?;
-    Some(n.max(0.0))
 }
 
 /// How many prompts a `prompt` (or SGLang's `text`) holds: a list of strings or of token-id
@@ -148,6 +167,12 @@ mod tests {
         assert_eq!(cost(Api::Completions, &bare).1, COMPLETION_DEFAULT);
         let chat = br#"{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":7,"max_tokens":99}"#;
         assert_eq!(cost(Api::Chat, &Body::parse(chat).unwrap()).1, 7.0);
+        // vLLM's `max_completion_tokens or max_tokens`; a completion reads `max_tokens` only.
+        let zero = br#"{"messages":[],"max_completion_tokens":0,"max_tokens":9}"#;
+        assert_eq!(cost(Api::Chat, &Body::parse(zero).unwrap()).1, 9.0);
+        let other = br#"{"prompt":"hi","max_completion_tokens":500}"#;
+        let other = Body::parse(other).unwrap();
+        assert_eq!(cost(Api::Completions, &other).1, COMPLETION_DEFAULT);
         let unbounded = Body::parse(br#"{"messages":[]}"#).unwrap();
         assert_eq!(cost(Api::Chat, &unbounded).1, UNBOUNDED_OUTPUT);
         let generate = br#"{"text":"hello","sampling_params":{"max_new_tokens":12}}"#;
