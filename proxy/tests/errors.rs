@@ -299,9 +299,55 @@ async fn a_down_engine_is_not_named_to_the_client() {
         .await;
     assert!(status.is_server_error(), "{status} {answer}");
     error_of(&answer);
-    if let Some(upstream) = upstream {
-        assert!(upstream.contains("decode"), "{upstream}");
-    }
+    // A proxy without keys has no one to hide it from: the header says which engine.
+    let upstream = upstream.expect("a proxy without keys names the engine in its header");
+    assert!(
+        upstream.starts_with("decode http://127.0.0.1:"),
+        "{upstream}"
+    );
+}
+
+#[tokio::test]
+async fn with_tenants_an_operator_names_the_admin_key_in_a_header_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    std::fs::write(&keys, "[tenants.team]\nkeys = [\"team-key\"]\n").unwrap();
+    let front = Front::start(Mode::Concurrent, |config| {
+        config.admin_key = Some("operator-key".to_owned());
+        config.api_keys_file = Some(keys.clone());
+    })
+    .await;
+    front
+        .decode
+        .set(|b| *b = Behavior::failing(500, json!({"detail": "CUDA error"})));
+    let ask = |admin: Option<&'static str>| {
+        let mut request = client()
+            .post(format!("{}{COMPLETIONS}", front.proxy.url()))
+            .bearer_auth("team-key")
+            .json(&json!({"prompt": "hi"}));
+        if let Some(admin) = admin {
+            request = request.header("x-pd-admin-key", admin);
+        }
+        async move {
+            let answer = request.send().await.unwrap();
+            assert!(answer.status().is_server_error(), "{}", answer.status());
+            (answer.headers().get("x-pd-upstream")).map(|v| v.to_str().unwrap().to_owned())
+        }
+    };
+    assert_eq!(ask(None).await, None);
+    assert_eq!(ask(Some("not-the-key")).await, None);
+    let upstream = ask(Some("operator-key"))
+        .await
+        .expect("the operator is told");
+    assert!(
+        upstream.starts_with("decode http://127.0.0.1:"),
+        "{upstream}"
+    );
+    // The admin key alone is no tenant's key.
+    let (status, upstream, _) = front
+        .post(COMPLETIONS, &json!({"prompt": "hi"}), Some("operator-key"))
+        .await;
+    assert_eq!((status, upstream), (StatusCode::UNAUTHORIZED, None));
 }
 
 /// An engine that refuses every POST as soon as its headers are in, answering 413 and closing

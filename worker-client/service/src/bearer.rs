@@ -25,7 +25,12 @@ impl BearerToken {
     /// Whether `headers` carry this token. The comparison takes the same time whatever the
     /// presented bytes, so the token cannot be guessed by timing.
     pub fn admits(&self, headers: &HeaderMap) -> bool {
-        let presented = BearerToken::presented(headers).unwrap_or_default();
+        self.matches(BearerToken::presented(headers).unwrap_or_default())
+    }
+
+    /// Whether `presented` is this token, compared in constant time (for a token sent in a
+    /// header of its own).
+    pub fn matches(&self, presented: &[u8]) -> bool {
         bool::from(presented.ct_eq(&self.0))
     }
 
@@ -66,6 +71,7 @@ mod tests {
             assert!(!token.admits(&with(bad)), "{bad}");
         }
         assert!(!token.admits(&HeaderMap::new()));
+        assert!(token.matches(b"s3cret") && !token.matches(b"s3cre") && !token.matches(b""));
         assert!(BearerToken::new("").is_none());
     }
 }
