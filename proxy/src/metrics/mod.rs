@@ -163,10 +163,14 @@ mod tests {
         assert!(used.contains(
             r#"pd_proxy_requests_total{model="m",outcome="bad_request",route="/v1/completions"} 1"#
         ));
-        // Only the outcome that happened, and still nothing of the route never called.
+        // Every outcome of the route used, at 0 but the one that happened (so that rate()
+        // sees an outcome's first burst), and still nothing of the route never called.
+        assert!(used.contains(
+            r#"pd_proxy_requests_total{model="m",outcome="decode_error",route="/v1/completions"} 0"#
+        ));
         assert_eq!(
             used.matches("pd_proxy_requests_total{").count(),
-            1,
+            Outcome::ALL.len(),
             "{used}"
         );
         assert_eq!(

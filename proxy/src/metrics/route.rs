@@ -2,8 +2,11 @@
 //! answer, D's first byte), retries, and the routing decisions.
 //!
 //! A series is created the first time it counts something ([`Series`]): a scrape shows what
-//! happened, not every route, model and outcome that could (a proxy in vLLM mode never shows
-//! `/generate`), while a request still holds its handles and looks no label up.
+//! happened, not every route and model that could (a proxy in vLLM mode never shows
+//! `/generate`), while a request still holds its handles and looks no label up. The outcome
+//! counters of a route and model are the exception: all of them appear, at 0, with its first
+//! request, so that `rate()` over an outcome (an error-ratio alert) counts its first burst
+//! instead of taking it as where the series began.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -64,6 +67,8 @@ impl<B: MetricVecBuilder> VecOf for MetricVec<B> {
 /// The metric handles of one client-facing route, for one model label.
 pub(crate) struct RouteMetrics {
     outcomes: [CounterSeries; Outcome::ALL.len()],
+    /// Set once every outcome counter exists (with the first request).
+    outcomes_open: OnceLock<()>,
     duration: HistogramSeries,
     ttft: HistogramSeries,
     overhead: HistogramSeries,
@@ -77,6 +82,11 @@ pub(crate) struct RouteMetrics {
 impl RouteMetrics {
     /// Counts a request as started.
     pub(crate) fn start(&self) {
+        self.outcomes_open.get_or_init(|| {
+            for outcome in &self.outcomes {
+                outcome.get();
+            }
+        });
         self.in_flight.get().inc();
     }
 
@@ -242,6 +252,7 @@ impl RouteFamilies {
         RouteMetrics {
             outcomes: Outcome::ALL
                 .map(|o| Series::new(&self.requests, &[route, model, o.as_str()])),
+            outcomes_open: OnceLock::new(),
             duration: Series::new(&self.duration, labels),
             ttft: Series::new(&self.ttft, labels),
             overhead: Series::new(&self.overhead, labels),
