@@ -48,7 +48,10 @@ pub fn serving_threads(requested: usize) -> usize {
 }
 
 /// Binds `count` (at least one) listeners on `host:port` sharing the port with
-/// `SO_REUSEPORT`; with port 0 the first one picks a free port and the others take it.
+/// `SO_REUSEPORT`; with port 0 the first one picks a free port and the others take it. A port
+/// another socket listens on is an error, as for a plain bind (`SO_REUSEPORT` would otherwise
+/// let a second proxy of the same user share it silently). Each address `host` resolves to is
+/// tried in turn.
 pub async fn bind_shared(
     host: &str,
     port: u16,
@@ -62,15 +65,29 @@ pub async fn bind_shared(
         },
         source,
     };
-    let mut addr = tokio::net::lookup_host((host, port))
+    let mut last = std::io::Error::other("the host name has no address");
+    for addr in tokio::net::lookup_host((host, port))
         .await
         .map_err(failed)?
-        .next()
-        .ok_or_else(|| failed(std::io::Error::other("the host name has no address")))?;
-    let mut listeners = Vec::with_capacity(count.max(1));
-    for _ in 0..count.max(1) {
-        let listener = listen_reusing_port(addr).map_err(failed)?;
-        addr = listener.local_addr().map_err(failed)?;
+    {
+        match bind_group(addr, count.max(1)) {
+            Ok(listeners) => return Ok(listeners),
+            Err(err) => last = err,
+        }
+    }
+    Err(failed(last))
+}
+
+/// `count` listeners sharing `addr`'s port, which no other socket may be listening on.
+fn bind_group(mut addr: SocketAddr, count: usize) -> std::io::Result<Vec<TcpListener>> {
+    if addr.port() != 0 {
+        // A plain bind fails where another socket listens, SO_REUSEPORT or not.
+        drop(std::net::TcpListener::bind(addr)?);
+    }
+    let mut listeners = Vec::with_capacity(count);
+    for _ in 0..count {
+        let listener = listen_reusing_port(addr)?;
+        addr = listener.local_addr()?;
         listeners.push(listener);
     }
     Ok(listeners)
@@ -235,6 +252,21 @@ mod tests {
         .expect("served once the first connection closed")
         .unwrap();
         assert_eq!(answer.status(), 200);
+    }
+
+    #[tokio::test]
+    async fn a_port_someone_listens_on_is_refused() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let err = bind_shared("127.0.0.1", port, 2).await.unwrap_err();
+        assert_eq!(err.source.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+        // So is a port another reuse-port group listens on.
+        let group = bind_shared("127.0.0.1", 0, 2).await.unwrap();
+        let port = group[0].local_addr().unwrap().port();
+        let err = bind_shared("127.0.0.1", port, 2).await.unwrap_err();
+        assert_eq!(err.source.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+        // "localhost" may resolve to ::1 first; some address of it binds.
+        assert_eq!(bind_shared("localhost", 0, 2).await.unwrap().len(), 2);
     }
 
     #[test]
