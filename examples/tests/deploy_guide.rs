@@ -40,3 +40,35 @@ async fn every_command_of_the_deploy_guide_exists_with_its_flags() {
     );
     assert!(said.contains("0 problems"), "{said}");
 }
+
+/// vLLM adds the dp rank to both KV event ports: run-pd.sh keeps the PUB and replay ranges of a
+/// data-parallel P apart.
+#[test]
+fn a_data_parallel_ps_kv_event_ports_do_not_collide() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let dp = 4;
+    let printed = Command::new("bash")
+        .arg(root.join("examples/vllm/run-pd.sh"))
+        .arg("prefill")
+        .envs([("DRY_RUN", "1"), ("KV_EVENTS", "1")])
+        .env("P_DP", dp.to_string())
+        .output()
+        .expect("run bash");
+    let said = String::from_utf8_lossy(&printed.stdout).replace('\\', "");
+    assert!(printed.status.success(), "{said}");
+    let port = |key: &str| -> u16 {
+        let pattern = format!("\"{key}\":\"tcp://*:");
+        let at = said.find(&pattern).expect(key) + pattern.len();
+        let digits: String = said[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap_or_else(|_| panic!("{key}: {said}"))
+    };
+    let (publish, replay) = (port("endpoint"), port("replay_endpoint"));
+    let ranks = |first: u16| first..first + dp;
+    assert!(
+        ranks(publish).all(|p| !ranks(replay).contains(&p)),
+        "PUB {publish} and replay {replay} overlap over {dp} dp ranks"
+    );
+}

@@ -76,7 +76,8 @@ PROXY_POLICY=${PROXY_POLICY:-round_robin}   # or least_loaded, or precise_prefix
 # each request to the engine holding the longest part of its prompt. The proxy then needs the
 # model's tokenizer: a folder with tokenizer.json, reachable where the proxy runs.
 KV_EVENTS=${KV_EVENTS:-0}                   # 1: --kv-events-config on P and D
-KV_EVENTS_PORT=${KV_EVENTS_PORT:-5557}      # the PUB socket (the replay socket is the next port)
+KV_EVENTS_PORT=${KV_EVENTS_PORT:-5557}      # the PUB socket (vLLM adds the dp rank: P_DP ports from here)
+KV_REPLAY_PORT=${KV_REPLAY_PORT:-5657}      # the replay socket (the dp rank added too, so apart from the PUB ports)
 PROXY_TOKENIZER=${PROXY_TOKENIZER:-}        # precise_prefix: the model's tokenizer folder
 PROXY_MODE=${PROXY_MODE:-concurrent}        # or sequential
 READY_TIMEOUT=${READY_TIMEOUT:-1200}        # seconds to wait for engines to come up
@@ -163,7 +164,7 @@ cmd_bootstrap() {
 kv_events_args() {
   (( KV_EVENTS )) || return 0
   printf '%s\n' --enable-prefix-caching --kv-events-config \
-    "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"topic\":\"kv\",\"endpoint\":\"tcp://*:$KV_EVENTS_PORT\",\"replay_endpoint\":\"tcp://*:$((KV_EVENTS_PORT + 1))\"}"
+    "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"topic\":\"kv\",\"endpoint\":\"tcp://*:$KV_EVENTS_PORT\",\"replay_endpoint\":\"tcp://*:$KV_REPLAY_PORT\"}"
 }
 
 cmd_prefill() {
