@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Release binaries for a host without Rust: bootstrap-server, pd-proxy, pd-epp and worker-client,
-# built once with `cargo build --release --locked` (the commit in their build_info gauge),
+# built once with `cargo build --release --locked` (the commit in the servers' build_info gauges),
 # stripped, their debug info kept apart (objcopy --only-keep-debug, linked back with
 # --add-gnu-debuglink, so that gdb and perf find it beside the binary), packed, with SHA-256
 # checksums.

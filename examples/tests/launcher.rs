@@ -108,6 +108,33 @@ fn a_taken_port_fails_at_once_naming_it() {
 }
 
 #[test]
+fn gpus_are_refused_where_no_gpu_build_of_vllm_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    // (arguments, what the error names)
+    let table: [(&[&str], &str); 3] = [
+        (&["--gpus", "0,1"], "--engine vllm"),
+        (&["--engine", "vllm", "--gpus", "0,1"], "--vllm-python"),
+        (
+            &[
+                "--engine",
+                "vllm",
+                "--vllm-python",
+                "/usr/bin/python3",
+                "--gpus",
+                "a",
+            ],
+            "GPU indexes",
+        ),
+    ];
+    for (args, named) in table {
+        let output = launcher(dir.path(), args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?}: {stderr}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
 fn a_killed_launcher_leaves_no_process_behind() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = launcher(dir.path(), &["--port", "0"]).spawn().unwrap();

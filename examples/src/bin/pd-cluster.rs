@@ -80,7 +80,8 @@ struct Args {
     /// With --engine vllm on a GPU host: the GPUs to use (comma-separated indexes), one per
     /// engine in turn, prefills first, each engine seeing only its own
     /// (`CUDA_VISIBLE_DEVICES`): `--gpus 0,1` puts P on GPU 0 and D on GPU 1. More engines
-    /// than GPUs share them in turn. Without it every engine sees every GPU.
+    /// than GPUs share them in turn. Without it every engine sees every GPU. Needs
+    /// --vllm-python (a GPU build of vLLM).
     #[arg(long, value_delimiter = ',', value_name = "INDEXES")]
     gpus: Vec<String>,
     /// With --engine vllm --connector mooncake: the transfer engine's protocol, tcp or rdma
@@ -211,6 +212,13 @@ async fn main() -> std::process::ExitCode {
     }
     if !args.gpus.is_empty() && args.engine != EngineKind::Vllm {
         eprintln!("error: --gpus places real vLLM engines: it needs --engine vllm");
+        return std::process::ExitCode::FAILURE;
+    }
+    if !args.gpus.is_empty() && args.vllm_python.is_none() {
+        eprintln!(
+            "error: --gpus needs --vllm-python, a Python with a GPU build of vLLM (the pinned \
+             environment examples/vllm/cpu/venv.sh makes is vLLM's CPU build)"
+        );
         return std::process::ExitCode::FAILURE;
     }
     if let Some(bad) = args.gpus.iter().find(|gpu| gpu.parse::<u32>().is_err()) {

@@ -90,6 +90,7 @@ impl Metrics {
                 .register(collector)
                 .expect("metric names are unique");
         }
+        pd_service::build_info::register(&registry, "build_info").expect("metric names are unique");
         Metrics {
             registry,
             fleet,
