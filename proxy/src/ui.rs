@@ -125,7 +125,7 @@ fn view(backend: &Backend, state: BackendState) -> BackendView {
 fn snapshot(state: &AppState) -> Snapshot {
     let ready = readiness(state);
     let (prefills, decodes) = states(state.pool(), view);
-    let metrics = &state.metrics;
+    let metrics = state.metrics.gather();
     let decisions = (metrics.totals_by("pd_proxy_route_decisions_total", &["decision", "reason"]))
         .into_iter()
         .map(|(mut key, count)| Decision {

@@ -7,12 +7,14 @@
 mod migration;
 mod outcome;
 mod route;
+mod summary;
 
 pub(crate) use migration::{Break, Migrated, MigrationMetrics};
 pub(crate) use outcome::Outcome;
 pub(crate) use pd_router::metrics::{CallOutcome, FleetMetrics};
 pub(crate) use pd_router::tenants::metrics::TenantMetrics;
 pub(crate) use route::{DecisionMetrics, RouteMetrics};
+pub(crate) use summary::Gathered;
 
 use route::RouteFamilies;
 
@@ -79,55 +81,10 @@ impl Metrics {
         self.routes.route(route, model)
     }
 
-    /// The counter `family`'s values summed by the `labels` given (over every other label),
-    /// the largest first: e.g. the routing decisions by decision and reason, for the live page.
-    pub(crate) fn totals_by(&self, family: &str, labels: &[&str]) -> Vec<(Vec<String>, u64)> {
-        let mut totals: std::collections::BTreeMap<Vec<String>, f64> = Default::default();
-        let gathered = self.registry.gather();
-        for metric in gathered
-            .iter()
-            .filter(|f| f.name() == family)
-            .flat_map(|f| f.get_metric())
-        {
-            let key = (labels.iter())
-                .map(|name| {
-                    let pair = metric.get_label().iter().find(|pair| pair.name() == *name);
-                    pair.map(|pair| pair.value().to_owned()).unwrap_or_default()
-                })
-                .collect();
-            *totals.entry(key).or_default() += metric.get_counter().get_value();
-        }
-        let mut totals: Vec<(Vec<String>, u64)> = (totals.into_iter())
-            .filter(|(_, value)| *value > 0.0)
-            .map(|(key, value)| (key, value as u64))
-            .collect();
-        totals.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        totals
-    }
-
-    /// The histogram `family`'s buckets summed over all its series: (upper bound, requests at
-    /// or under it), cumulative as Prometheus keeps them, `+Inf` last (as `f64::INFINITY`).
-    pub(crate) fn buckets_of(&self, family: &str) -> Vec<(f64, u64)> {
-        let mut buckets: Vec<(f64, u64)> = Vec::new();
-        for metric in (self.registry.gather().iter())
-            .filter(|f| f.name() == family)
-            .flat_map(|f| f.get_metric())
-        {
-            let histogram = metric.get_histogram();
-            for (i, bucket) in histogram.get_bucket().iter().enumerate() {
-                match buckets.get_mut(i) {
-                    Some(sum) => sum.1 += bucket.cumulative_count(),
-                    None => buckets.push((bucket.upper_bound(), bucket.cumulative_count())),
-                }
-            }
-            let total = histogram.get_sample_count();
-            let last = histogram.get_bucket().len();
-            match buckets.get_mut(last) {
-                Some(sum) => sum.1 += total,
-                None => buckets.push((f64::INFINITY, total)),
-            }
-        }
-        buckets
+    /// One reading of every metric, to summarize (the live page reads several families of the
+    /// same instant).
+    pub(crate) fn gather(&self) -> Gathered {
+        Gathered::new(self.registry.gather())
     }
 
     /// Renders every metric in the Prometheus text format.
