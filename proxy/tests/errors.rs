@@ -283,7 +283,12 @@ async fn with_an_admin_key_only_operators_learn_which_engine_failed() {
     assert_eq!(error_of(&answer)["type"], "upstream_error");
     let (status, upstream, answer) = front.post(COMPLETIONS, &body, Some("operator-key")).await;
     assert_eq!(status, 500, "{answer}");
-    let upstream = upstream.expect("the operator is told");
+    names_the_decode(upstream, "the operator is told");
+}
+
+/// `x-pd-upstream`, which must be there (`why`) and name the mock decode.
+fn names_the_decode(upstream: Option<String>, why: &str) {
+    let upstream = upstream.unwrap_or_else(|| panic!("no x-pd-upstream: {why}"));
     assert!(
         upstream.starts_with("decode http://127.0.0.1:"),
         "{upstream}"
@@ -300,11 +305,7 @@ async fn a_down_engine_is_not_named_to_the_client() {
     assert!(status.is_server_error(), "{status} {answer}");
     error_of(&answer);
     // A proxy without keys has no one to hide it from: the header says which engine.
-    let upstream = upstream.expect("a proxy without keys names the engine in its header");
-    assert!(
-        upstream.starts_with("decode http://127.0.0.1:"),
-        "{upstream}"
-    );
+    names_the_decode(upstream, "a proxy without keys names the engine");
 }
 
 #[tokio::test]
@@ -336,13 +337,7 @@ async fn with_tenants_an_operator_names_the_admin_key_in_a_header_of_its_own() {
     };
     assert_eq!(ask(None).await, None);
     assert_eq!(ask(Some("not-the-key")).await, None);
-    let upstream = ask(Some("operator-key"))
-        .await
-        .expect("the operator is told");
-    assert!(
-        upstream.starts_with("decode http://127.0.0.1:"),
-        "{upstream}"
-    );
+    names_the_decode(ask(Some("operator-key")).await, "the operator is told");
     // The admin key alone is no tenant's key.
     let (status, upstream, _) = front
         .post(COMPLETIONS, &json!({"prompt": "hi"}), Some("operator-key"))
