@@ -222,19 +222,17 @@ pub async fn pick(
     };
     // What the engines would refuse, refused here with one answer naming the field.
     let context = || router.pool().context_length(model);
-    // Only the OpenAI APIs are checked; the others (embeddings, SGLang's own) go through.
+    // Only the completion APIs are checked; the others (embeddings, SGLang's own) go through.
     let api = Api::of_path(request.path);
-    if let Some(api) = api {
-        validate::check(body, api, context).map_err(|invalid| {
-            Refused::new(
-                400,
-                "invalid_request_error",
-                &invalid.message,
-                "bad_request",
-            )
-            .for_param(invalid.param)
-        })?;
-    }
+    validate::check(body, api, context).map_err(|invalid| {
+        Refused::new(
+            400,
+            "invalid_request_error",
+            &invalid.message,
+            "bad_request",
+        )
+        .for_param(invalid.param)
+    })?;
     let mut class = router.classify(request.headers).map_err(|err| {
         Refused::new(
             400,
@@ -246,7 +244,7 @@ pub async fn pick(
     if let Some(tenant) = request.tenant {
         // The key's tenant is the request's fair share, whatever its headers say.
         class.tenant = tenant.name().clone();
-        charge(tenant, api.unwrap_or(Api::Completions), body)?;
+        charge(tenant, api, body)?;
     }
     let tokens = router.tokens(kind, bytes, body).await;
     let deadline = Instant::now() + router.admission().config().max_wait;

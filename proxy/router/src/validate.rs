@@ -90,8 +90,8 @@ const COMMON: [(&str, Expect); 10] = [
 const SHOWN_CHARS: usize = 40;
 
 /// Checks `body` of a request to `api`; `context` tells the model's context length, when a
-/// card gives it (asked only of a body that sets a token limit). SGLang's `/generate` is left
-/// to the engines (its fields are its own).
+/// card gives it (asked only of a body that sets a token limit). SGLang's `/generate` and the
+/// other APIs are left to the engines (their fields are their own).
 pub fn check(
     body: &Body<'_>,
     api: Api,
@@ -100,7 +100,7 @@ pub fn check(
     let required = match api {
         Api::Completions => ("prompt", "the text (or token ids) to complete"),
         Api::Chat => ("messages", "the conversation, a list of messages"),
-        Api::Generate => return Ok(()),
+        Api::Generate | Api::Other => return Ok(()),
     };
     let present = |name: &str| body.get(name).is_some_and(|raw| raw.get() != "null");
     // vLLM also completes prompts given as embeddings.

@@ -2,7 +2,7 @@
 //! reads in OpenAI's `x-ratelimit-*` headers, the same for both front doors.
 //!
 //! A request is charged as OpenAI charges it: its prompt's tokens estimated from its size (a
-//! quarter of the bytes of `prompt`, `messages`, `text` or `input_ids`), and its output tokens
+//! quarter of the bytes of `prompt`, `messages`, `text`, `input_ids` or `input`), and its output tokens
 //! as the most it may generate (`max_tokens`, `max_completion_tokens`, SGLang's
 //! `sampling_params.max_new_tokens`; vLLM's default of 16 for a completion,
 //! [`UNBOUNDED_OUTPUT`] for a chat or `/generate` that names no limit), for each of the answers
@@ -29,16 +29,18 @@ pub enum Api {
     Chat,
     /// SGLang's `/generate`.
     Generate,
+    /// Any other (embeddings, tokenize...): charged its input's size, no output tokens.
+    Other,
 }
 
 impl Api {
-    /// The API a request path calls, when it is one of these.
-    pub fn of_path(path: &str) -> Option<Api> {
+    /// The API a request path calls.
+    pub fn of_path(path: &str) -> Api {
         match path {
-            "/v1/completions" => Some(Api::Completions),
-            "/v1/chat/completions" => Some(Api::Chat),
-            "/generate" => Some(Api::Generate),
-            _ => None,
+            "/v1/completions" => Api::Completions,
+            "/v1/chat/completions" => Api::Chat,
+            "/generate" => Api::Generate,
+            _ => Api::Other,
         }
     }
 }
@@ -64,18 +66,21 @@ pub fn output_limit(api: Api, body: &Body<'_>) -> Option<(&'static str, f64)> {
                 .number("max_new_tokens")
                 .map(|n| ("max_new_tokens", n))
         }
+        Api::Other => None,
     }
 }
 
 /// A request's charge: (prompt tokens, estimated; output tokens, at most).
 pub fn cost(api: Api, body: &Body<'_>) -> (f64, f64) {
     let size = |field: &str| body.get(field).map_or(0, |value| value.get().len());
-    let prompt_bytes = size("prompt") + size("messages") + size("text") + size("input_ids");
+    let prompt_bytes =
+        size("prompt") + size("messages") + size("text") + size("input_ids") + size("input");
     let number = |field: &str| body.number(field).map(|n| n.max(0.0));
     let each = match (output_limit(api, body), api) {
         (Some((_, limit)), _) => limit.max(0.0),
         (None, Api::Completions) => COMPLETION_DEFAULT,
         (None, Api::Chat | Api::Generate) => UNBOUNDED_OUTPUT,
+        (None, Api::Other) => 0.0,
     };
     let copies = [number("n"), number("best_of")]
         .into_iter()
@@ -173,6 +178,9 @@ mod tests {
         let other = br#"{"prompt":"hi","max_completion_tokens":500}"#;
         let other = Body::parse(other).unwrap();
         assert_eq!(cost(Api::Completions, &other).1, COMPLETION_DEFAULT);
+        // Another API (embeddings): its input, no output.
+        let embeddings = Body::parse(br#"{"model":"m","input":"0123456789abcdef"}"#).unwrap();
+        assert_eq!(cost(Api::Other, &embeddings), (5.0, 0.0));
         let unbounded = Body::parse(br#"{"messages":[]}"#).unwrap();
         assert_eq!(cost(Api::Chat, &unbounded).1, UNBOUNDED_OUTPUT);
         let generate = br#"{"text":"hello","sampling_params":{"max_new_tokens":12}}"#;
