@@ -100,7 +100,7 @@ pub fn check(
     let required = match api {
         Api::Completions => ("prompt", "the text (or token ids) to complete"),
         Api::Chat => ("messages", "the conversation, a list of messages"),
-        Api::Generate | Api::Other => return Ok(()),
+        Api::Generate | Api::NoOutput | Api::Other => return Ok(()),
     };
     let present = |name: &str| body.get(name).is_some_and(|raw| raw.get() != "null");
     // vLLM also completes prompts given as embeddings.

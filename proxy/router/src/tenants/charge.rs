@@ -29,9 +29,28 @@ pub enum Api {
     Chat,
     /// SGLang's `/generate`.
     Generate,
-    /// Any other (embeddings, tokenize...): charged its input's size, no output tokens.
+    /// An API that generates no tokens (embeddings, scores, classification, tokenize):
+    /// charged its input's size only.
+    NoOutput,
+    /// Any other path (vLLM's `/invocations`, `/v1/responses`...): it may generate, so it is
+    /// charged its largest output limit named, or as a chat that names none.
     Other,
 }
+
+/// The paths of vLLM's and SGLang's APIs that generate no tokens.
+const NO_OUTPUT_PATHS: [&str; 11] = [
+    "/v1/embeddings",
+    "/pooling",
+    "/classify",
+    "/score",
+    "/v1/score",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/tokenize",
+    "/detokenize",
+    "/encode",
+];
 
 impl Api {
     /// The API a request path calls.
@@ -40,6 +59,7 @@ impl Api {
             "/v1/completions" => Api::Completions,
             "/v1/chat/completions" => Api::Chat,
             "/generate" => Api::Generate,
+            _ if NO_OUTPUT_PATHS.contains(&path) => Api::NoOutput,
             _ => Api::Other,
         }
     }
@@ -51,7 +71,8 @@ const MAX_COPIES: f64 = 1024.0;
 /// The most output tokens a request names, and the field that names it, as vLLM reads them:
 /// a completion's `max_tokens` (its `max_completion_tokens` is not read); a chat's
 /// `max_completion_tokens`, or its `max_tokens` when that is absent or 0; `/generate`'s
-/// `sampling_params.max_new_tokens`. `None` when the request names none.
+/// `sampling_params.max_new_tokens`; on another path the largest of `max_tokens`,
+/// `max_completion_tokens` and `max_output_tokens`. `None` when the request names none.
 pub fn output_limit(api: Api, body: &Body<'_>) -> Option<(&'static str, f64)> {
     let named = |field: &'static str| body.number(field).map(|n| (field, n));
     match api {
@@ -66,7 +87,11 @@ pub fn output_limit(api: Api, body: &Body<'_>) -> Option<(&'static str, f64)> {
                 .number("max_new_tokens")
                 .map(|n| ("max_new_tokens", n))
         }
-        Api::Other => None,
+        Api::NoOutput => None,
+        Api::Other => ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+            .into_iter()
+            .filter_map(named)
+            .max_by(|a, b| a.1.total_cmp(&b.1)),
     }
 }
 
@@ -79,8 +104,8 @@ pub fn cost(api: Api, body: &Body<'_>) -> (f64, f64) {
     let each = match (output_limit(api, body), api) {
         (Some((_, limit)), _) => limit.max(0.0),
         (None, Api::Completions) => COMPLETION_DEFAULT,
-        (None, Api::Chat | Api::Generate) => UNBOUNDED_OUTPUT,
-        (None, Api::Other) => 0.0,
+        (None, Api::Chat | Api::Generate | Api::Other) => UNBOUNDED_OUTPUT,
+        (None, Api::NoOutput) => 0.0,
     };
     let copies = [number("n"), number("best_of")]
         .into_iter()
@@ -178,9 +203,16 @@ mod tests {
         let other = br#"{"prompt":"hi","max_completion_tokens":500}"#;
         let other = Body::parse(other).unwrap();
         assert_eq!(cost(Api::Completions, &other).1, COMPLETION_DEFAULT);
-        // Another API (embeddings): its input, no output.
+        // An API that generates nothing (embeddings): its input, no output.
         let embeddings = Body::parse(br#"{"model":"m","input":"0123456789abcdef"}"#).unwrap();
-        assert_eq!(cost(Api::Other, &embeddings), (5.0, 0.0));
+        let of = |path: &str, body: &Body<'_>| cost(Api::of_path(path), body);
+        assert_eq!(of("/v1/embeddings", &embeddings), (5.0, 0.0));
+        // Another path may generate: its largest limit named, else a chat's default.
+        let invocation = Body::parse(br#"{"prompt":"x","max_tokens":100000}"#).unwrap();
+        assert_eq!(of("/invocations", &invocation).1, 100000.0);
+        let response = Body::parse(br#"{"input":"x","max_output_tokens":"50"}"#).unwrap();
+        assert_eq!(of("/v1/responses", &response).1, 50.0);
+        assert_eq!(of("/v1/responses", &embeddings).1, UNBOUNDED_OUTPUT);
         let unbounded = Body::parse(br#"{"messages":[]}"#).unwrap();
         assert_eq!(cost(Api::Chat, &unbounded).1, UNBOUNDED_OUTPUT);
         let generate = br#"{"text":"hello","sampling_params":{"max_new_tokens":12}}"#;
