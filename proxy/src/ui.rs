@@ -15,6 +15,7 @@ use axum::{Json, Router};
 use pd_protocol::proxy_admin::BackendState;
 use serde::Serialize;
 
+use crate::metrics::Gathered;
 use crate::readiness::readiness;
 use crate::readiness::Saturation;
 use crate::state::AppState;
@@ -122,37 +123,49 @@ fn view(backend: &Backend, state: BackendState) -> BackendView {
     }
 }
 
+/// The counter `family`'s totals by one label.
+fn counts(metrics: &Gathered, family: &str, label: &str) -> Vec<Count> {
+    (metrics.totals_by(family, &[label]).into_iter())
+        .map(|(mut key, count)| Count {
+            outcome: key.pop().unwrap_or_default(),
+            count,
+        })
+        .collect()
+}
+
+/// The counter `family`'s totals by two labels: (first, second, total).
+fn pairs(
+    metrics: &Gathered,
+    family: &str,
+    labels: [&str; 2],
+) -> impl Iterator<Item = (String, String, u64)> {
+    (metrics.totals_by(family, &labels).into_iter()).map(|(mut key, count)| {
+        let second = key.pop().unwrap_or_default();
+        (key.pop().unwrap_or_default(), second, count)
+    })
+}
+
 fn snapshot(state: &AppState) -> Snapshot {
     let ready = readiness(state);
     let (prefills, decodes) = states(state.pool(), view);
     let metrics = state.metrics.gather();
-    let decisions = (metrics.totals_by("pd_proxy_route_decisions_total", &["decision", "reason"]))
-        .into_iter()
-        .map(|(mut key, count)| Decision {
-            reason: key.pop().unwrap_or_default(),
-            decision: key.pop().unwrap_or_default(),
-            count,
-        })
-        .collect();
-    let outcomes = (metrics.totals_by("pd_proxy_requests_total", &["outcome"]))
-        .into_iter()
-        .map(|(mut key, count)| Count {
-            outcome: key.pop().unwrap_or_default(),
-            count,
-        })
-        .collect();
-    let shed = (metrics.totals_by("pd_proxy_admission_shed_total", &["reason"]))
-        .into_iter()
-        .map(|(mut key, count)| Count {
-            outcome: key.pop().unwrap_or_default(),
-            count,
-        })
-        .collect();
-    let picks = (metrics.totals_by("pd_proxy_route_picks_total", &["choice", "reason"]))
-        .into_iter()
-        .map(|(mut key, count)| Pick {
-            reason: key.pop().unwrap_or_default(),
-            choice: key.pop().unwrap_or_default(),
+    let decisions = (pairs(
+        &metrics,
+        "pd_proxy_route_decisions_total",
+        ["decision", "reason"],
+    ))
+    .map(|(decision, reason, count)| Decision {
+        decision,
+        reason,
+        count,
+    })
+    .collect();
+    let outcomes = counts(&metrics, "pd_proxy_requests_total", "outcome");
+    let shed = counts(&metrics, "pd_proxy_admission_shed_total", "reason");
+    let picks = (pairs(&metrics, "pd_proxy_route_picks_total", ["choice", "reason"]))
+        .map(|(choice, reason, count)| Pick {
+            choice,
+            reason,
             count,
         })
         .collect();
