@@ -15,7 +15,7 @@ use futures_util::future::BoxFuture;
 use pd_router::admission::RequestClass;
 use pd_router::backend::Backend;
 use pd_router::body::{raw_json, Body, Edit, KV_TRANSFER_PARAMS};
-use pd_router::tenants::charge::{output_limit, Api};
+use pd_router::tenants::charge::{output_limit, Api, COMPLETION_DEFAULT};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -90,9 +90,6 @@ const MEDIA_PARTS: &[&str] = &[
     "input_image",
     "file",
 ];
-
-/// vLLM's `max_tokens` of a completion that names none.
-const COMPLETION_DEFAULT_MAX_TOKENS: u64 = 16;
 
 /// How the client asked for its answer, when the answer can be continued exactly elsewhere;
 /// `None` when it cannot (or migration is off). The decode is then asked for token ids.
@@ -199,7 +196,7 @@ pub(super) fn continuation_body(
     };
     let limit = output_limit(api, original).map(|(_, n)| n.max(0.0) as u64);
     let limit = match asked.shape {
-        Shape::Completion => Some(limit.unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS)),
+        Shape::Completion => Some(limit.unwrap_or(COMPLETION_DEFAULT as u64)),
         Shape::Chat => limit,
     };
     let done = continuation.generated as u64;

@@ -18,7 +18,7 @@ use crate::body::Body;
 pub const UNBOUNDED_OUTPUT: f64 = 1024.0;
 
 /// vLLM's `max_tokens` of a completion that names none.
-const COMPLETION_DEFAULT: f64 = 16.0;
+pub const COMPLETION_DEFAULT: f64 = 16.0;
 
 /// Which API a request calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
