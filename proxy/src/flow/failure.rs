@@ -35,16 +35,33 @@ impl From<Failure> for Refusal {
     }
 }
 
+/// How an engine's failures are counted, by role.
+struct Outcomes {
+    /// It did not answer in time.
+    timed_out: Outcome,
+    /// It failed (a 5xx, unreachable, broken off).
+    failed: Outcome,
+    /// It refused the request (a 4xx).
+    rejected: Outcome,
+}
+
+const PREFILL: Outcomes = Outcomes {
+    timed_out: Outcome::PrefillTimeout,
+    failed: Outcome::PrefillError,
+    rejected: Outcome::PrefillError,
+};
+
+const DECODE: Outcomes = Outcomes {
+    timed_out: Outcome::DecodeTimeout,
+    failed: Outcome::DecodeError,
+    rejected: Outcome::DecodeRejected,
+};
+
 /// What P's failure means for the client: its own error answer told in the proxy's shape, the
 /// same whichever engine failed (the engine is named for operators only).
 pub(super) fn prefill_failure(pair: &Pair, err: &UpstreamError) -> Failure {
     let who = format!("prefill {} (dp rank {})", pair.backend.url(), pair.dp_rank);
-    let (error, outcome) = engine_failure(
-        "prefill",
-        err,
-        Outcome::PrefillTimeout,
-        Outcome::PrefillError,
-    );
+    let (error, outcome) = engine_failure("prefill", err, &PREFILL);
     (error.failed_at(format!("{who}: {err}")), outcome)
 }
 
@@ -52,11 +69,6 @@ pub(super) fn prefill_failure(pair: &Pair, err: &UpstreamError) -> Failure {
 pub(super) fn decode_refusal(decode: &Backend, err: UpstreamError) -> Refusal {
     let who = format!("decode {}", decode.url());
     let (error, outcome) = match &err {
-        UpstreamError::Status { status, .. } if status.is_client_error() => {
-            let (error, _) =
-                engine_failure("decode", &err, Outcome::DecodeTimeout, Outcome::DecodeError);
-            (error, Outcome::DecodeRejected)
-        }
         UpstreamError::FirstByteTimeout(limit) => (
             ApiError::gateway_timeout(format!(
                 "the decode sent nothing within {limit:?} of the prefill's answer \
@@ -64,30 +76,34 @@ pub(super) fn decode_refusal(decode: &Backend, err: UpstreamError) -> Refusal {
             )),
             Outcome::DecodeTimeout,
         ),
-        _ => engine_failure("decode", &err, Outcome::DecodeTimeout, Outcome::DecodeError),
+        _ => engine_failure("decode", &err, &DECODE),
     };
     Refusal::from((error.failed_at(format!("{who}: {err}")), outcome))
 }
 
-/// What the `role` engine's failure `err` tells the client, counted as `timed_out` or `failed`.
-fn engine_failure(role: &str, err: &UpstreamError, timed_out: Outcome, failed: Outcome) -> Failure {
+/// What the `role` engine's failure `err` tells the client, counted as `outcomes` say.
+fn engine_failure(role: &str, err: &UpstreamError, outcomes: &Outcomes) -> Failure {
     match err {
         UpstreamError::Timeout(limit)
         | UpstreamError::FirstByteTimeout(limit)
         | UpstreamError::Stalled(limit) => (
             ApiError::gateway_timeout(format!("the {role} did not answer within {limit:?}")),
-            timed_out,
+            outcomes.timed_out,
         ),
         UpstreamError::Status { status, body, .. } => {
-            (ApiError::from_engine(*status, body, role), failed)
+            let outcome = match status.is_client_error() {
+                true => outcomes.rejected,
+                false => outcomes.failed,
+            };
+            (ApiError::from_engine(*status, body, role), outcome)
         }
         UpstreamError::Connect(_) => (
             ApiError::bad_gateway(format!("the {role} could not be reached")),
-            failed,
+            outcomes.failed,
         ),
         UpstreamError::Broken(_) => (
             ApiError::bad_gateway(format!("the {role}'s answer broke off")),
-            failed,
+            outcomes.failed,
         ),
     }
 }
