@@ -94,12 +94,7 @@ impl Router {
     /// The flags' prefill and decode policies by name (`round_robin`, `precise_prefix`...).
     pub fn policy_names(&self) -> [String; 2] {
         let routing = &self.config.routing;
-        [routing.prefill_policy, routing.decode_policy].map(|policy| {
-            clap::ValueEnum::to_possible_value(&policy).map_or_else(
-                || format!("{policy:?}"),
-                |value| value.get_name().to_owned(),
-            )
-        })
+        [routing.prefill_policy, routing.decode_policy].map(crate::routing::settings::Policy::name)
     }
 
     /// The router of `config`'s fleet, calling engines and registries with `client`, its

@@ -6,7 +6,7 @@
 use std::fmt::Write;
 
 use clap::parser::ValueSource;
-use clap::{Arg, Command, ValueEnum};
+use clap::{Arg, Command};
 
 use super::headings::SECTIONS;
 use super::parse::Parsed;
@@ -97,10 +97,7 @@ fn tables(out: &mut String, models: &FileModels) {
     }
     for (model, (prefill, decode)) in &models.policies {
         let _ = write!(out, "\n[models.{}]\n", quoted(model));
-        let name = |policy: &super::Policy| {
-            let value = policy.to_possible_value().expect("no policy is skipped");
-            quoted(value.get_name())
-        };
+        let name = |policy: &super::Policy| quoted(&policy.name());
         if let Some(policy) = prefill {
             let _ = writeln!(out, "prefill-policy = {}", name(policy));
         }

@@ -30,6 +30,12 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// Its flag value (`round_robin`, `precise_prefix`...), as clap names it.
+    pub fn name(self) -> String {
+        let value = self.to_possible_value().expect("no policy is skipped");
+        value.get_name().to_owned()
+    }
+
     /// Whether the policy routes on the engines' KV cache events.
     pub fn follows_kv_events(self) -> bool {
         self == Policy::PrecisePrefix
