@@ -352,8 +352,12 @@ impl Exchange {
                 .iter()
                 .map(|(n, v)| (n.as_str(), v.as_str())),
         );
-        self.send(protocol::immediate(refused.status, &refused.body, &headers))
-            .await?;
+        self.send(protocol::immediate(
+            refused.status,
+            &refused.body.to_string(),
+            &headers,
+        ))
+        .await?;
         Err(())
     }
 

@@ -54,8 +54,8 @@ pub struct Picked {
 pub struct Refused {
     /// The HTTP status.
     pub status: u16,
-    /// The JSON body.
-    pub body: String,
+    /// The JSON body (OpenAI's error shape).
+    pub body: serde_json::Value,
     /// Why, as the `result` label.
     pub reason: &'static str,
     /// The `Retry-After` to send, in seconds (a request refused under overload or by its
@@ -75,7 +75,7 @@ impl Refused {
             json!({"error": {"message": message, "type": kind, "param": null, "code": null}});
         Refused {
             status,
-            body: body.to_string(),
+            body,
             reason,
             retry_after: None,
             headers: Vec::new(),
@@ -96,10 +96,7 @@ impl Refused {
     }
 
     fn set_error_field(&mut self, name: &str, value: &str) {
-        if let Ok(mut body) = serde_json::from_str::<serde_json::Value>(&self.body) {
-            body["error"][name] = value.into();
-            self.body = body.to_string();
-        }
+        self.body["error"][name] = value.into();
     }
 
     /// 429 in OpenAI's shape: over a limit of the tenant `tenant`.
@@ -122,7 +119,7 @@ impl Refused {
         });
         Refused {
             status: 429,
-            body: body.to_string(),
+            body,
             reason: "rate_limited",
             retry_after,
             headers,
@@ -140,7 +137,7 @@ impl Refused {
         }});
         Refused {
             status: 429,
-            body: body.to_string(),
+            body,
             reason: "overloaded",
             retry_after: Some(shed.retry_after_secs()),
             headers: Vec::new(),
