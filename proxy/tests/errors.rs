@@ -156,7 +156,7 @@ async fn the_same_mistake_gets_the_same_answer_before_any_engine_is_called() {
         ),
         (
             COMPLETIONS,
-            json!({"prompt": "hi", "stream": "yes"}),
+            json!({"prompt": "hi", "stream": "maybe"}),
             "stream",
         ),
         (CHAT, json!({"prompt": "hi"}), "messages"),

@@ -103,6 +103,29 @@ async fn streamed_chat_keeps_sse_and_prefill_loses_stream_options() {
 }
 
 #[tokio::test]
+async fn a_stream_asked_for_the_way_vllm_reads_it_is_streamed() {
+    // vLLM's pydantic reads `stream` laxly: `"yes"`, `1` and `"TRUE"` all stream, and so must
+    // the proxy (which follows a streamed answer to migrate it: D is asked for token ids).
+    for asked in [json!(true), json!("yes"), json!(1), json!("TRUE")] {
+        let cluster = Cluster::start(1, &[(0, "engine-0")], |_| {}).await;
+        let request = json!({"model": "mock-model", "messages": [{"role": "user", "content": "hi"}],
+                             "stream": asked, "max_completion_tokens": 30});
+        let (status, headers, text) = cluster.post("/v1/chat/completions", request).await;
+        assert_eq!(status, 200, "{asked}: {text}");
+        assert_eq!(headers["content-type"], "text/event-stream", "{asked}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{asked}: {text}");
+        let p = cluster.prefill.wait_seen(1).await.remove(0);
+        let d = cluster.decode().wait_seen(1).await.remove(0);
+        assert_eq!(p.body["stream"], false, "{asked}");
+        assert_eq!(d.body["stream"], asked);
+        assert_eq!(
+            d.body["return_token_ids"], true,
+            "{asked}: followed as a stream"
+        );
+    }
+}
+
+#[tokio::test]
 async fn no_authorization_is_invented_and_a_request_id_is_made() {
     let cluster = Cluster::start(1, &[(0, "engine-0")], |_| {}).await;
     let (status, headers, _) = cluster

@@ -268,7 +268,7 @@ pub async fn pick(
             }
             _ => refusal(unplaced),
         })?;
-    let streamed = body.get("stream").is_some_and(|v| v.get() == "true");
+    let streamed = body.flag("stream") == Some(true);
     let mut mutation = no_prefill();
     let prefill = placement.prefill.as_ref().map(|pair| {
         mutation = HeaderMutation {

@@ -131,6 +131,12 @@ impl<'a> Body<'a> {
         text.trim().parse::<f64>().ok().filter(|n| n.is_finite())
     }
 
+    /// The field `name` as a boolean, read as the engines' OpenAI servers read one (see
+    /// [`flag_of`]). `None` when it is absent, `null` or not a boolean to them.
+    pub fn flag(&self, name: &str) -> Option<bool> {
+        flag_of(self.get(name)?.get())
+    }
+
     /// Sets the field `name` to `value` (what [`Body::render`] then writes, as if the client
     /// had sent it).
     pub fn insert(&mut self, name: &'static str, value: &'a RawValue) {
@@ -304,6 +310,31 @@ pub fn prefill_params(transfer_id: &str, sequential: bool) -> String {
     raw_json(&params)
 }
 
+/// A raw JSON value as a boolean, read as pydantic's lax mode reads one (the engines' OpenAI
+/// servers): `true` or `false`, a number equal to 1 or 0, or a string `"1"`, `"t"`, `"y"`,
+/// `"on"`, `"yes"` or `"true"` (`"0"`, `"f"`, `"n"`, `"off"`, `"no"`, `"false"`) in any case.
+/// `None` for anything else.
+pub fn flag_of(raw: &str) -> Option<bool> {
+    const TRUE: [&str; 6] = ["1", "t", "y", "on", "yes", "true"];
+    const FALSE: [&str; 6] = ["0", "f", "n", "off", "no", "false"];
+    let raw = raw.trim();
+    if let Some(word) = raw.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+        let is = |words: [&str; 6]| words.iter().any(|w| word.eq_ignore_ascii_case(w));
+        return [(TRUE, true), (FALSE, false)]
+            .into_iter()
+            .find_map(|(words, value)| is(words).then_some(value));
+    }
+    match raw {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => match raw.parse::<f64>() {
+            Ok(1.0) => Some(true),
+            Ok(0.0) => Some(false),
+            _ => None,
+        },
+    }
+}
+
 /// `kv_transfer_params` for D in concurrent mode, as raw JSON: pull the KV of `transfer_id`
 /// from `pair`.
 pub fn decode_params(transfer_id: &str, pair: &Pair) -> String {
@@ -328,6 +359,24 @@ mod tests {
 
     fn sent(bytes: &[u8]) -> Value {
         serde_json::from_slice(bytes).unwrap()
+    }
+
+    #[test]
+    fn booleans_read_as_pydantic_reads_them() {
+        for raw in r#"true 1 1.0 "yes" "TRUE" "On" "y" "1""#.split(' ') {
+            assert_eq!(flag_of(raw), Some(true), "{raw}");
+        }
+        for raw in r#"false 0 0.0 "no" "False" "off" "n" "0""#.split(' ') {
+            assert_eq!(flag_of(raw), Some(false), "{raw}");
+        }
+        for raw in r#"null|2|"maybe"|"1.0"|" yes"|[]|{}|"""#.split('|') {
+            assert_eq!(flag_of(raw), None, "{raw}");
+        }
+        let body = Body::parse(br#"{"stream": "Yes", "echo": 0, "n": null}"#).unwrap();
+        assert_eq!(body.flag("stream"), Some(true));
+        assert_eq!(body.flag("echo"), Some(false));
+        assert_eq!(body.flag("n"), None);
+        assert_eq!(body.flag("logprobs"), None);
     }
 
     #[test]

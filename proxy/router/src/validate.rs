@@ -28,7 +28,7 @@ pub struct Invalid {
 /// (pydantic's lax mode): `"16"` and `16.0` are the whole number 16, `"0.5"` is 0.5.
 #[derive(Debug, Clone, Copy)]
 enum Expect {
-    /// `true` or `false` itself: the proxy reads `stream` too, and reads nothing looser.
+    /// A boolean as pydantic reads one: `true`, `1`, `"yes"`... (see [`crate::body::flag_of`]).
     Bool,
     Text,
     /// A whole number, at least this.
@@ -132,7 +132,7 @@ pub fn check(
         return Ok(());
     };
     // vLLM takes 0 from a completion that echoes its prompt (to score it, generating nothing).
-    let echoed = api == Api::Completions && parse(body.get("echo")).is_some_and(|v| truthy(&v));
+    let echoed = api == Api::Completions && body.flag("echo") == Some(true);
     if tokens < 1.0 && !echoed {
         return Err(Invalid {
             param,
@@ -153,23 +153,6 @@ pub fn check(
     }
 }
 
-fn parse(raw: Option<&RawValue>) -> Option<Value> {
-    serde_json::from_str(raw?.get()).ok()
-}
-
-/// Whether a value is true as pydantic's lax mode reads a boolean (`true`, `1`, `"yes"`, ...).
-fn truthy(value: &Value) -> bool {
-    match value {
-        Value::Bool(b) => *b,
-        Value::Number(n) => n.as_f64() == Some(1.0),
-        Value::String(text) => matches!(
-            text.trim().to_ascii_lowercase().as_str(),
-            "1" | "on" | "t" | "true" | "y" | "yes"
-        ),
-        _ => false,
-    }
-}
-
 /// Checks the field `name` against `expect`, from its raw JSON (numbers through
 /// [`Body::number`]); only a list, or a value to quote in the refusal, is parsed.
 fn check_field(body: &Body<'_>, name: &'static str, expect: Expect) -> Result<(), Invalid> {
@@ -178,7 +161,7 @@ fn check_field(body: &Body<'_>, name: &'static str, expect: Expect) -> Result<()
     };
     let fits = raw == "null"
         || match expect {
-            Expect::Bool => raw == "true" || raw == "false",
+            Expect::Bool => body.flag(name).is_some(),
             Expect::Text => raw.starts_with('"'),
             Expect::Integer(low) => {
                 (body.number(name)).is_some_and(|n| n.fract() == 0.0 && n >= low as f64)
@@ -199,7 +182,7 @@ fn check_field(body: &Body<'_>, name: &'static str, expect: Expect) -> Result<()
         return Ok(());
     }
     let what = match expect {
-        Expect::Bool => "true or false".to_owned(),
+        Expect::Bool => "true or false (or 1, 0, \"yes\", \"no\")".to_owned(),
         Expect::Text => "a string".to_owned(),
         Expect::Integer(i64::MIN) => "a whole number".to_owned(),
         Expect::Integer(low) => format!("a whole number, at least {low}"),
@@ -292,7 +275,8 @@ mod tests {
             (r#""top_p": 1.01"#, "top_p"),
             (r#""presence_penalty": 3"#, "presence_penalty"),
             (r#""frequency_penalty": -2.5"#, "frequency_penalty"),
-            (r#""stream": "yes""#, "stream"),
+            (r#""stream": "maybe""#, "stream"),
+            (r#""stream": 2"#, "stream"),
             (r#""stop": [1]"#, "stop"),
             (r#""model": 7"#, "model"),
             (r#""seed": 1.5"#, "seed"),
@@ -307,7 +291,7 @@ mod tests {
         assert!(checked(Api::Completions, fine, Some(4096)).is_ok());
         // Read as vLLM reads them: numbers in strings, whole floats, 0 to echo a prompt.
         let lax = r#"{"prompt": "x", "max_tokens": "16", "n": 2.0, "temperature": "0.5",
-            "seed": "7", "top_p": " 1 "}"#;
+            "seed": "7", "top_p": " 1 ", "stream": "yes"}"#;
         assert!(checked(Api::Completions, lax, Some(4096)).is_ok());
         for echo in ["true", "1", r#""yes""#] {
             let json = format!(r#"{{"prompt": "x", "max_tokens": 0, "echo": {echo}}}"#);

@@ -14,10 +14,9 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use pd_router::admission::RequestClass;
 use pd_router::backend::Backend;
-use pd_router::body::{raw_json, Body, Edit, KV_TRANSFER_PARAMS};
+use pd_router::body::{flag_of, raw_json, Body, Edit, KV_TRANSFER_PARAMS};
 use pd_router::tenants::charge::{output_limit, Api, COMPLETION_DEFAULT};
 use serde_json::value::RawValue;
-use serde_json::Value;
 
 use super::failure::Refusal;
 use super::{dispatch, placed_and_called, placement, Request, Started};
@@ -102,10 +101,10 @@ pub(super) fn follow(state: &Shared, route: Route, body: &mut Body<'_>) -> Optio
         Route::ChatCompletions => Shape::Chat,
         Route::Generate => return None,
     };
-    let raw = |name: &str| body.get(name).map(|value| value.get().trim());
-    if raw("stream") != Some("true") {
+    if body.flag("stream") != Some(true) {
         return None;
     }
+    let raw = |name: &str| body.get(name).map(|value| value.get().trim());
     let one = |name| raw(name).is_none_or(|value| matches!(value, "1" | "null"));
     if !one("n") || !one("best_of") || INEXACT.iter().any(|name| raw(name).is_some_and(is_set)) {
         return None;
@@ -116,33 +115,34 @@ pub(super) fn follow(state: &Shared, route: Route, body: &mut Body<'_>) -> Optio
     match shape {
         Shape::Completion if !single_prompt(raw("prompt")?) => return None,
         // A reasoning parser's hidden reasoning streams nothing: it would look stalled.
-        Shape::Chat if raw("include_reasoning") == Some("false") => return None,
+        Shape::Chat if body.flag("include_reasoning") == Some(false) => return None,
         Shape::Chat if has_media(raw("messages")?) => return None,
         _ => {}
     }
-    let options: Value = raw("stream_options").map_or(Value::Null, |v| {
-        serde_json::from_str(v).unwrap_or(Value::Null)
-    });
-    if options["continuous_usage_stats"] == Value::Bool(true) {
+    let options = raw("stream_options").and_then(|v| Body::parse(v.as_bytes()).ok());
+    let option = |name| options.as_ref().and_then(|options| options.flag(name));
+    if option("continuous_usage_stats") == Some(true) {
         return None;
     }
-    let token_ids = raw(RETURN_TOKEN_IDS) == Some("true");
+    let usage = option("include_usage") == Some(true);
+    let token_ids = body.flag(RETURN_TOKEN_IDS) == Some(true);
     if !token_ids {
         body.insert(RETURN_TOKEN_IDS, &TRUE);
     }
     Some(Asked {
         shape,
         token_ids,
-        usage: options["include_usage"] == Value::Bool(true),
+        usage,
     })
 }
 
 /// Whether the request asks for log probabilities: a completion's `logprobs` (0 included: the
-/// sampled token's), a chat's `logprobs: true`.
+/// sampled token's), a chat's `logprobs` unless it is false (or `null`).
 fn asks_logprobs(shape: Shape, logprobs: Option<&str>) -> bool {
+    let set = logprobs.filter(|value| *value != "null");
     match shape {
-        Shape::Completion => logprobs.is_some_and(|value| value != "null"),
-        Shape::Chat => logprobs == Some("true"),
+        Shape::Completion => set.is_some(),
+        Shape::Chat => set.is_some_and(|value| flag_of(value) != Some(false)),
     }
 }
 
@@ -405,6 +405,8 @@ fn broke_off(why: &str) -> Failure {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
 
     const ASKED: Asked = Asked {
@@ -478,7 +480,11 @@ mod tests {
         assert!(asks_logprobs(Shape::Completion, Some("0")));
         assert!(!asks_logprobs(Shape::Completion, Some("null")));
         assert!(!asks_logprobs(Shape::Chat, Some("false")));
+        assert!(!asks_logprobs(Shape::Chat, Some(r#""no""#)));
+        assert!(!asks_logprobs(Shape::Chat, Some("0")));
+        assert!(!asks_logprobs(Shape::Chat, Some("null")));
         assert!(asks_logprobs(Shape::Chat, Some("true")));
+        assert!(asks_logprobs(Shape::Chat, Some(r#""yes""#)));
     }
 
     #[test]

@@ -447,7 +447,15 @@ async fn mock_completion(
 ) -> Response {
     let end = Arc::new(Mutex::new(None));
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let stream = body["stream"] == json!(true);
+    // As vLLM's pydantic reads it: `true`, `1`, `"yes"`, `"TRUE"`...
+    let stream = match &body["stream"] {
+        Value::Bool(stream) => *stream,
+        Value::Number(n) => n.as_f64() == Some(1.0),
+        Value::String(word) => ["1", "t", "y", "on", "yes", "true"]
+            .iter()
+            .any(|yes| word.eq_ignore_ascii_case(yes)),
+        _ => false,
+    };
     state.seen.lock().unwrap().push(Seen {
         path: uri.path().to_owned(),
         headers,

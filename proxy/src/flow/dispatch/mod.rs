@@ -235,10 +235,10 @@ fn end_phase(phase: Option<Phase>, started: &Result<Started, Refusal>) {
     }
 }
 
-/// Whether the client asked for a streamed answer (`"stream": true`).
+/// Whether the client asked for a streamed answer (`"stream": true`, or `"yes"`, `1`... as
+/// the engine reads it).
 fn streams(body: &Body<'_>) -> bool {
-    body.get("stream")
-        .is_some_and(|value| value.get() == "true")
+    body.flag("stream") == Some(true)
 }
 
 /// `started` (or its refusal) carrying the routing decision when the client asked.
