@@ -123,6 +123,13 @@ async fn a_stream_asked_for_the_way_vllm_reads_it_is_streamed() {
             "{asked}: followed as a stream"
         );
     }
+    // A value the engine would refuse is left for it to refuse, not replaced by the proxy's.
+    let cluster = Cluster::start(1, &[(0, "engine-0")], |_| {}).await;
+    let request = json!({"messages": [{"role": "user", "content": "hi"}], "stream": true,
+                         "return_token_ids": "maybe"});
+    cluster.post("/v1/chat/completions", request).await;
+    let d = cluster.decode().wait_seen(1).await.remove(0);
+    assert_eq!(d.body["return_token_ids"], "maybe");
 }
 
 #[tokio::test]

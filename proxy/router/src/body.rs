@@ -121,9 +121,15 @@ impl<'a> Body<'a> {
     }
 
     /// The field `name` as a number, read as the engines' OpenAI servers read one (pydantic's
-    /// lax mode): a JSON number, or a string holding one (`"64"` is 64).
+    /// lax mode): a JSON number, a string holding one (`"64"` is 64), or `true` or `false` (1
+    /// and 0).
     pub fn number(&self, name: &str) -> Option<f64> {
         let text = self.get(name)?.get().trim();
+        match text {
+            "true" => return Some(1.0),
+            "false" => return Some(0.0),
+            _ => {}
+        }
         let text = text
             .strip_prefix('"')
             .and_then(|t| t.strip_suffix('"'))
@@ -318,15 +324,17 @@ pub fn flag_of(raw: &str) -> Option<bool> {
     const TRUE: [&str; 6] = ["1", "t", "y", "on", "yes", "true"];
     const FALSE: [&str; 6] = ["0", "f", "n", "off", "no", "false"];
     let raw = raw.trim();
-    if let Some(word) = raw.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
-        let is = |words: [&str; 6]| words.iter().any(|w| word.eq_ignore_ascii_case(w));
-        return [(TRUE, true), (FALSE, false)]
-            .into_iter()
-            .find_map(|(words, value)| is(words).then_some(value));
-    }
     match raw {
         "true" => Some(true),
         "false" => Some(false),
+        _ if raw.starts_with('"') => {
+            // Decoded, escapes and all, as the engine's JSON parser decodes it.
+            let word: String = serde_json::from_str(raw).ok()?;
+            let is = |words: [&str; 6]| words.iter().any(|w| word.eq_ignore_ascii_case(w));
+            [(TRUE, true), (FALSE, false)]
+                .into_iter()
+                .find_map(|(words, value)| is(words).then_some(value))
+        }
         _ => match raw.parse::<f64>() {
             Ok(1.0) => Some(true),
             Ok(0.0) => Some(false),
@@ -363,7 +371,7 @@ mod tests {
 
     #[test]
     fn booleans_read_as_pydantic_reads_them() {
-        for raw in r#"true 1 1.0 "yes" "TRUE" "On" "y" "1""#.split(' ') {
+        for raw in r#"true 1 1.0 "yes" "TRUE" "On" "y" "1" "y\u0065s""#.split(' ') {
             assert_eq!(flag_of(raw), Some(true), "{raw}");
         }
         for raw in r#"false 0 0.0 "no" "False" "off" "n" "0""#.split(' ') {

@@ -178,10 +178,10 @@ const CHAT_FIELDS: [&str; 8] = [
 ];
 
 fn plan<'a>(kind: PromptKind, body: &Body<'a>) -> Result<Plan<'a>, TokenizeError> {
+    // Booleans as the engine reads them (`1`, `"yes"`...).
     let flag = |name: &str, default: bool| -> Result<bool, TokenizeError> {
-        body.get(name).map_or(Ok(default), |raw| {
-            serde_json::from_str(raw.get())
-                .map_err(|_| unsupported(&format!("`{name}` is not a boolean")))
+        body.get(name).map_or(Ok(default), |_| {
+            (body.flag(name)).ok_or_else(|| unsupported(&format!("`{name}` is not a boolean")))
         })
     };
     let raw = |name: &str| body.get(name).map(RawValue::get);
@@ -264,4 +264,29 @@ fn local(tokenizer: &Tokenizer, plan: &Plan<'_>) -> Result<Vec<u32>, TokenizeErr
 
 fn unsupported(what: &str) -> TokenizeError {
     TokenizeError::Unsupported(what.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chats_options_are_read_as_the_engine_reads_booleans() {
+        let body = br#"{"messages": [], "add_generation_prompt": "no",
+            "continue_final_message": 1, "add_special_tokens": "TRUE"}"#;
+        let body = Body::parse(body).unwrap();
+        let Ok(Plan::Chat(chat)) = plan(PromptKind::Chat, &body) else {
+            panic!("not planned as a chat");
+        };
+        assert!(!chat.add_generation_prompt);
+        assert!(chat.continue_final_message);
+        assert!(chat.add_special_tokens);
+        let body = Body::parse(br#"{"messages": [], "add_generation_prompt": "maybe"}"#).unwrap();
+        assert!(plan(PromptKind::Chat, &body).is_err());
+        let body = Body::parse(br#"{"prompt": "x", "add_special_tokens": 0}"#).unwrap();
+        assert!(matches!(
+            plan(PromptKind::Completion, &body),
+            Ok(Plan::Text(_, false))
+        ));
+    }
 }

@@ -290,8 +290,8 @@ mod tests {
             "presence_penalty": -2, "stream": true, "stop": ["a", "b"], "seed": -3, "model": null}"#;
         assert!(checked(Api::Completions, fine, Some(4096)).is_ok());
         // Read as vLLM reads them: numbers in strings, whole floats, 0 to echo a prompt.
-        let lax = r#"{"prompt": "x", "max_tokens": "16", "n": 2.0, "temperature": "0.5",
-            "seed": "7", "top_p": " 1 ", "stream": "yes"}"#;
+        let lax = r#"{"prompt": "x", "max_tokens": true, "n": 2.0, "temperature": "0.5",
+            "seed": "7", "top_p": " 1 ", "stream": "yes", "echo": true, "logprobs": false}"#;
         assert!(checked(Api::Completions, lax, Some(4096)).is_ok());
         for echo in ["true", "1", r#""yes""#] {
             let json = format!(r#"{{"prompt": "x", "max_tokens": 0, "echo": {echo}}}"#);

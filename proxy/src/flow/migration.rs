@@ -125,7 +125,11 @@ pub(super) fn follow(state: &Shared, route: Route, body: &mut Body<'_>) -> Optio
         return None;
     }
     let usage = option("include_usage") == Some(true);
-    let token_ids = body.flag(RETURN_TOKEN_IDS) == Some(true);
+    // A value the engine would refuse is left for it to refuse, not replaced.
+    let token_ids = match (body.get(RETURN_TOKEN_IDS), body.flag(RETURN_TOKEN_IDS)) {
+        (Some(raw), None) if raw.get().trim() != "null" => return None,
+        (_, flag) => flag == Some(true),
+    };
     if !token_ids {
         body.insert(RETURN_TOKEN_IDS, &TRUE);
     }

@@ -447,7 +447,8 @@ async fn mock_completion(
 ) -> Response {
     let end = Arc::new(Mutex::new(None));
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    // As vLLM's pydantic reads it: `true`, `1`, `"yes"`, `"TRUE"`...
+    // As vLLM's pydantic reads it: `true`, `1`, `"yes"`, `"TRUE"`... Written here apart from
+    // the proxy's own reader, as the engine's is: a test of that reader against this one.
     let stream = match &body["stream"] {
         Value::Bool(stream) => *stream,
         Value::Number(n) => n.as_f64() == Some(1.0),
