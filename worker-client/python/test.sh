@@ -5,8 +5,8 @@
 #
 #   worker-client/python/test.sh [pytest args...]
 #
-# Needs python3 (>= 3.9) with venv and network access to PyPI the first time (maturin, pytest, openai,
-# mypy are installed into the venv, which later runs reuse).
+# Needs python3 (>= 3.9) with venv and network access to PyPI the first time (maturin, pytest,
+# httpx, which the tests import, openai, mypy are installed into the venv, which later runs reuse).
 set -euo pipefail
 package="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$package/../.." && pwd)"
@@ -17,7 +17,7 @@ if [[ ! -x "$venv/bin/python" ]]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-  "maturin>=1.7,<2" "pytest>=7" "mypy>=1.10" "openai>=1.40,<3"
+  "maturin>=1.7,<2" "pytest>=7" "httpx>=0.27" "mypy>=1.10" "openai>=1.40,<3"
 
 server="${PD_BOOTSTRAP_SERVER:-$target/debug/bootstrap-server}"
 if [[ ! -x "$server" ]]; then

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use pd_tokenize::Tokenizer;
 use serde_json::{json, Value};
 
+use super::kv::Generator;
 use super::lora::Adapter;
 use super::prefix_cache::PromptBlocks;
 use super::tokens::prompt_ids;
@@ -44,6 +45,31 @@ pub struct Prompt {
     /// Whether the answer carries token ids (vLLM's `return_token_ids`): the prompt's
     /// (`prompt_token_ids`, whole or on the first chunk) and the generated ones (`token_ids`).
     pub return_token_ids: bool,
+    /// Token ids that end the answer when generated (`stop_token_ids`; SGLang's
+    /// `sampling_params.stop_token_ids`), as EOS does.
+    pub stop_token_ids: Vec<u32>,
+    /// Tokens generated before a stop token may end the answer (`min_tokens`; SGLang's
+    /// `sampling_params.min_new_tokens`).
+    pub min_tokens: u32,
+}
+
+/// Why an answer ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// At its token limit.
+    Length,
+    /// On a stop token.
+    Stop,
+}
+
+impl Finish {
+    /// The OpenAI `finish_reason`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Finish::Length => "length",
+            Finish::Stop => "stop",
+        }
+    }
 }
 
 impl Prompt {
@@ -59,6 +85,23 @@ impl Prompt {
     /// The prompt's token count.
     pub fn token_count(&self) -> u32 {
         self.tokens.len() as u32
+    }
+
+    /// How many tokens the answer has and why it ends: at `max_tokens`, or on the first of
+    /// `stop_token_ids` generated once `min_tokens` tokens exist (that token counted in the
+    /// usage, its text not shown), as vLLM ends one: the stop test runs before the length test.
+    pub fn planned(&self) -> (u32, Finish) {
+        if self.stop_token_ids.is_empty() {
+            return (self.max_tokens, Finish::Length);
+        }
+        let mut generator = Generator::new(&self.tokens);
+        for made in 1..=self.max_tokens {
+            let (id, _) = generator.next_token();
+            if made > self.min_tokens && self.stop_token_ids.contains(&id) {
+                return (made, Finish::Stop);
+            }
+        }
+        (self.max_tokens, Finish::Length)
     }
 }
 
@@ -107,6 +150,31 @@ pub fn parse_prompt(api: Api, body: &Value, tokenizer: &Tokenizer) -> Result<Pro
         None | Some(Value::Null) => false,
         Some(v) => v.as_bool().ok_or("`return_token_ids` must be a boolean")?,
     };
+    let (stops, least) = match api {
+        Api::Generate => (
+            "sampling_params.stop_token_ids",
+            "sampling_params.min_new_tokens",
+        ),
+        Api::Completions | Api::Chat => ("stop_token_ids", "min_tokens"),
+    };
+    let field = |name: &str| body.pointer(&format!("/{}", name.replace('.', "/")));
+    let stop_token_ids = match field(stops) {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(ids)) => ids
+            .iter()
+            .map(|id| id.as_u64().and_then(|id| u32::try_from(id).ok()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| format!("`{stops}` must be a list of token ids"))?,
+        Some(_) => return Err(format!("`{stops}` must be a list of token ids")),
+    };
+    let min_tokens = match field(least) {
+        None | Some(Value::Null) => 0,
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| *n <= max_tokens)
+            .ok_or_else(|| format!("`{least}` must be an integer from 0 to the token limit"))?,
+    };
     Ok(Prompt {
         tokens,
         model,
@@ -117,6 +185,8 @@ pub fn parse_prompt(api: Api, body: &Value, tokenizer: &Tokenizer) -> Result<Pro
         stream,
         include_usage,
         return_token_ids,
+        stop_token_ids,
+        min_tokens,
     })
 }
 
@@ -160,19 +230,26 @@ impl ResponseMeta {
         })
     }
 
-    /// A whole (non-streamed) response.
-    pub fn full(&self, text: &str, prompt_tokens: u32, completion_tokens: u32, kv: Value) -> Value {
+    /// A whole (non-streamed) response that ended for `finish`.
+    pub fn full(
+        &self,
+        text: &str,
+        (prompt_tokens, completion_tokens): (u32, u32),
+        finish: Finish,
+        kv: Value,
+    ) -> Value {
         if self.api == Api::Generate {
-            return self.generated(text, prompt_tokens, completion_tokens, true);
+            return self.generated(text, prompt_tokens, completion_tokens, Some(finish));
         }
+        let reason = finish.reason();
         let (object, choice) = match self.api {
             Api::Completions => (
                 "text_completion",
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}),
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
             ),
             Api::Chat | Api::Generate => (
                 "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "length"}),
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": reason}),
             ),
         };
         json!({
@@ -190,12 +267,12 @@ impl ResponseMeta {
         text: &str,
         prompt_tokens: u32,
         completion_tokens: u32,
-        finished: bool,
+        finished: Option<Finish>,
     ) -> Value {
-        let finish_reason = if finished {
-            json!({"type": "length", "length": completion_tokens})
-        } else {
-            Value::Null
+        let finish_reason = match finished {
+            Some(Finish::Length) => json!({"type": "length", "length": completion_tokens}),
+            Some(Finish::Stop) => json!({"type": "stop"}),
+            None => Value::Null,
         };
         json!({"text": text, "meta_info": {
             "id": self.id, "prompt_tokens": prompt_tokens,
@@ -204,8 +281,8 @@ impl ResponseMeta {
     }
 
     /// One OpenAI SSE chunk carrying `piece` (or, with `finish`, the closing chunk).
-    pub fn chunk(&self, piece: Option<&str>, first: bool, finish: bool) -> Value {
-        let finish_reason = if finish { json!("length") } else { Value::Null };
+    pub fn chunk(&self, piece: Option<&str>, first: bool, finish: Option<Finish>) -> Value {
+        let finish_reason = finish.map_or(Value::Null, |finish| json!(finish.reason()));
         let (object, choice) = match self.api {
             Api::Completions => (
                 "text_completion",
@@ -313,18 +390,60 @@ mod tests {
     }
 
     #[test]
+    fn a_stop_token_ends_the_answer_once_min_tokens_exist() {
+        let tokenizer = crate::sim::tokens::load(None).unwrap();
+        let body = json!({"prompt": "a b c", "max_tokens": 4});
+        let mut prompt = parse_prompt(Api::Completions, &body, &tokenizer).unwrap();
+        assert_eq!(prompt.planned(), (4, Finish::Length));
+        let (first, _) = Generator::new(&prompt.tokens).next_token();
+        prompt.stop_token_ids = vec![first];
+        assert_eq!(prompt.planned(), (1, Finish::Stop));
+        // min_tokens masks the stop token as vLLM's does: the first token is not a stop then.
+        prompt.min_tokens = 1;
+        assert_ne!(prompt.planned(), (1, Finish::Stop));
+        let read = json!({"prompt": "x", "max_tokens": 2, "stop_token_ids": [7], "min_tokens": 1});
+        let read = parse_prompt(Api::Completions, &read, &tokenizer).unwrap();
+        assert_eq!((read.stop_token_ids, read.min_tokens), (vec![7], 1));
+        for (bad, field) in [
+            (
+                json!({"prompt": "x", "stop_token_ids": [-1]}),
+                "stop_token_ids",
+            ),
+            (
+                json!({"prompt": "x", "max_tokens": 2, "min_tokens": 3}),
+                "min_tokens",
+            ),
+            (
+                json!({"text": "x", "sampling_params": {"stop_token_ids": "1"}}),
+                "sampling_params.stop_token_ids",
+            ),
+        ] {
+            let api = if bad.get("text").is_some() {
+                Api::Generate
+            } else {
+                Api::Completions
+            };
+            assert!(parse_prompt(api, &bad, &tokenizer)
+                .unwrap_err()
+                .contains(field));
+        }
+    }
+
+    #[test]
     fn chunks_have_the_openai_shape() {
         let meta = ResponseMeta::new(Api::Chat, "m");
-        let first = meta.chunk(Some("Hi"), true, false);
+        let first = meta.chunk(Some("Hi"), true, None);
         assert_eq!(first["object"], "chat.completion.chunk");
         assert_eq!(
             first["choices"][0]["delta"],
             json!({"role": "assistant", "content": "Hi"})
         );
-        let last = meta.chunk(None, false, true);
+        let last = meta.chunk(None, false, Some(Finish::Length));
         assert_eq!(last["choices"][0]["delta"], json!({}));
         assert_eq!(last["choices"][0]["finish_reason"], "length");
-        let text = ResponseMeta::new(Api::Completions, "m").full("x", 2, 1, Value::Null);
+        let text =
+            ResponseMeta::new(Api::Completions, "m").full("x", (2, 1), Finish::Stop, Value::Null);
+        assert_eq!(text["choices"][0]["finish_reason"], "stop");
         assert_eq!(text["usage"]["total_tokens"], 3);
         assert_eq!(text["choices"][0]["text"], "x");
     }

@@ -139,6 +139,11 @@ pub struct SimArgs {
     /// (an error event and the end of the stream).
     #[arg(long, env = "SIM_FAIL_MODE", value_enum, default_value_t = FailMode::Exit)]
     pub fail_mode: FailMode,
+    /// Fault injection: `min_tokens` (SGLang's `min_new_tokens`) is ignored, as by an engine
+    /// that does not know it, so a prefill whose one token is a stop token ends "stopped" and,
+    /// as vLLM's connector does then, sends no KV.
+    #[arg(long, env = "SIM_IGNORE_MIN_TOKENS")]
+    pub ignore_min_tokens: bool,
     /// How much each other request in the running batch slows a token: a token takes
     /// --decode-ms-per-token × (1 + this × the others running). 0: the batch costs nothing.
     #[arg(long, env = "SIM_BATCH_SLOWDOWN", default_value_t = 0.0)]

@@ -218,25 +218,32 @@ pub fn raw_json(value: &impl Serialize) -> String {
 }
 
 /// What P is sent in place of the client's fields: an answer of one token, whole, without the
-/// token ids (P's answer is not relayed).
-const PREFILL_EDITS: [Edit<'static>; 5] = [
+/// token ids (P's answer is not relayed), that cannot end before that token. vLLM's connectors
+/// send the KV only when P's request ends on its length cap; its EOS and `stop_token_ids` test
+/// runs first, so a first token that is EOS or a stop token would end P "stopped" and leave D
+/// waiting for KV that never comes. `min_tokens: 1` masks both until the cap (and stop strings,
+/// which vLLM checks only past `min_tokens`).
+const PREFILL_EDITS: [Edit<'static>; 6] = [
     Edit::Set("stream", "false"),
     Edit::Set("max_tokens", "1"),
     Edit::Replace("max_completion_tokens", "1"),
+    Edit::Set("min_tokens", "1"),
     Edit::Remove("stream_options"),
     Edit::Remove("return_token_ids"),
 ];
 
 impl Body<'_> {
-    /// P's body: `stream: false`, `max_tokens: 1`, `max_completion_tokens: 1` when present, no
-    /// `stream_options` nor `return_token_ids`, and `kv_transfer_params` set to `params` (raw
-    /// JSON).
+    /// P's body: `stream: false`, `max_tokens: 1`, `max_completion_tokens: 1` when present,
+    /// `min_tokens: 1`, no `stream_options` nor `return_token_ids`, and `kv_transfer_params`
+    /// set to `params` (raw JSON).
     pub fn prefill(&self, params: &str) -> Vec<u8> {
-        let [stream, max_tokens, max_completion_tokens, stream_options, token_ids] = PREFILL_EDITS;
+        let [stream, max_tokens, max_completion_tokens, min_tokens, stream_options, token_ids] =
+            PREFILL_EDITS;
         self.render(&[
             stream,
             max_tokens,
             max_completion_tokens,
+            min_tokens,
             stream_options,
             token_ids,
             Edit::Set(KV_TRANSFER_PARAMS, params),
@@ -396,7 +403,7 @@ mod tests {
         assert_eq!(
             sent(&body.prefill(&prefill_params("xfer-1", false))),
             json!({"model":"m","prompt":"hi","stream":false,"max_tokens":1,"max_completion_tokens":1,
-                   "temperature":0.7,"extra_field":{"a":[1,2]},
+                   "temperature":0.7,"extra_field":{"a":[1,2]},"min_tokens":1,
                    "kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"transfer_id":"xfer-1"}})
         );
         // The client's own body is left as it was, for D.
@@ -408,10 +415,13 @@ mod tests {
 
     #[test]
     fn max_completion_tokens_is_added_only_when_present() {
-        let body = Body::parse(br#"{"prompt":"hi"}"#).unwrap();
+        let body = Body::parse(br#"{"prompt":"hi","min_tokens":5,"stop_token_ids":[2]}"#).unwrap();
         assert!(body.get("stream").is_none());
         let sent = sent(&body.prefill("null"));
         assert_eq!(sent["max_tokens"], 1);
+        // P cannot stop before its one token, whatever the client's own minimum.
+        assert_eq!(sent["min_tokens"], 1);
+        assert_eq!(sent["stop_token_ids"], json!([2]));
         assert_eq!(sent["stream"], false);
         assert!(sent.get("max_completion_tokens").is_none());
     }

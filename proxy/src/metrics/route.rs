@@ -75,6 +75,7 @@ pub(crate) struct RouteMetrics {
     in_flight: GaugeSeries,
     retries: CounterSeries,
     engine_reroutes: CounterSeries,
+    prefill_stops: CounterSeries,
     prefill: HistogramSeries,
     decode_first_byte: HistogramSeries,
 }
@@ -123,6 +124,12 @@ impl RouteMetrics {
         self.engine_reroutes.get().inc();
     }
 
+    /// Counts a request whose P ended before its length cap (so sent no KV) and that D then
+    /// served alone.
+    pub(crate) fn prefill_stopped(&self) {
+        self.prefill_stops.get().inc();
+    }
+
     /// Records how long P took to answer (its whole call).
     pub(crate) fn prefill_answered(&self, elapsed: Duration) {
         self.prefill.get().observe(elapsed.as_secs_f64());
@@ -153,6 +160,7 @@ pub(super) struct RouteFamilies {
     in_flight: IntGaugeVec,
     retries: IntCounterVec,
     engine_reroutes: IntCounterVec,
+    prefill_stops: IntCounterVec,
     prefill: HistogramVec,
     decode_first_byte: HistogramVec,
     decisions: IntCounterVec,
@@ -211,6 +219,13 @@ impl RouteFamilies {
                  re-registered (D could not find the engine it was told)",
                 route,
             ),
+            prefill_stops: counter(
+                "prefill_stopped_total",
+                "Requests whose P ended before its one-token cap (an engine that ignores \
+                 min_tokens: no KV sent), their D cancelled and the request served by a decode \
+                 alone",
+                route,
+            ),
             prefill: histogram(
                 "prefill_duration_seconds",
                 "Time P took to answer (its whole call: the prompt's computation and KV publication)",
@@ -236,6 +251,7 @@ impl RouteFamilies {
             Box::new(families.in_flight.clone()),
             Box::new(families.retries.clone()),
             Box::new(families.engine_reroutes.clone()),
+            Box::new(families.prefill_stops.clone()),
             Box::new(families.prefill.clone()),
             Box::new(families.decode_first_byte.clone()),
         ] {
@@ -259,6 +275,7 @@ impl RouteFamilies {
             in_flight: Series::new(&self.in_flight, labels),
             retries: Series::new(&self.retries, labels),
             engine_reroutes: Series::new(&self.engine_reroutes, labels),
+            prefill_stops: Series::new(&self.prefill_stops, labels),
             prefill: Series::new(&self.prefill, labels),
             decode_first_byte: Series::new(&self.decode_first_byte, labels),
         }

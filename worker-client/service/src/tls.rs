@@ -105,11 +105,27 @@ pub fn read_key_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> 
     let chain = read_certificates(cert)?;
     let private = read_private_key(key)?;
     CertifiedKey::from_der(chain, private, &crypto()).map_err(|err| {
+        if is_version_1(&err) {
+            return TlsError::new(cert, V1_CERTIFICATE.to_owned());
+        }
         TlsError::new(
             key,
             format!("does not fit the certificate in {}: {err}", cert.display()),
         )
     })
+}
+
+/// What is wrong with an X.509 v1 certificate, and how to make one that works.
+const V1_CERTIFICATE: &str = "holds an X.509 v1 certificate, which is not supported (rustls \
+    reads v3 only): make a v3 certificate, e.g. `openssl x509 -req ... -extfile <(printf \
+    'extendedKeyUsage=clientAuth')` for a client's (any extension makes openssl write v3)";
+
+/// Whether rustls refused a certificate for being X.509 v1 (webpki's `UnsupportedCertVersion`).
+fn is_version_1(err: &rustls::Error) -> bool {
+    let rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other)) = err else {
+        return false;
+    };
+    other.0.downcast_ref::<webpki::Error>() == Some(&webpki::Error::UnsupportedCertVersion)
 }
 
 /// When each file was last changed, and its size: a change of either means "read it again".

@@ -293,6 +293,77 @@ async fn unusable_files_are_named_with_the_problem() {
     }
 }
 
+/// A client certificate as `openssl x509 -req` makes it without an extensions file (X.509 v1)
+/// is named as such, with the fix, not as a key that does not fit it.
+#[test]
+fn a_version_1_certificate_is_named_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let openssl = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl runs");
+        assert!(status.success(), "openssl {args:?}");
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test ca",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+        "-subj",
+        "/CN=client",
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "client.pem",
+        "-days",
+        "1",
+    ]);
+    let (cert, key) = (dir.path().join("client.pem"), dir.path().join("client.key"));
+    let err = pd_service::tls::read_key_pair(&cert, &key)
+        .expect_err("a v1 certificate is refused")
+        .to_string();
+    assert!(
+        err.contains("client.pem"),
+        "names the certificate's file: {err}"
+    );
+    assert!(
+        err.contains("X.509 v1") && err.contains("extendedKeyUsage=clientAuth"),
+        "{err}"
+    );
+    assert!(!err.contains("does not fit"), "{err}");
+}
+
 /// A client that completes the TLS handshake choosing HTTP/2 and then sends nothing (not even
 /// the preface) does not keep its connection: it is closed within about the header timeout.
 #[tokio::test]

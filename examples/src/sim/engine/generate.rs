@@ -1,5 +1,6 @@
-//! Generation: `max_tokens` tokens at the decode pace, whole or as SSE chunks (each token from
-//! the whole context, see `sim/kv.rs`), with the faults `--fail-after-tokens` injects.
+//! Generation: `max_tokens` tokens at the decode pace (fewer when a stop token ends the answer
+//! first), whole or as SSE chunks (each token from the whole context, see `sim/kv.rs`), with the
+//! faults `--fail-after-tokens` injects.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -12,12 +13,13 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::Engine;
-use crate::sim::api::{sse_event, with_token_ids, Api, Prompt, ResponseMeta, SSE_DONE};
+use crate::sim::api::{sse_event, with_token_ids, Api, Finish, Prompt, ResponseMeta, SSE_DONE};
 use crate::sim::config::FailMode;
 use crate::sim::kv::Generator;
 
 impl Engine {
-    /// Generates `max_tokens` tokens at the decode pace, whole or as SSE chunks.
+    /// Generates the answer's tokens ([`Prompt::planned`]) at the decode pace, whole or as SSE
+    /// chunks; a stop token's text is not shown.
     pub(super) async fn generate(&self, api: Api, prompt: Prompt, kv_params: Value) -> Response {
         let served = prompt
             .lora
@@ -26,14 +28,23 @@ impl Engine {
         let meta = ResponseMeta::new(api, served);
         let per_token = Duration::from_millis(self.args.decode_ms_per_token);
         let prompt_tokens = prompt.token_count();
-        let total = prompt.max_tokens;
+        let (total, finish) = prompt.planned();
+        let shown =
+            move |step: u32, piece: String| match finish == Finish::Stop && step + 1 == total {
+                true => String::new(),
+                false => piece,
+            };
         let ids = prompt.return_token_ids;
         let fail_after = Some(self.args.fail_after_tokens).filter(|n| *n > 0);
         let fail_mode = self.args.fail_mode;
         if !prompt.stream {
             let mut generator = Generator::new(&prompt.tokens);
-            let (generated, text): (Vec<u32>, String) =
-                (0..total).map(|_| generator.next_token()).unzip();
+            let (generated, text): (Vec<u32>, String) = (0..total)
+                .map(|step| {
+                    let (id, piece) = generator.next_token();
+                    (id, shown(step, piece))
+                })
+                .unzip();
             for step in 0..total {
                 if fail_after == Some(step) {
                     if fail_mode == FailMode::Error {
@@ -44,7 +55,7 @@ impl Engine {
                 }
                 tokio::time::sleep(self.scheduler.per_token(per_token)).await;
             }
-            let answer = meta.full(&text, prompt_tokens, total, kv_params);
+            let answer = meta.full(&text, (prompt_tokens, total), finish, kv_params);
             let answer = match ids && api != Api::Generate {
                 true => with_token_ids(answer, &generated, Some(&prompt.tokens)),
                 false => answer,
@@ -76,12 +87,13 @@ impl Engine {
                 let event = if step < total {
                     tokio::time::sleep(pause).await;
                     let (id, piece) = generator.next_token();
+                    let piece = shown(step, piece);
                     if api == Api::Generate {
                         so_far.push_str(&piece);
-                        let done = step + 1 == total;
+                        let done = (step + 1 == total).then_some(finish);
                         sse_event(&meta.generated(&so_far, prompt_tokens, step + 1, done))
                     } else {
-                        let chunk = meta.chunk(Some(&piece), step == 0, false);
+                        let chunk = meta.chunk(Some(&piece), step == 0, None);
                         let chunk = match ids {
                             true => {
                                 with_token_ids(chunk, &[id], (step == 0).then_some(&prompt_ids[..]))
@@ -91,7 +103,7 @@ impl Engine {
                         sse_event(&chunk)
                     }
                 } else if step == total && api != Api::Generate {
-                    sse_event(&meta.chunk(None, total == 0, true))
+                    sse_event(&meta.chunk(None, total == 0, Some(finish)))
                 } else if step == total + 1 && include_usage {
                     sse_event(&meta.usage_chunk(prompt_tokens, total))
                 } else if step <= total + 2 {

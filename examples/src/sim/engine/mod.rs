@@ -315,6 +315,9 @@ impl Engine {
             Ok(prompt) => prompt,
             Err(message) => return Failure::bad_request(message).into_response(),
         };
+        if self.args.ignore_min_tokens {
+            prompt.min_tokens = 0;
+        }
         if self.args.dialect == Dialect::Vllm {
             if let Err(failure) = self.check_model(&mut prompt).await {
                 return failure.into_response();

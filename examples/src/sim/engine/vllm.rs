@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use worker_client::ClientError;
 
 use super::{Engine, SimError};
-use crate::sim::api::{Api, Prompt};
+use crate::sim::api::{Api, Finish, Prompt};
 use crate::sim::failure::Failure;
 use crate::sim::kv::Shard;
 
@@ -149,7 +149,9 @@ impl Engine {
     }
 
     /// P role: compute the KV of every worker of the dp rank the proxy chose (header
-    /// `X-data-parallel-rank`), publish it under the transfer id, and answer.
+    /// `X-data-parallel-rank`), publish it under the transfer id, and answer. As vLLM's
+    /// connectors do, the KV is sent only when the answer ends on its length cap: one that ends
+    /// on a stop token first is answered with no KV sent and `kv_transfer_params` null.
     async fn prefill_for_vllm(&self, api: Api, prompt: Prompt, kv: KvTransferParams) -> Response {
         let Some(transfer_id) = kv.transfer_id.filter(|id| !id.is_empty()) else {
             return Failure::bad_request(
@@ -157,6 +159,10 @@ impl Engine {
             )
             .into_response();
         };
+        if prompt.planned().1 == Finish::Stop {
+            tracing::info!(%transfer_id, "the prefill ended on a stop token: no KV sent");
+            return self.serve_alone(api, prompt).await;
+        }
         if let Err(failure) = self.compute_and_publish(&transfer_id, &prompt).await {
             return failure.into_response();
         }

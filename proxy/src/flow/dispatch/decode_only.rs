@@ -40,6 +40,8 @@ pub(super) async fn run(
         prefilled: None,
         streamed: false,
         reroute: None,
+        alone: None,
+        stopped: None,
         reserved,
         awaiting: None,
         avoid: request.avoid,

@@ -2,10 +2,13 @@
 //! at once, the Mooncake way), [`sequential`] (P first, its `kv_transfer_params` handed to D,
 //! the NIXL way), [`sglang`] (P and D at once with SGLang's bootstrap fields), and
 //! [`decode_only`] (a decode alone). [`retry`] gives D one retry on another decode;
-//! [`unknown_engine`] re-sends to the same D once when P re-registered under a new engine id.
+//! [`unknown_engine`] re-sends to the same D once when P re-registered under a new engine id;
+//! [`prefill_finish`] tells a P that ended before its cap (and so sent no KV), which the decode
+//! then serves alone.
 
 mod concurrent;
 mod decode_only;
+mod prefill_finish;
 mod retry;
 mod sequential;
 mod sglang;
@@ -178,6 +181,9 @@ impl Call<'_> {
             .with_tokens(self.tokens)
             .with_adapter(self.adapter);
         let reserved = lock(&self.decode_reserved).take();
+        // vLLM's P sends no KV when it ends before its cap: the decode then serves alone.
+        let alone = || Bytes::from(body.alone());
+        let vllm = self.request.state.mode != Mode::Sglang;
         let decoding = retry::decode_with_retry(DecodeCall {
             state: self.request.state,
             route: self.request.route,
@@ -193,6 +199,8 @@ impl Call<'_> {
             prefilled,
             streamed: streams(body),
             reroute,
+            alone: vllm.then_some(&alone as &(dyn Fn() -> Bytes + Sync)),
+            stopped: None,
             reserved,
             awaiting: None,
             avoid: self.request.avoid,

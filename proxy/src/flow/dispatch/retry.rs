@@ -1,6 +1,7 @@
 //! Calling D, and the one retry on another decode when D fails before its first byte, while
 //! P's call (concurrent mode) is watched: if P fails first, D is dropped (cancelled) and the
-//! client is told at once. D's first byte is due `--decode-first-byte-timeout` after P's
+//! client is told at once; if P ends before its length cap (so sent no KV), D is dropped and
+//! the same decode serves the request alone, computing the prompt itself. D's first byte is due `--decode-first-byte-timeout` after P's
 //! answer, everything before the request's deadline; a call that ran out of time is never made
 //! again, and a retry never goes to the decode that failed, except once when the registry
 //! shows that the pair's engine re-registered under a new id (see `unknown_engine.rs`).
@@ -12,6 +13,7 @@ use std::time::Instant;
 use axum::http::HeaderMap;
 use bytes::Bytes;
 
+use super::prefill_finish::{prefill_stopped, stopped_before_cap};
 use super::unknown_engine::registered_instead;
 use crate::flow::failure::{decode_refusal, Refusal};
 use crate::metrics::RouteMetrics;
@@ -55,6 +57,12 @@ pub(super) struct DecodeCall<'a> {
     /// D's body for another engine id of the pair (concurrent mode), for when D failed because
     /// the pair's engine re-registered under a new id.
     pub reroute: Option<&'a (dyn Fn(&str) -> Bytes + Sync)>,
+    /// D's body to serve the request alone, for when P's answer ended before its length cap
+    /// (vLLM's modes: its connectors then send no KV); none where P's finish tells nothing of
+    /// its KV (SGLang's P sends it whatever the token).
+    pub alone: Option<&'a (dyn Fn() -> Bytes + Sync)>,
+    /// P's finish reason once its answer came, ending before its length cap (with `alone`).
+    pub stopped: Option<String>,
     /// The request counted on the decode until D's call is made.
     pub reserved: Option<Reservation>,
     /// D's call counted among the decode's requests waiting for their prefill, while P runs.
@@ -87,6 +95,25 @@ pub(super) async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decodi
         let first = first_byte(&mut call, &decode).await;
         call.awaiting = None;
         let err = match first? {
+            None => {
+                // No KV will come: D's call is dropped (cancelled) and made again without
+                // transfer instructions, once; it is not D's failure, so not a retry.
+                drop(counted);
+                let alone = call
+                    .alone
+                    .take()
+                    .expect("only checked with a body to serve alone");
+                let reason = call.stopped.take().unwrap_or_default();
+                if let Some(pair) = call.pair {
+                    prefill_stopped(call.metrics, pair, &decode, &reason);
+                }
+                call.body = alone();
+                (call.pair, call.reroute, call.prefilled) = (None, None, None);
+                continue;
+            }
+            Some(answer) => answer,
+        };
+        let err = match err {
             Ok(answer) => {
                 counted.progressed();
                 let waited = answer.first_at.saturating_duration_since(issued);
@@ -140,12 +167,13 @@ pub(super) async fn decode_with_retry(mut call: DecodeCall<'_>) -> Result<Decodi
 }
 
 /// One call to `decode`, until its first byte or its failure, racing P's call: P's failure
-/// ends it with what that means for the client (D is dropped, and so cancelled), P's answer
-/// starts D's first-byte deadline.
+/// ends it with what that means for the client (D is dropped, and so cancelled); P's answer
+/// starts D's first-byte deadline, or ends the call (`None`, D dropped) when P ended before
+/// its cap (`call.stopped`).
 async fn first_byte(
     call: &mut DecodeCall<'_>,
     decode: &Backend,
-) -> Result<Result<DecodeStart, UpstreamError>, Refusal> {
+) -> Result<Option<Result<DecodeStart, UpstreamError>>, Refusal> {
     let state = call.state;
     let upstream = &state.upstream;
     let endpoint = call.route.endpoint(decode);
@@ -157,6 +185,9 @@ async fn first_byte(
     );
     tokio::pin!(decoding);
     loop {
+        if call.stopped.is_some() {
+            return Ok(None);
+        }
         let due = call
             .prefilled
             .filter(|_| call.streamed)
@@ -164,21 +195,24 @@ async fn first_byte(
         tokio::select! {
             biased;
             ended = answer(&mut call.prefill) => call.prefill_ended(ended)?,
-            decoded = &mut decoding => return Ok(decoded),
+            decoded = &mut decoding => return Ok(Some(decoded)),
             () = until(due) => {
-                return Ok(Err(UpstreamError::FirstByteTimeout(upstream.first_byte_timeout)))
+                let timeout = UpstreamError::FirstByteTimeout(upstream.first_byte_timeout);
+                return Ok(Some(Err(timeout)));
             }
         }
     }
 }
 
 impl DecodeCall<'_> {
-    /// Records P's answer, or makes its failure what the client is told.
+    /// Records P's answer (and, where that means no KV was sent, that it ended before its
+    /// length cap), or makes its failure what the client is told.
     fn prefill_ended(&mut self, ended: Result<Bytes, Failure>) -> Result<(), Refusal> {
-        ended.map_err(Refusal::from)?;
+        let answer = ended.map_err(Refusal::from)?;
         self.prefill = None;
         self.awaiting = None;
         self.prefilled = Some(Instant::now());
+        self.stopped = self.alone.and_then(|_| stopped_before_cap(&answer));
         Ok(())
     }
 }

@@ -1,4 +1,5 @@
-//! P first, then D (vLLM's NIXL proxy): P's answer carries the `kv_transfer_params` D needs.
+//! P first, then D (vLLM's NIXL proxy): P's answer carries the `kv_transfer_params` D needs. A P
+//! that ended before its cap sent no KV (nor those parameters): the decode then serves alone.
 
 use std::time::Instant;
 
@@ -6,6 +7,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::prefill_finish::{prefill_stopped, stopped_before_cap};
 use super::{Call, Refusal, Started};
 use crate::error::ApiError;
 use crate::metrics::Outcome;
@@ -23,6 +25,13 @@ pub(super) async fn run(call: Call<'_>, body: &Body<'_>) -> Result<Started, Refu
     let before_prefill = call.start().elapsed();
     let answer = call.prefill(prefill_body).await.map_err(Refusal::from)?;
     let answered = Instant::now();
+    if let Some(reason) = stopped_before_cap(&answer) {
+        // P sent no KV (and so no kv_transfer_params): the decode serves the request alone.
+        prefill_stopped(&call.request.metrics, &call.pair, &call.decode, &reason);
+        let alone = Bytes::from(body.alone());
+        let overhead = before_prefill + answered.elapsed();
+        return call.decode(body, alone, None, None, overhead, None).await;
+    }
     let params = serde_json::from_slice::<PrefillAnswer>(&answer)
         .ok()
         .and_then(|answer| answer.kv_transfer_params)
