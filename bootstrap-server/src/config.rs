@@ -96,6 +96,12 @@ pub struct Args {
     /// `reject` (vLLM's 400, unless the request says `"replace": true`).
     #[arg(help_heading = REGISTRY, long, env = "PD_BOOTSTRAP_ENGINE_CONFLICT", value_enum, default_value_t = EngineConflictPolicy::Replace)]
     pub engine_conflict: EngineConflictPolicy,
+    /// Without --tp-size: seconds a dp group's ranks must form a whole grid (tp ranks 0..N-1,
+    /// each with pp ranks 0..M-1) with none joining or leaving before `GET /query` shows it; a
+    /// stock vLLM decode keeps the first answer it gets for its life and takes P's tp size from
+    /// it, so a half-registered P would stay half for it. Until then `/query` answers 503 for it.
+    #[arg(help_heading = REGISTRY, long, env = "PD_BOOTSTRAP_SETTLE", default_value = "2", value_parser = parse_seconds_or_zero)]
+    pub settle: Duration,
     /// Bearer token required on every write route (reads stay open), except from peers inside
     /// --allow-writes-from.
     #[arg(help_heading = ADMIN, long, env = "PD_BOOTSTRAP_AUTH_TOKEN", hide_env_values = true)]
@@ -188,6 +194,7 @@ impl Args {
                 room_ttl: self.room_ttl,
                 max_requests: self.max_requests,
                 engine_conflict: self.engine_conflict,
+                settle: self.settle,
             },
             request_timeout: self.request_timeout,
             shutdown_grace: self.shutdown_grace,

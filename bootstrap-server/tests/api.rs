@@ -114,14 +114,24 @@ async fn takeover_is_the_default_so_stock_vllm_restarts() {
         server.register("new", 0, 1, 0, "tcp://n:2").await,
         (StatusCode::OK, json!({"status": "ok"}))
     );
+    // The old engine's remaining rank left with it, and the new one is not shown until its
+    // ranks are whole: a D would take its tp size from tp rank 1 alone.
+    let (status, body) = server.get("/query").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("new (1 ranks so far, incomplete)"),
+        "{body}"
+    );
+    server.register("new", 0, 0, 0, "tcp://n:1").await;
     let (_, topology) = server.get("/query").await;
     assert_eq!(
         topology,
-        json!({"0": {"engine_id": "new", "worker_addr": {"1": {"0": "tcp://n:2"}}}}),
-        "the old engine's remaining rank left with it"
+        json!({"0": {"engine_id": "new", "worker_addr": {"0": {"0": "tcp://n:1"}, "1": {"0": "tcp://n:2"}}}})
     );
     // A restarted P with a pinned engine id: new addresses.
-    server.register("new", 0, 0, 0, "tcp://n:1").await;
     assert_eq!(
         server.register("new", 0, 0, 0, "tcp://m:1").await.0,
         StatusCode::OK

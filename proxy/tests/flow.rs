@@ -27,6 +27,7 @@ async fn prefill_and_decode_receive_what_vllms_proxy_sends() {
         .post(cluster.url("/v1/completions"))
         .header("Authorization", "Bearer client-key")
         .header("X-Request-Id", "req-42")
+        .header("X-Session-ID", "chat-7")
         .json(&request)
         .send()
         .await
@@ -47,7 +48,7 @@ async fn prefill_and_decode_receive_what_vllms_proxy_sends() {
     assert_eq!(
         p.body,
         json!({"model": "mock-model", "prompt": "hi", "max_tokens": 1, "stream": false,
-               "temperature": 0.5, "custom": {"nested": [1, 2.5, null]},
+               "temperature": 0.5, "custom": {"nested": [1, 2.5, null]}, "min_tokens": 1,
                "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false,
                                       "transfer_id": id}})
     );
@@ -61,6 +62,7 @@ async fn prefill_and_decode_receive_what_vllms_proxy_sends() {
     );
     for seen in [&p, &d] {
         assert_eq!(seen.header("x-request-id").as_deref(), Some("req-42"));
+        assert_eq!(seen.header("x-session-id").as_deref(), Some("chat-7"));
         assert_eq!(
             seen.header("authorization").as_deref(),
             Some("Bearer client-key")

@@ -5,9 +5,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Instant;
 
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -23,8 +24,9 @@ use super::error::ApiError;
 use super::extract::JsonBody;
 use super::{rejected, AppState};
 use crate::registry::model::{Location, Readiness, Registration, Slot};
+use crate::registry::publication::Pending;
 use crate::registry::validate::{validate_id, FieldError};
-use crate::registry::{Group, RegistryError, RequestConflict, WorkerConflict, WorkerTable};
+use crate::registry::{Group, RegistryError, RequestConflict, View, WorkerConflict, WorkerTable};
 
 /// The write routes (behind the bearer token when one is set).
 pub fn writes() -> Router<AppState> {
@@ -216,16 +218,93 @@ async fn query(
         ));
     }
     let rendered: Arc<Rendered> = view.rendered(|_| Rendered::default());
+    let table = view.table();
+    let now = Instant::now();
     let body = match &params.engine_id {
-        None => rendered.all(view.table()),
-        Some(engine) => rendered.engine(view.table(), engine).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!("engine_id {engine:?} is not registered"),
-            )
-        })?,
+        None => {
+            let waiting = pending(&view, table.groups(), now);
+            if waiting.is_empty() {
+                rendered.all(table)
+            } else if waiting.len()
+                == table
+                    .groups()
+                    .filter(|(_, g)| g.engine_id().is_some())
+                    .count()
+            {
+                return Ok(registering(&waiting));
+            } else {
+                // The engines whose ranks are complete, now; the others once they are.
+                let shown = table
+                    .groups()
+                    .filter(|(_, g)| !waiting.iter().any(|(w, _)| std::ptr::eq(*w, *g)));
+                let mut answer = (
+                    [(header::CONTENT_TYPE, "application/json")],
+                    to_bytes(&topology(shown)),
+                )
+                    .into_response();
+                answer
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, retry_after(&waiting));
+                return Ok(answer);
+            }
+        }
+        Some(engine) => {
+            let waiting = pending(&view, table.engine_groups(engine), now);
+            if !waiting.is_empty() {
+                return Ok(registering(&waiting));
+            }
+            rendered.engine(table, engine).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!("engine_id {engine:?} is not registered"),
+                )
+            })?
+        }
     };
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// The groups among `groups` (with an engine id) that are not published at `now`.
+fn pending<'a>(
+    view: &View,
+    groups: impl Iterator<Item = (Rank, &'a Group)>,
+    now: Instant,
+) -> Vec<(&'a Group, Pending)> {
+    (groups.filter(|(_, group)| group.engine_id().is_some()))
+        .filter_map(|(_, group)| Some((group, view.publication(group, now).err()?)))
+        .collect()
+}
+
+/// `GET /query`'s 503 while engines' ranks are still registering: a stock D does not keep an
+/// error, so it asks again with its next request, and sees the engine whole.
+fn registering(waiting: &[(&Group, Pending)]) -> Response {
+    let named: Vec<String> = waiting
+        .iter()
+        .map(|(group, pending)| {
+            let engine = group.engine_id().unwrap_or_default();
+            let state = match pending.settles_in {
+                Some(_) => "settling",
+                None => "incomplete",
+            };
+            format!("{engine} ({} ranks so far, {state})", pending.ranks)
+        })
+        .collect();
+    let detail = format!(
+        "Mooncake prefiller worker topology is not ready: engine ranks are still registering: {}",
+        named.join(", ")
+    );
+    let mut answer = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, detail).into_response();
+    answer
+        .headers_mut()
+        .insert(header::RETRY_AFTER, retry_after(waiting));
+    answer
+}
+
+/// Whole seconds until the first of `waiting` may settle (1 while ranks are missing).
+fn retry_after(waiting: &[(&Group, Pending)]) -> HeaderValue {
+    let soonest = waiting.iter().filter_map(|(_, p)| p.settles_in).min();
+    let seconds = soonest.map_or(1, |left| left.as_secs_f64().ceil().max(1.0) as u64);
+    HeaderValue::from(seconds)
 }
 
 async fn register_request(

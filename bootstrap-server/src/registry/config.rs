@@ -38,6 +38,9 @@ pub struct RegistryConfig {
     pub max_requests: usize,
     /// What a new engine id for an owned dp rank does.
     pub engine_conflict: EngineConflictPolicy,
+    /// Without a configured tp size: how long a dp group's whole grid of ranks must stay
+    /// unchanged before `GET /query` shows it (see [`super::publication`]).
+    pub settle: Duration,
 }
 
 impl Default for RegistryConfig {
@@ -48,6 +51,7 @@ impl Default for RegistryConfig {
             room_ttl: Duration::from_secs(120),
             max_requests: 2_000_000,
             engine_conflict: EngineConflictPolicy::Replace,
+            settle: Duration::from_secs(2),
         }
     }
 }

@@ -12,6 +12,7 @@ mod history;
 mod leases;
 pub mod model;
 mod plan;
+pub mod publication;
 mod request_table;
 mod requests;
 mod stats;
@@ -391,7 +392,8 @@ impl Registry {
         }
         let mut state = self.write_workers();
         if state.view.is_none() {
-            state.view = Some(Arc::new(View::new(&state.published, self.config.expected)));
+            let (expected, settle) = (self.config.expected, self.config.settle);
+            state.view = Some(Arc::new(View::new(&state.published, expected, settle)));
         }
         state.view.clone().expect("the view was just made")
     }

@@ -3,11 +3,13 @@
 
 use std::any::{Any, TypeId};
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use pd_protocol::Rank;
 
 use super::model::Readiness;
-use super::{ExpectedTopology, WorkerTable};
+use super::publication::{publication, Pending};
+use super::{ExpectedTopology, Group, WorkerTable};
 
 /// The worker table as of one change, its readiness, and the renderings made from it.
 ///
@@ -18,16 +20,23 @@ use super::{ExpectedTopology, WorkerTable};
 pub struct View {
     table: WorkerTable,
     expected: Option<ExpectedTopology>,
+    settle: Duration,
     readiness: OnceLock<Readiness>,
     renderings: RwLock<Vec<(TypeId, Arc<dyn Any + Send + Sync>)>>,
 }
 
 impl View {
-    /// A snapshot of `table`, complete or not against `expected`.
-    pub(super) fn new(table: &WorkerTable, expected: Option<ExpectedTopology>) -> Self {
+    /// A snapshot of `table`, complete or not against `expected`, its groups published after
+    /// `settle` without one.
+    pub(super) fn new(
+        table: &WorkerTable,
+        expected: Option<ExpectedTopology>,
+        settle: Duration,
+    ) -> Self {
         View {
             table: table.clone(),
             expected,
+            settle,
             readiness: OnceLock::new(),
             renderings: RwLock::new(Vec::new()),
         }
@@ -61,6 +70,12 @@ impl View {
                 },
             }
         })
+    }
+
+    /// Whether `group` (of this view's table) may be shown to a decode at `now`
+    /// ([`super::publication`]).
+    pub fn publication(&self, group: &Group, now: Instant) -> Result<(), Pending> {
+        publication(group, self.expected, self.settle, now)
     }
 
     /// The largest number of tp ranks registered in one dp group: P's tp size as far as the

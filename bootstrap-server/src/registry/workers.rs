@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use pd_protocol::native::EngineMeta;
 use pd_protocol::{LeaseId, Rank};
@@ -72,6 +73,9 @@ pub struct Group {
     tp_counts: imbl::OrdMap<Rank, usize>,
     /// The highest incarnation of `workers`, kept with every change of the group.
     incarnation: u64,
+    /// When a rank last joined or left the group (its address changing is no change of shape;
+    /// loading the table from the store is one), on this process's clock.
+    reshaped: Option<Instant>,
 }
 
 /// One slot's registration.
@@ -102,6 +106,30 @@ impl Group {
         self.workers
             .range((0, 0, 0)..=(0, Rank::MAX, Rank::MAX))
             .map(|((_, tp, pp), worker)| (*tp, *pp, worker.addr.as_str()))
+    }
+
+    /// The group's tp and pp sizes when its ranks at cp rank 0 (vLLM's) form a whole grid:
+    /// tp ranks 0..N-1, each with pp ranks 0..M-1; none when a rank is missing from it.
+    pub fn grid(&self) -> Option<(Rank, Rank)> {
+        let (mut tp_size, mut pp_size) = (0, None);
+        let mut next: (Rank, Rank) = (0, 0);
+        for (tp, pp, _) in self.workers() {
+            if (tp, pp) == next {
+                next.1 += 1;
+            } else if (tp, pp) == (next.0 + 1, 0) && pp_size.get_or_insert(next.1) == &next.1 {
+                next = (tp, 1);
+            } else {
+                return None;
+            }
+            tp_size = tp + 1;
+        }
+        let pp_size = *pp_size.get_or_insert(next.1);
+        (tp_size > 0 && next.1 == pp_size).then_some((tp_size, pp_size))
+    }
+
+    /// When a rank last joined or left the group, or the table was loaded from the store.
+    pub fn reshaped(&self) -> Option<Instant> {
+        self.reshaped
     }
 
     /// How many workers the group has.
@@ -317,6 +345,7 @@ impl WorkerTable {
     /// work is a lookup per slot changed, whatever the size of its group or of the table, plus
     /// one pass over a group that the holder of its highest incarnation left.
     pub fn apply(&mut self, change: &WorkerChange) {
+        let now = Some(Instant::now());
         let mut stale: Vec<Rank> = Vec::new();
         for slot in &change.remove {
             let Some(group) = self.groups.get_mut(&slot.dp) else {
@@ -326,6 +355,9 @@ impl WorkerTable {
             let before = group.size();
             if group.remove((slot.cp, slot.tp, slot.pp)) {
                 stale.push(slot.dp);
+            }
+            if group.size() != before {
+                group.reshaped = now;
             }
             self.totals.update(before, group.size());
             if group.workers.is_empty() {
@@ -355,6 +387,9 @@ impl WorkerTable {
             };
             if group.put((record.slot.cp, record.slot.tp, record.slot.pp), worker) {
                 stale.push(dp);
+            }
+            if group.size() != before {
+                group.reshaped = now;
             }
             self.totals.update(before, group.size());
             if let Some(old) = moved {

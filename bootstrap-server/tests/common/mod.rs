@@ -78,8 +78,12 @@ pub struct TestServer {
     pub config: ServerConfig,
 }
 
+/// A server on `dir` that shows each engine as soon as its ranks form a whole grid (no settle
+/// window: these tests register every rank before they look; `publication.rs` tests the window).
 pub fn config(dir: &std::path::Path) -> ServerConfig {
-    ServerConfig::local(dir)
+    let mut config = ServerConfig::local(dir);
+    config.registry.settle = Duration::ZERO;
+    config
 }
 
 pub async fn start_with(edit: impl FnOnce(&mut ServerConfig)) -> TestServer {

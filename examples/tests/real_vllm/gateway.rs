@@ -21,6 +21,8 @@ async fn mooncake_pd_through_envoy_equals_one_engine() {
     });
     let cluster = start(&spec).await;
     assert_pd_equals_one_engine(&cluster).await;
+    let model = &spec.vllm.as_ref().unwrap().model;
+    first_token::assert_first_token_answers_equal_one_engine(&cluster, model).await;
     let epp = &cluster.gateway.as_ref().unwrap().epp;
     let metrics = reqwest::get(format!("{}/metrics", epp.url))
         .await

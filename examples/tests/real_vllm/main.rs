@@ -12,12 +12,14 @@
 //! time (the adapter check, named to sort first, runs beside the first). A failure names the
 //! engine and shows the tail of its log.
 
+mod first_token;
 mod gateway;
 mod migration;
 mod mooncake;
 mod nixl;
 mod overload;
 mod precise_prefix;
+mod registration;
 mod tls;
 
 use std::path::{Path, PathBuf};

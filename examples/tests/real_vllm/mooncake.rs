@@ -21,6 +21,8 @@ async fn mooncake_pd_through_the_proxy_equals_one_engine() {
     let first_engine = registered_engine(&cluster.bootstraps[0]).await;
 
     assert_pd_equals_one_engine(&cluster).await;
+    let model = &spec.vllm.as_ref().unwrap().model;
+    first_token::assert_first_token_answers_equal_one_engine(&cluster, model).await;
     assert_one_trace_through_both_engines(&cluster, &receiver).await;
 
     // Both engines' KV cache events reached the proxy's index: P's blocks of the prompts it

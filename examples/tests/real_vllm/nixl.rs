@@ -20,6 +20,8 @@ async fn nixl_sequential_pd_through_the_proxy_equals_one_engine() {
             assert_eq!(through, expected, "{path} {body}");
         }
     }
+    let model = &spec.vllm.as_ref().unwrap().model;
+    first_token::assert_first_token_answers_equal_one_engine(&cluster, model).await;
     cluster.shutdown().await;
 }
 

@@ -44,18 +44,39 @@ pub enum DiscoveryError {
         /// The bootstrap server.
         addr: String,
     },
+    /// `/query` shows no engine yet: their ranks are still registering.
+    #[error("bootstrap server {addr} shows no engine yet: their ranks are still registering")]
+    Registering {
+        /// The bootstrap server.
+        addr: String,
+        /// When it may show one (its `Retry-After`).
+        retry_in: Duration,
+    },
+}
+
+/// What one successful discovery found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Discovered {
+    /// Whether the dp ranks or engine ids changed.
+    pub changed: bool,
+    /// How long until the bootstrap server may show engines it holds back while their ranks
+    /// register (its `Retry-After`): discovery runs again then, not at the next interval.
+    pub pending: Option<Duration>,
 }
 
 /// One attempt for `prefill`: `/health`, then `/query` (on `bootstrap`, the prefill's
-/// bootstrap server if it has one), then the pool is updated. Returns whether the dp ranks or
-/// engine ids changed.
+/// bootstrap server if it has one), then the pool is updated.
 pub async fn discover_once(
     pool: &Pool,
     prefill: &Prefill,
     client: &reqwest::Client,
     bootstrap: Option<&BootstrapClient>,
     config: &DiscoveryConfig,
-) -> Result<bool, DiscoveryError> {
+) -> Result<Discovered, DiscoveryError> {
+    let settled = |changed| Discovered {
+        changed,
+        pending: None,
+    };
     let url = prefill.backend.url();
     let not_healthy = |reason: String| DiscoveryError::NotHealthy {
         url: url.to_owned(),
@@ -78,7 +99,7 @@ pub async fn discover_once(
             model: None,
             dp_size: 1,
         };
-        return Ok(pool.set_ranks(prefill, &[only]));
+        return Ok(settled(pool.set_ranks(prefill, &[only])));
     };
     let addr = bootstrap.url();
     let query_failed = |err: worker_client::ClientError| DiscoveryError::Query {
@@ -96,9 +117,11 @@ pub async fn discover_once(
                 dp_size: topology.dp_size,
             })
             .collect();
-        return Ok(pool.set_ranks(prefill, &ranks));
+        return Ok(settled(pool.set_ranks(prefill, &ranks)));
     }
-    let topology = bootstrap.topology(None).await.map_err(query_failed)?;
+    // Engines whose ranks are still registering are not shown yet (pd-bootstrap's registry
+    // says when to ask again).
+    let (topology, pending) = bootstrap.topology_pending().await.map_err(query_failed)?;
     // The models engines registered, as the bootstrap server's watch reported them (a server
     // without /watch tells none).
     let models = prefill.models();
@@ -122,11 +145,20 @@ pub async fn discover_once(
         );
     }
     if ranks.is_empty() {
-        return Err(DiscoveryError::Empty {
-            addr: addr.to_owned(),
+        return Err(match pending {
+            Some(retry_in) => DiscoveryError::Registering {
+                addr: addr.to_owned(),
+                retry_in,
+            },
+            None => DiscoveryError::Empty {
+                addr: addr.to_owned(),
+            },
         });
     }
-    Ok(pool.set_ranks(prefill, &ranks))
+    Ok(Discovered {
+        changed: pool.set_ranks(prefill, &ranks),
+        pending,
+    })
 }
 
 /// Discovers `prefill` forever: polls as [`poll_forever`] does, and wakes it on every
@@ -244,7 +276,7 @@ async fn poll_forever(
     let mut last_failure = None;
     loop {
         let pause = match discover_once(pool, prefill, client, bootstrap, config).await {
-            Ok(changed) => {
+            Ok(Discovered { changed, pending }) => {
                 last_failure = None;
                 prefill.discovery_metrics.discovery(true);
                 if changed {
@@ -257,12 +289,19 @@ async fn poll_forever(
                     );
                 }
                 backoff.reset();
-                config.interval
+                match pending {
+                    Some(pending) => {
+                        tracing::debug!(prefill = prefill.backend.url(), retry_in = ?pending, "engines are still registering: discovering again then");
+                        pending.min(config.interval)
+                    }
+                    None => config.interval,
+                }
             }
             Err(err) => {
                 prefill.discovery_metrics.discovery(false);
                 let pause = match err {
                     DiscoveryError::NotHealthy { .. } => backoff.next_pause().min(recheck),
+                    DiscoveryError::Registering { retry_in, .. } => retry_in,
                     _ => backoff.next_pause(),
                 };
                 // Once per streak of failures of one kind; the repeats (every 0.5 s while a

@@ -94,6 +94,18 @@ impl BootstrapClient {
         body: Option<&B>,
         timeout: Duration,
     ) -> Result<(StatusCode, bytes::Bytes), ClientError> {
+        let reply = self.send_reply(method, path, body, timeout).await?;
+        Ok((reply.status, reply.body))
+    }
+
+    /// [`Self::send`], with the answer's `Retry-After` (whole seconds) too.
+    pub(crate) async fn send_reply<B: Serialize + ?Sized>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        timeout: Duration,
+    ) -> Result<Reply, ClientError> {
         let url = format!("{}{path}", self.base);
         let mut request = self.http.request(method, &url).timeout(timeout);
         if let Some(token) = &self.settings.token {
@@ -122,8 +134,15 @@ impl BootstrapClient {
         };
         let response = request.send().await.map_err(transport)?;
         let status = response.status();
-        let bytes = response.bytes().await.map_err(transport)?;
-        Ok((status, bytes))
+        let retry_after = (response.headers().get(reqwest::header::RETRY_AFTER))
+            .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let body = response.bytes().await.map_err(transport)?;
+        Ok(Reply {
+            status,
+            retry_after,
+            body,
+        })
     }
 
     /// One attempt of one call, allowed `timeout` (connection included). A 503 answer whose body
@@ -213,6 +232,13 @@ impl BootstrapClient {
             }),
         }
     }
+}
+
+/// One answer: its status, its `Retry-After` and its whole body.
+pub(crate) struct Reply {
+    pub(crate) status: StatusCode,
+    pub(crate) retry_after: Option<Duration>,
+    pub(crate) body: bytes::Bytes,
 }
 
 /// Percent-encodes everything but unreserved characters, for ids in paths and queries.

@@ -145,6 +145,25 @@ impl BootstrapClient {
         self.call_ok::<(), _>(Method::GET, &path, None).await
     }
 
+    /// The topology as a decode sees it (`GET /query`), and how long until the server may show
+    /// engines it holds back while their ranks are still registering (its `Retry-After`:
+    /// pd-bootstrap's registry; none from a server that shows everything at once); one attempt.
+    /// A 503 with a `Retry-After` (no engine shown yet) is an empty topology and that wait;
+    /// another 503 is [`ClientError::Unavailable`].
+    pub async fn topology_pending(&self) -> Result<(Topology, Option<Duration>), ClientError> {
+        let path = "/query";
+        let reply =
+            (self.send_reply::<()>(Method::GET, path, None, self.request_timeout())).await?;
+        let registering = reply.status == reqwest::StatusCode::SERVICE_UNAVAILABLE;
+        match serde_json::from_slice::<Topology>(&reply.body) {
+            Ok(topology) if reply.status.is_success() => Ok((topology, reply.retry_after)),
+            _ if registering && reply.retry_after.is_some() => {
+                Ok((Topology::new(), reply.retry_after))
+            }
+            _ => Err(self.answer_error(path, reply.status, &reply.body)),
+        }
+    }
+
     /// The topology, retried (connection failures, 503 "not ready") until the call deadline.
     pub async fn topology_with_retry(&self) -> Result<Topology, ClientError> {
         self.settings

@@ -1,7 +1,9 @@
 //! Consistent hash on a session key, with bounded load: the turns of one conversation go to the
 //! same backend (whose prefix cache holds the conversation so far) while it is not overloaded.
 //!
-//! The key is the `--session-header` header, else the body's `user`. Each usable candidate gets
+//! The key is what vLLM (0.33) takes as a request's session id, in its order: the body's
+//! `session_id`, the `--session-header` header (`X-Session-ID`, vLLM's), `vllm_xargs.session_id`;
+//! else the body's `user`. Each usable candidate gets
 //! a score from the key and its identity (rendezvous hashing: adding or removing a backend moves
 //! only the sessions it gains or held); the best-scored candidate whose load stays within the
 //! load factor times the average takes the request. A request without a key goes to the least
@@ -31,11 +33,7 @@ impl ConsistentHash {
 
     /// The session key of `request`, if it has one.
     fn key(&self, request: &RequestInfo<'_>) -> Option<String> {
-        request
-            .header(&self.config.header)
-            .filter(|key| !key.is_empty())
-            .map(str::to_owned)
-            .or_else(|| request.user())
+        (request.session_id(&self.config.header)).or_else(|| request.user())
     }
 
     /// The candidate for session `key`.
@@ -134,7 +132,7 @@ mod tests {
     }
 
     #[test]
-    fn the_key_is_the_header_else_the_user() {
+    fn the_key_is_vllms_session_id_else_the_user() {
         let policy = policy();
         let body = crate::body::Body::parse(br#"{"user":"u1","prompt":"x"}"#).unwrap();
         let mut headers = HeaderMap::new();
@@ -146,6 +144,12 @@ mod tests {
         assert_eq!(
             policy.key(&RequestInfo::new(&body, &headers)).as_deref(),
             Some("chat-9")
+        );
+        // vLLM 0.33's body field comes first, as vLLM reads it.
+        let body = crate::body::Body::parse(br#"{"user":"u1","session_id":"s2"}"#).unwrap();
+        assert_eq!(
+            policy.key(&RequestInfo::new(&body, &headers)).as_deref(),
+            Some("s2")
         );
         assert_eq!(policy.key(&RequestInfo::empty()), None);
     }

@@ -137,6 +137,20 @@ impl<'a> RequestInfo<'a> {
         }
     }
 
+    /// The session id as vLLM (0.33) reads it for its KV events, in its order: the body's
+    /// `session_id`, the header `header` (vLLM's is `X-Session-ID`), `vllm_xargs.session_id`
+    /// (each a non-empty string).
+    pub fn session_id(&self, header: &str) -> Option<String> {
+        let named = |value: Option<&Value>| match value {
+            Some(Value::String(id)) if !id.is_empty() => Some(id.clone()),
+            _ => None,
+        };
+        let from_header = || Some(self.header(header)?.to_owned()).filter(|id| !id.is_empty());
+        named(self.field("session_id").as_ref())
+            .or_else(from_header)
+            .or_else(|| named(self.field("vllm_xargs")?.get("session_id")))
+    }
+
     /// A request header, as text.
     pub fn header(&self, name: &str) -> Option<&'a str> {
         self.headers?.get(name)?.to_str().ok()
@@ -220,6 +234,35 @@ mod tests {
         assert_eq!(info.model().as_deref(), Some("m"));
         assert_eq!(info.user().as_deref(), Some("u7"));
         assert_eq!(info.header("x-session-id"), Some("s1"));
+        assert_eq!(info.session_id("x-session-id").as_deref(), Some("s1"));
+        // vLLM's order: the body's field, the header, vllm_xargs.
+        let none = HeaderMap::new();
+        for (body, headers, id) in [
+            (
+                &br#"{"session_id":"b1","vllm_xargs":{"session_id":"x1"}}"#[..],
+                &headers,
+                Some("b1"),
+            ),
+            (
+                br#"{"session_id":"","vllm_xargs":{"session_id":"x1"}}"#,
+                &headers,
+                Some("s1"),
+            ),
+            (
+                br#"{"session_id":"","vllm_xargs":{"session_id":"x1"}}"#,
+                &none,
+                Some("x1"),
+            ),
+            (
+                br#"{"session_id":7,"vllm_xargs":{"session_id":""}}"#,
+                &none,
+                None,
+            ),
+        ] {
+            let body = crate::body::Body::parse(body).unwrap();
+            let info = RequestInfo::new(&body, headers);
+            assert_eq!(info.session_id("x-session-id").as_deref(), id);
+        }
         assert_eq!(info.prompt_text(), "You are kind");
         assert_eq!(info.prompt_chars(), 12);
         let same = crate::body::Body::parse(br#"{"prompt":"You are kind"}"#).unwrap();

@@ -39,6 +39,9 @@ use retry::{DecodeCall, Decoding};
 /// `X-data-parallel-rank`: which dp rank of P serves the request.
 static X_DATA_PARALLEL_RANK: HeaderName = HeaderName::from_static("x-data-parallel-rank");
 
+/// `X-Session-ID`: the session vLLM tags the request's KV events with, passed on to both.
+static X_SESSION_ID: HeaderName = HeaderName::from_static("x-session-id");
+
 /// Calls the placed request's backends: a decode alone, or P and D as `--mode` says.
 pub(super) async fn run(
     request: &Request<'_>,
@@ -57,11 +60,15 @@ pub(super) async fn run(
     } = placed;
     let (decode, forecast) = (placement.decode, placement.forecast);
     let streamed = streams(body);
-    let mut common = HeaderMap::with_capacity(4);
+    let mut common = HeaderMap::with_capacity(5);
     common.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     common.insert(X_REQUEST_ID.clone(), request.request_id.clone());
     if let Some(authorization) = request.headers.get(AUTHORIZATION) {
         common.insert(AUTHORIZATION, authorization.clone());
+    }
+    // vLLM (0.33) tags the request's KV events with it: both engines get the client's.
+    if let Some(session) = request.headers.get(&X_SESSION_ID) {
+        common.insert(X_SESSION_ID.clone(), session.clone());
     }
     // D's phase: what `common` carries to D (P's headers get P's phase instead).
     let decode_phase = trace.map(|trace| trace.phase("decode", decode.url()));
