@@ -21,10 +21,20 @@ function ranks(b) {
     r.in_flight > 0 ? h("span", { class: "badge muted" }, r.in_flight + " in flight") : null));
 }
 
-function backends(list, withRanks, empty) {
-  const headers = ["backend", "state", "in flight (engine load)"].concat(withRanks ? ["dp ranks"] : []);
-  return table(headers, list.map((b) => [h("span", { class: "mono", "data-backend": b.url }, b.url), health(b), load(b)]
-    .concat(withRanks ? [ranks(b)] : [])), empty);
+/** The engine version a backend reports, marked when the other role's differ (a P/D pair of
+ * different versions). */
+function version(b, others) {
+  if (!b.version) return h("span", { class: "muted" }, "not known");
+  const mixed = others.some((o) => o.version && o.version !== b.version);
+  return mixed
+    ? h("span", { class: "warn", "data-version": b.version }, b.version + " (differs from the other role's)")
+    : h("span", { class: "mono", "data-version": b.version }, b.version);
+}
+
+function backends(list, withRanks, empty, others) {
+  const headers = ["backend", "state", "in flight (engine load)", "version"].concat(withRanks ? ["dp ranks"] : []);
+  return table(headers, list.map((b) => [h("span", { class: "mono", "data-backend": b.url }, b.url), health(b), load(b),
+    version(b, others)].concat(withRanks ? [ranks(b)] : [])), empty);
 }
 
 /** 1234 as "1.2k", 2500000 as "2.5M": figures that fit a card. */
@@ -127,9 +137,9 @@ follow((s) => {
       chart("requests per second", [["all", "rps", "ok"], ["not ok", "errors", "bad"]], (v) => v.toFixed(1)),
       chart("time to first byte", [["p50", "p50", "ok"], ["p99", "p99", "warn"]], duration)),
     h("h2", {}, "Prefills"),
-    backends(s.prefills, true, "No prefill."),
+    backends(s.prefills, true, "No prefill.", s.decodes),
     h("h2", {}, "Decodes"),
-    backends(s.decodes, false, "No decode."),
+    backends(s.decodes, false, "No decode.", s.prefills),
     h("h2", {}, "Routing decisions"),
     table(["decision", "reason", "requests"], s.decisions.map((d) => [d.decision, d.reason, String(d.count)]),
       "No request routed yet."),

@@ -130,6 +130,44 @@ async fn a_gap_is_filled_from_the_replay_socket() {
 }
 
 #[tokio::test]
+async fn a_restarted_proxy_catches_up_on_the_engines_kept_history() {
+    let mut publisher = Publisher::start(true).await;
+    let (_prefill, _decode, _bootstrap, proxy) = start(&publisher, |_| {}).await;
+    let seq = synced(&mut publisher, &proxy).await;
+    for i in 0..20u64 {
+        let first = 1000 * (i as i128 + 1);
+        publisher
+            .publish(seq + i, vec![stored(first, 4, None, 100 * i as u32)], true)
+            .await;
+    }
+    publisher
+        .publish(seq + 20, vec![removed(&[1000, 1001, 1002, 1003])], true)
+        .await;
+    let before = wait_engine(&proxy, "76 blocks", |e| e["blocks"] == 76).await;
+    proxy.shutdown().await.unwrap();
+
+    // A new proxy (a restart: it knows nothing) on the same engine, which publishes nothing
+    // more: its index is whole again from the engine's replay socket alone.
+    let restarted = Instant::now();
+    let (_prefill, _decode, _bootstrap, proxy) = start(&publisher, |_| {}).await;
+    let after = wait_engine(&proxy, "the history replayed", |e| e["blocks"] == 76).await;
+    let took = restarted.elapsed();
+    eprintln!("the restarted proxy's index was whole again {took:?} after its start");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert_eq!(after["last_seq"], before["last_seq"], "{after}");
+    // What arrives next follows on, and nothing replayed is taken for a restart.
+    publisher
+        .publish(seq + 21, vec![stored(50_000, 1, None, 9000)], true)
+        .await;
+    let next = wait_engine(&proxy, "the next batch", |e| e["blocks"] == 77).await;
+    assert_eq!(
+        (next["rebuilds"].clone(), next["gaps_dropped"].clone()),
+        (json!(0), json!(0))
+    );
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_gap_without_replay_drops_the_engines_entries() {
     let mut publisher = Publisher::start(false).await;
     let (_prefill, _decode, _bootstrap, proxy) = start(&publisher, |_| {}).await;

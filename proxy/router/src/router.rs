@@ -2,6 +2,7 @@
 //! and stops the backends' lives ([`Router::start`]), tokenizes prompts for the policies that
 //! route on the engines' KV cache events, and places requests ([`crate::placement`]).
 
+use crate::engine_version::MixedVersions;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -64,6 +65,8 @@ pub struct Router {
     pub(crate) lora: AdapterLoader,
     pub(crate) admission: Arc<Admission>,
     pub(crate) latency_metrics: LatencyMetrics,
+    /// The P/D pairs of different engine versions seen.
+    pub(crate) versions: MixedVersions,
     retry_budget: RetryBudget,
     policies: Policies,
 }
@@ -142,6 +145,7 @@ impl Router {
             config.admission.retry_budget_floor,
         );
         let latency_metrics = metrics.latency();
+        let versions = MixedVersions::new(metrics.versions());
         let members = Arc::new(Members::new(
             pool.clone(),
             &config,
@@ -159,6 +163,7 @@ impl Router {
             lora,
             admission,
             latency_metrics,
+            versions,
             retry_budget,
             policies,
         })

@@ -151,6 +151,7 @@ pub fn removed(hashes: &[i128]) -> KvEvent {
         block_hashes: hashes.iter().map(|h| BlockHash::Int(*h)).collect(),
         medium: Some("GPU".into()),
         group_idx: None,
+        ..BlockRemoved::default()
     })
 }
 

@@ -7,12 +7,13 @@ use bootstrap_server::{Server, ServerConfig};
 use pd_protocol::vllm::RegisterWorker;
 use worker_client::BootstrapClient;
 
-/// The real bootstrap server on a free port, storing in `dir`.
+/// The real bootstrap server on a free port, storing in `dir`, showing each engine as soon as
+/// its ranks are whole (no settle window: these tests time discovery, not the registry's
+/// evidence; `examples/tests/half_registered.rs` runs the window end to end).
 pub async fn real_bootstrap(dir: &Path) -> ServerHandle {
-    Server::bind(ServerConfig::local(dir))
-        .await
-        .unwrap()
-        .spawn()
+    let mut config = ServerConfig::local(dir);
+    config.registry.settle = std::time::Duration::ZERO;
+    Server::bind(config).await.unwrap().spawn()
 }
 
 /// Registers `engine` on dp rank `dp_rank` of the real bootstrap server at `url`.

@@ -38,6 +38,9 @@ pub struct BackendState {
     /// A prefill's dp ranks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dp_ranks: Vec<RankState>,
+    /// The engine version its `GET /version` reports, once known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// One dp rank of a prefill.

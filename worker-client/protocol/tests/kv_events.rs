@@ -80,6 +80,10 @@ fn both_of_vllms_encodings_decode_to_what_vllm_wrote() {
         panic!("{batch:?}")
     };
     assert_eq!((first.group_idx, first.lora_id), (Some(0), None));
+    // vLLM 0.32's cache-spec and session fields, as its encoder wrote them.
+    assert_eq!(first.kv_cache_spec_kind.as_deref(), Some("full_attention"));
+    assert_eq!(first.session_id.as_deref(), Some("session-1"));
+    assert!(first.is_full_attention());
     let KvEvent::BlockStored(next) = &batch.events[1] else {
         panic!("{batch:?}")
     };
@@ -87,6 +91,79 @@ fn both_of_vllms_encodings_decode_to_what_vllm_wrote() {
         (next.lora_id, next.lora_name.as_deref()),
         (Some(7), Some("adapter-a"))
     );
+    assert_eq!(next.locality.as_deref(), Some("LOCAL"));
+    assert_eq!(
+        (
+            next.kv_cache_spec_kind.as_deref(),
+            next.session_id.as_deref()
+        ),
+        (None, None)
+    );
+}
+
+#[test]
+fn vllm_0_33s_block_fields_are_read_and_kinds_classified() {
+    let event = json!({"type": "BlockStored", "block_hashes": [5], "parent_block_hash": null,
+        "token_ids": [1, 2, 3, 4], "block_size": 4, "lora_id": null, "medium": "GPU",
+        "lora_name": null, "group_idx": 1, "kv_cache_spec_kind": "sliding_window",
+        "kv_cache_spec_sliding_window": 4096, "locality": "REMOTE", "ownership": "tier-2",
+        "session_id": "s-9", "lookahead_token_ids": [7, 8]});
+    let removed = json!({"type": "BlockRemoved", "block_hashes": [5], "medium": "CPU",
+        "group_idx": 1, "locality": "LOCAL", "ownership": "tier-2"});
+    let batch = EventBatch::decode(&msgpack(&json!([2.5, [event, removed], 0]))).unwrap();
+    let KvEvent::BlockStored(stored) = &batch.events[0] else {
+        panic!("{batch:?}")
+    };
+    assert_eq!(stored.kv_cache_spec_sliding_window, Some(4096));
+    assert_eq!(
+        (stored.locality.as_deref(), stored.ownership.as_deref()),
+        (Some("REMOTE"), Some("tier-2"))
+    );
+    assert_eq!(
+        (
+            stored.session_id.as_deref(),
+            &stored.lookahead_token_ids[..]
+        ),
+        (Some("s-9"), &[7, 8][..])
+    );
+    assert!(
+        !stored.is_full_attention(),
+        "a sliding window is no cached prefix"
+    );
+    let KvEvent::BlockRemoved(gone) = &batch.events[1] else {
+        panic!("{batch:?}")
+    };
+    assert_eq!(
+        (gone.locality.as_deref(), gone.ownership.as_deref()),
+        (Some("LOCAL"), Some("tier-2"))
+    );
+    // What this crate writes, vLLM's fields, reads back the same (the lookahead is not vLLM
+    // 0.32's: not written).
+    let mut expected = batch.clone();
+    if let KvEvent::BlockStored(stored) = &mut expected.events[0] {
+        stored.lookahead_token_ids.clear();
+    }
+    assert_eq!(EventBatch::decode(&batch.encode()).unwrap(), expected);
+    for kind in ["full_attention", "mla_attention", "sink_full_attention"] {
+        let named = pd_protocol::kv_events::BlockStored {
+            kv_cache_spec_kind: Some(kind.into()),
+            ..Default::default()
+        };
+        assert!(named.is_full_attention(), "{kind}");
+    }
+    for kind in [
+        "mamba",
+        "chunked_local_attention",
+        "encoder_only_attention",
+        "cross_attention",
+        "unknown",
+    ] {
+        let named = pd_protocol::kv_events::BlockStored {
+            kv_cache_spec_kind: Some(kind.into()),
+            ..Default::default()
+        };
+        assert!(!named.is_full_attention(), "{kind}");
+    }
 }
 
 #[test]

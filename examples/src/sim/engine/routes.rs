@@ -37,6 +37,7 @@ pub(super) fn router(engine: Arc<Engine>) -> Router {
         .route("/kv_event_sources", get(caches::sources))
         .route("/v1/models", get(models::list))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/version", get(version))
         .route("/stats", get(report::stats))
         .route("/metrics", get(report::metrics))
         .fallback(|| async { (StatusCode::NOT_FOUND, Json(json!({"detail": "Not Found"}))) })
@@ -69,6 +70,11 @@ async fn generate(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: B
 }
 
 /// `POST /tokenize` as vLLM answers it: `{"count", "max_model_len", "tokens", "token_strs"}`.
+/// vLLM's `GET /version`: the version `--engine-version` names.
+async fn version(State(engine): State<Arc<Engine>>) -> Json<serde_json::Value> {
+    Json(json!({"version": engine.args.engine_version}))
+}
+
 async fn tokenize(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
     let ids = serde_json::from_slice::<Value>(&body)
         .map_err(|err| format!("the body is not JSON: {err}"))

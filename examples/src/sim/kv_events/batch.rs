@@ -63,6 +63,8 @@ impl Batch {
             lora_name: block.lora.map(|lora| lora.name.clone()),
             extra_keys: vec![extra],
             group_idx: Some(0),
+            kv_cache_spec_kind: Some("full_attention".into()),
+            ..BlockStored::default()
         }));
     }
 
@@ -72,6 +74,7 @@ impl Batch {
             block_hashes: vec![int(hash)],
             medium: Some(MEDIUM.into()),
             group_idx: Some(0),
+            ..BlockRemoved::default()
         }));
     }
 

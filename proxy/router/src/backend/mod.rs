@@ -81,9 +81,13 @@ pub struct Backend {
     pub health_url: Url,
     /// `{url}/metrics` (the engine's own).
     pub metrics_url: Url,
+    /// `{url}/version`.
+    pub version_url: Url,
     healthy: AtomicBool,
     /// The models the backend lists at `/v1/models` (`None` until known).
     models: RwLock<Option<Arc<[ModelCard]>>>,
+    /// The version its `/version` reports (`None` until known).
+    version: RwLock<Option<Arc<str>>>,
     failures: AtomicU32,
     successes: AtomicU32,
     /// Woken when real traffic took the backend out, so its checks switch to the recovery
@@ -136,8 +140,10 @@ impl Backend {
             models_url: join("/v1/models"),
             health_url: join("/health"),
             metrics_url: join("/metrics"),
+            version_url: join("/version"),
             healthy: AtomicBool::new(true),
             models: RwLock::new(None),
+            version: RwLock::new(None),
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             recheck: Notify::new(),
@@ -256,6 +262,19 @@ impl Backend {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// The engine version the backend reports, once known.
+    pub fn version(&self) -> Option<Arc<str>> {
+        self.version
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records the engine version the backend reports (none: to be read again).
+    pub fn set_version(&self, version: Option<&str>) {
+        *self.version.write().unwrap_or_else(PoisonError::into_inner) = version.map(Arc::from);
     }
 
     /// Records the models the backend serves.

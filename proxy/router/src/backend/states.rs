@@ -18,6 +18,7 @@ pub fn state_of(backend: &Backend, dp_ranks: Vec<RankState>, leaving: bool) -> B
         idle: in_flight == 0,
         leaving,
         dp_ranks,
+        version: backend.version().map(|v| v.to_string()),
     }
 }
 

@@ -4,7 +4,10 @@
 //! broke) is fetched from the engine's replay socket when it has one; when it has none, or the
 //! replay cannot fill the gap, the engine's entries are dropped and rebuilt from the events
 //! that follow (never trusted half-known). A sequence that starts again lower is a restarted
-//! engine: its entries are dropped too.
+//! engine: its entries are dropped too. The first subscription (this process just started:
+//! the index knows nothing of the engine) first replays everything the engine still keeps
+//! (vLLM keeps its last 10,000 batches), so a restarted proxy routes on the engines' caches
+//! again within moments rather than as they happen to change.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +26,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The most batches one replay may bring (vLLM keeps 10,000 by default).
 const MAX_REPLAY: usize = 100_000;
+
+/// How long the first replay (every batch the engine keeps) may take.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What one message said.
 struct Message {
@@ -50,12 +56,13 @@ fn message(frames: &[Bytes]) -> Result<Option<Message>, String> {
 /// a bounded backoff.
 pub async fn follow(tracker: Arc<KvTracker>, slot: EngineSlot, source: Source) {
     let mut backoff = Duration::from_millis(100);
+    let mut first = true;
     loop {
         match subscribe(&source).await {
             Ok(socket) => {
                 backoff = Duration::from_millis(100);
                 tracker.feed(slot).connected(true);
-                stream(&tracker, slot, &source, socket).await;
+                stream(&tracker, slot, &source, socket, std::mem::take(&mut first)).await;
                 tracker.feed(slot).connected(false);
             }
             Err(err) => {
@@ -80,10 +87,38 @@ async fn subscribe(source: &Source) -> Result<SubSocket, String> {
     Ok(socket)
 }
 
-/// Reads messages until the socket fails; every batch is applied in order.
-async fn stream(tracker: &KvTracker, slot: EngineSlot, source: &Source, mut socket: SubSocket) {
-    // The next sequence number due, once one message was seen.
-    let mut due: Option<u64> = None;
+/// Reads messages until the socket fails; every batch is applied in order, after (with
+/// `catch_up`) every batch the engine's replay socket still keeps.
+async fn stream(
+    tracker: &KvTracker,
+    slot: EngineSlot,
+    source: &Source,
+    mut socket: SubSocket,
+    catch_up: bool,
+) {
+    // The next sequence number due, once one message was seen; the batches the catch-up
+    // applied (the subscription may deliver some of them again).
+    let (mut due, mut replayed) = (None, None);
+    if let (true, Some(replay)) = (catch_up, &source.replay) {
+        let started = std::time::Instant::now();
+        match tokio::time::timeout(CATCH_UP_TIMEOUT, fetch(replay, 0)).await {
+            Ok(Ok(history)) if !history.is_empty() => {
+                for message in &history {
+                    tracker.apply(slot, message.seq, &message.payload);
+                }
+                let (from, to) = (history[0].seq, history[history.len() - 1].seq);
+                (due, replayed) = (Some(to + 1), Some(from..=to));
+                tracing::info!(endpoint = %source.endpoint, batches = history.len(), took = ?started.elapsed(), "KV events: caught up on the engine's kept history");
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => {
+                tracing::info!(endpoint = %source.endpoint, "KV events: no history replayed: {err}")
+            }
+            Err(_) => {
+                tracing::info!(endpoint = %source.endpoint, "KV events: the history replay timed out")
+            }
+        }
+    }
     loop {
         let frames = match socket.recv().await {
             Ok(message) => message.into_vec(),
@@ -102,6 +137,13 @@ async fn stream(tracker: &KvTracker, slot: EngineSlot, source: &Source, mut sock
             }
         };
         match due {
+            Some(next)
+                if message.seq < next
+                    && replayed.as_ref().is_some_and(|r| r.contains(&message.seq)) =>
+            {
+                // Delivered live while the catch-up replayed it.
+                continue;
+            }
             Some(next) if message.seq < next => {
                 tracing::info!(endpoint = %source.endpoint, seq = message.seq, expected = next, "KV events: the sequence started again (engine restarted): its entries are dropped");
                 tracker.rebuild(slot);
@@ -121,6 +163,7 @@ async fn stream(tracker: &KvTracker, slot: EngineSlot, source: &Source, mut sock
         }
         tracker.apply(slot, message.seq, &message.payload);
         due = Some(message.seq + 1);
+        replayed = None;
     }
 }
 

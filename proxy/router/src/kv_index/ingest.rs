@@ -16,12 +16,14 @@ use super::table::Table;
 use super::{keys, Applied, EngineSlot, KvIndex};
 
 impl KvIndex {
-    /// `BlockStored`: keys the blocks (chained on the parent's) and puts them.
+    /// `BlockStored`: keys the blocks (chained on the parent's) and puts them. Only full
+    /// attention's blocks are a cached prefix (a sliding window's or a mamba state's are not),
+    /// and of one group per engine: the first an event names full attention, else group 0.
     pub(super) fn store(&mut self, engine: EngineSlot, stored: &BlockStored) -> Applied {
         let n = stored.block_hashes.len();
         let mut applied = Applied::default();
         let bs = stored.block_size as usize;
-        if engine.0 >= self.max_engines || !matches!(stored.group_idx, None | Some(0)) || bs == 0 {
+        if engine.0 >= self.max_engines || !stored.is_full_attention() || bs == 0 {
             applied.ignored = n;
             return applied;
         }
@@ -30,6 +32,16 @@ impl KvIndex {
             let max_entries = self.max_entries;
             self.engines
                 .resize_with(slot + 1, || Table::new(max_entries));
+            self.attention_groups.resize(slot + 1, None);
+        }
+        let group = stored.group_idx.unwrap_or(0);
+        let indexed = match (&mut self.attention_groups[slot], &stored.kv_cache_spec_kind) {
+            (known @ None, Some(_)) => *known.insert(group),
+            (known, _) => known.unwrap_or(0),
+        };
+        if group != indexed {
+            applied.ignored = n;
+            return applied;
         }
         let mut parent = match &stored.parent_block_hash {
             None => keys::ROOT,
@@ -70,7 +82,8 @@ impl KvIndex {
         let n = removed.block_hashes.len();
         let mut applied = Applied::default();
         let slot = engine.0 as usize;
-        if slot >= self.engines.len() || !matches!(removed.group_idx, None | Some(0)) {
+        let indexed = self.attention_groups.get(slot).copied().flatten();
+        if slot >= self.engines.len() || removed.group_idx.unwrap_or(0) != indexed.unwrap_or(0) {
             applied.ignored = n;
             return applied;
         }

@@ -158,6 +158,9 @@ pub struct KvIndex {
     entries: Entries,
     /// Per engine slot: the engine's hash (folded) -> its entry.
     engines: Vec<Table<u32>>,
+    /// Per engine slot: the KV cache group whose blocks are indexed, the first that an event
+    /// named full attention (none yet: group 0, as engines that name no kinds have one group).
+    attention_groups: Vec<Option<u32>>,
     /// Block key -> the engines holding it.
     keys: Table<Holders>,
     bitsets: Bitsets,
@@ -175,6 +178,7 @@ impl KvIndex {
             max_engines: config.max_engines,
             entries: Entries::new(max_entries),
             engines: Vec::new(),
+            attention_groups: Vec::new(),
             keys: Table::new(max_entries),
             bitsets: Bitsets::default(),
             evictions: 0,
@@ -197,6 +201,10 @@ impl KvIndex {
 
     /// Forgets every block of `engine`; how many there were.
     pub fn clear_engine(&mut self, engine: EngineSlot) -> usize {
+        if let Some(group) = self.attention_groups.get_mut(engine.0 as usize) {
+            // A restarted engine may name its groups anew.
+            *group = None;
+        }
         let Some(table) = self.engines.get_mut(engine.0 as usize) else {
             return 0;
         };

@@ -29,6 +29,7 @@ pub(super) fn removed(hashes: &[i128]) -> KvEvent {
         block_hashes: hashes.iter().map(|&h| BlockHash::Int(h)).collect(),
         medium: Some("GPU".into()),
         group_idx: Some(0),
+        ..BlockRemoved::default()
     })
 }
 
@@ -160,6 +161,7 @@ fn unknown_removals_and_other_groups_are_ignored() {
         block_hashes: vec![BlockHash::Int(2)],
         medium: None,
         group_idx: Some(1),
+        ..BlockRemoved::default()
     });
     assert_eq!(idx.apply(EngineSlot(0), &other_group).ignored, 1);
     assert_eq!(
@@ -167,6 +169,44 @@ fn unknown_removals_and_other_groups_are_ignored() {
         Applied::default()
     );
     assert_eq!(idx.engine_blocks(EngineSlot(0)), 1);
+}
+
+#[test]
+fn only_full_attention_blocks_are_a_cached_prefix() {
+    let mut idx = index();
+    let of = |hashes: &[i128], group: u32, kind: &str| BlockStored {
+        group_idx: Some(group),
+        kv_cache_spec_kind: Some(kind.into()),
+        ..stored(hashes, None, 0)
+    };
+    // A hybrid model whose group 0 is a sliding window and group 1 full attention.
+    assert_eq!(
+        put(&mut idx, 0, of(&[1, 2], 0, "sliding_window")).ignored,
+        2
+    );
+    assert_eq!(
+        put(&mut idx, 0, of(&[11, 12], 1, "full_attention")).stored,
+        2
+    );
+    assert_eq!(put(&mut idx, 0, of(&[21], 2, "mamba")).ignored, 1);
+    // Another full-attention group of the same tokens is not counted twice.
+    assert_eq!(put(&mut idx, 0, of(&[31], 3, "mla_attention")).ignored, 1);
+    assert_eq!(idx.engine_blocks(EngineSlot(0)), 2);
+    // Removals name only their group: the indexed one's apply, group 0's do not.
+    let removal = |group| {
+        KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: vec![BlockHash::Int(11)],
+            group_idx: Some(group),
+            ..BlockRemoved::default()
+        })
+    };
+    assert_eq!(idx.apply(EngineSlot(0), &removal(0)).ignored, 1);
+    assert_eq!(idx.apply(EngineSlot(0), &removal(1)).removed, 1);
+    // An engine that names no kinds keeps today's rule: group 0.
+    assert_eq!(put(&mut idx, 1, stored(&[41], None, 0)).stored, 1);
+    // A restart forgets what the engine named.
+    idx.clear_engine(EngineSlot(0));
+    assert_eq!(put(&mut idx, 0, of(&[51], 0, "full_attention")).stored, 1);
 }
 
 #[test]
@@ -270,6 +310,7 @@ fn bytes_hashes_and_restored_hashes() {
         block_hashes: event.block_hashes,
         medium: None,
         group_idx: None,
+        ..BlockRemoved::default()
     });
     assert_eq!(idx.apply(EngineSlot(0), &gone).removed, 1);
     assert_eq!(idx.stats().keys, 0);

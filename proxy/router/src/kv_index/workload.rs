@@ -72,6 +72,7 @@ pub fn traffic(engines: u32, rounds: i128, reuse: bool) -> Vec<(EngineSlot, KvEv
                     block_hashes: (old..old + EVENT).map(hash).collect(),
                     medium: Some("GPU".into()),
                     group_idx: Some(0),
+                    ..BlockRemoved::default()
                 };
                 events.push((e, KvEvent::BlockRemoved(removed)));
             }

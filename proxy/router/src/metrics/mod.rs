@@ -15,6 +15,7 @@ mod latency;
 mod lora;
 mod outcome;
 mod tokenize;
+mod versions;
 
 pub use admission::AdmissionMetrics;
 pub use dns::DnsMetrics;
@@ -23,6 +24,7 @@ pub use latency::{LatencyKind, LatencyMetrics};
 pub use lora::{LoadOutcome, LoraMetrics};
 pub use outcome::CallOutcome;
 pub use tokenize::TokenizeMetrics;
+pub use versions::VersionMetrics;
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
@@ -81,6 +83,7 @@ pub struct FleetMetrics {
     tokenize: TokenizeMetrics,
     lora: LoraMetrics,
     dns: DnsMetrics,
+    versions: VersionMetrics,
     calls: IntCounterVec,
     backend_in_flight: IntGaugeVec,
     healthy: IntGaugeVec,
@@ -183,6 +186,7 @@ impl FleetMetrics {
         let tokenize = TokenizeMetrics::new(registry);
         let lora = LoraMetrics::new(registry);
         let dns = DnsMetrics::new(registry);
+        let versions = VersionMetrics::new(registry);
         FleetMetrics {
             admission: AdmissionMetrics::new(registry),
             latency: LatencyMetrics::new(registry),
@@ -190,6 +194,7 @@ impl FleetMetrics {
             tokenize,
             lora,
             dns,
+            versions,
             calls,
             backend_in_flight,
             healthy,
@@ -220,6 +225,11 @@ impl FleetMetrics {
     /// The DNS discovery handles.
     pub fn dns(&self) -> DnsMetrics {
         self.dns.clone()
+    }
+
+    /// The engine version metric's handle.
+    pub fn versions(&self) -> VersionMetrics {
+        self.versions.clone()
     }
 
     /// The adapter-load handles.

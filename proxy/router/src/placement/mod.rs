@@ -266,6 +266,7 @@ impl Router {
         decode: Arc<Backend>,
         facts: &Facts<'_>,
     ) -> Result<Placement, Unplaced> {
+        self.versions.check(prefill.as_ref(), &decode);
         let targets = facts.class.targets;
         let forecast = self.forecast(facts.request, prefill.as_ref(), &decode, targets);
         if facts.class.sheddable() && forecast.misses_targets() {

@@ -197,11 +197,25 @@ impl<'a> Reader<'a> {
 
     fn token_ids(&mut self) -> Result<Vec<u32>, DecodeError> {
         let n = self.array("token_ids")?;
+        self.tokens(n)
+    }
+
+    /// `n` token ids (the items of an array whose head was read).
+    fn tokens(&mut self, n: u32) -> Result<Vec<u32>, DecodeError> {
         let mut tokens = Vec::with_capacity(self.capacity(n));
         for _ in 0..n {
             tokens.push(self.uint("a token id")?);
         }
         Ok(tokens)
+    }
+
+    /// A list of token ids, or nil (none).
+    fn opt_token_ids(&mut self) -> Result<Vec<u32>, DecodeError> {
+        match self.head()? {
+            Head::Nil => Ok(Vec::new()),
+            Head::Array(n) => self.tokens(n),
+            _ => bad("lookahead_token_ids is not an array"),
+        }
     }
 
     fn value(&mut self, depth: usize) -> Result<ExtraValue, DecodeError> {
@@ -281,6 +295,23 @@ impl<'a> Reader<'a> {
                     stored.group_idx = self.opt_int("group_idx")?;
                     removed.group_idx = stored.group_idx;
                 }
+                b"kv_cache_spec_kind" => {
+                    stored.kv_cache_spec_kind = self.opt_str("kv_cache_spec_kind")?
+                }
+                b"kv_cache_spec_sliding_window" => {
+                    stored.kv_cache_spec_sliding_window =
+                        self.opt_int("kv_cache_spec_sliding_window")?
+                }
+                b"locality" => {
+                    stored.locality = self.opt_str("locality")?;
+                    removed.locality = stored.locality.clone();
+                }
+                b"ownership" => {
+                    stored.ownership = self.opt_str("ownership")?;
+                    removed.ownership = stored.ownership.clone();
+                }
+                b"session_id" => stored.session_id = self.opt_str("session_id")?,
+                b"lookahead_token_ids" => stored.lookahead_token_ids = self.opt_token_ids()?,
                 _ => self.skip(1)?,
             }
         }
@@ -319,6 +350,14 @@ impl<'a> Reader<'a> {
                         6 => stored.lora_name = self.opt_str("lora_name")?,
                         7 => stored.extra_keys = self.extra_keys()?,
                         8 => stored.group_idx = self.opt_int("group_idx")?,
+                        9 => stored.kv_cache_spec_kind = self.opt_str("kv_cache_spec_kind")?,
+                        10 => {
+                            stored.kv_cache_spec_sliding_window =
+                                self.opt_int("kv_cache_spec_sliding_window")?
+                        }
+                        11 => stored.locality = self.opt_str("locality")?,
+                        12 => stored.ownership = self.opt_str("ownership")?,
+                        13 => stored.session_id = self.opt_str("session_id")?,
                         _ => self.skip(1)?,
                     }
                     read += 1;
@@ -335,6 +374,8 @@ impl<'a> Reader<'a> {
                         0 => removed.block_hashes = self.hashes()?,
                         1 => removed.medium = self.opt_str("medium")?,
                         2 => removed.group_idx = self.opt_int("group_idx")?,
+                        3 => removed.locality = self.opt_str("locality")?,
+                        4 => removed.ownership = self.opt_str("ownership")?,
                         _ => self.skip(1)?,
                     }
                 }

@@ -45,6 +45,16 @@ fn encode_opt_str(w: &mut Vec<u8>, s: Option<&str>) {
     }
 }
 
+/// The defaulted string fields that are set, each as its name and value.
+fn encode_named(w: &mut Vec<u8>, fields: &[(&str, Option<&str>)]) {
+    for (name, value) in fields {
+        if let Some(value) = value {
+            encode_str(w, name);
+            encode_str(w, value);
+        }
+    }
+}
+
 fn encode_int(w: &mut Vec<u8>, n: i128) {
     match u64::try_from(n) {
         Ok(n) => write(rmp::encode::write_uint(w, n)),
@@ -81,8 +91,21 @@ fn encode_value(w: &mut Vec<u8>, value: &ExtraValue) {
 fn encode_event(w: &mut Vec<u8>, event: &KvEvent) {
     match event {
         KvEvent::BlockStored(s) => {
-            let optional = [!s.extra_keys.is_empty(), s.group_idx.is_some()];
-            let fields = 8 + optional.iter().filter(|f| **f).count() as u32;
+            // vLLM 0.32's defaulted fields, in its order (it has no lookahead tokens).
+            let named = [
+                ("kv_cache_spec_kind", s.kv_cache_spec_kind.as_deref()),
+                ("locality", s.locality.as_deref()),
+                ("ownership", s.ownership.as_deref()),
+                ("session_id", s.session_id.as_deref()),
+            ];
+            let optional = [
+                !s.extra_keys.is_empty(),
+                s.group_idx.is_some(),
+                s.kv_cache_spec_sliding_window.is_some(),
+            ];
+            let fields = 8
+                + optional.iter().filter(|f| **f).count() as u32
+                + named.iter().filter(|(_, v)| v.is_some()).count() as u32;
             write(rmp::encode::write_map_len(w, fields));
             encode_str(w, "type");
             encode_str(w, "BlockStored");
@@ -121,9 +144,19 @@ fn encode_event(w: &mut Vec<u8>, event: &KvEvent) {
                 encode_str(w, "group_idx");
                 encode_int(w, group.into());
             }
+            if let Some(window) = s.kv_cache_spec_sliding_window {
+                encode_str(w, "kv_cache_spec_sliding_window");
+                encode_int(w, window.into());
+            }
+            encode_named(w, &named);
         }
         KvEvent::BlockRemoved(r) => {
-            let fields = 3 + u32::from(r.group_idx.is_some());
+            let named = [
+                ("locality", r.locality.as_deref()),
+                ("ownership", r.ownership.as_deref()),
+            ];
+            let set = named.iter().filter(|(_, v)| v.is_some()).count() as u32;
+            let fields = 3 + u32::from(r.group_idx.is_some()) + set;
             write(rmp::encode::write_map_len(w, fields));
             encode_str(w, "type");
             encode_str(w, "BlockRemoved");
@@ -135,6 +168,7 @@ fn encode_event(w: &mut Vec<u8>, event: &KvEvent) {
                 encode_str(w, "group_idx");
                 encode_int(w, group.into());
             }
+            encode_named(w, &named);
         }
         KvEvent::AllBlocksCleared => {
             write(rmp::encode::write_map_len(w, 1));

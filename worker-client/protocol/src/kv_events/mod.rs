@@ -30,6 +30,9 @@ pub struct EventBatch {
 }
 
 /// One event.
+// `BlockStored` is most events of a batch: boxing it would cost an allocation per event to save
+// memory on the rarer removals only.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum KvEvent {
     /// Blocks the engine now holds.
@@ -74,6 +77,35 @@ pub struct BlockStored {
     pub extra_keys: Vec<Option<Vec<ExtraValue>>>,
     /// The KV cache group (models with several attention kinds).
     pub group_idx: Option<u32>,
+    /// The group's attention kind (vLLM 0.32+): `full_attention`, `mla_attention`,
+    /// `sliding_window`, `mamba`, ... (see [`BlockStored::is_full_attention`]).
+    pub kv_cache_spec_kind: Option<String>,
+    /// The sliding window of a `sliding_window` group, in tokens.
+    pub kv_cache_spec_sliding_window: Option<u32>,
+    /// `LOCAL` or `REMOTE` relative to the publisher (none: unspecified).
+    pub locality: Option<String>,
+    /// The secondary offloading tier that generated the event, if one did.
+    pub ownership: Option<String>,
+    /// The session of the request that stored (or, with `kv_cache_report_mode: "full"`,
+    /// reused) the blocks.
+    pub session_id: Option<String>,
+    /// Speculative tokens past the blocks' own (`lookahead_token_ids`): not part of any
+    /// block's tokens, so never keyed.
+    pub lookahead_token_ids: Vec<u32>,
+}
+
+impl BlockStored {
+    /// The attention kinds whose block k holds what every token before it made, so that an
+    /// engine holding it holds the prompt's prefix up to there.
+    pub const FULL_ATTENTION: [&'static str; 3] =
+        ["full_attention", "mla_attention", "sink_full_attention"];
+
+    /// Whether the blocks are full attention's: named so, or not named (engines before vLLM
+    /// 0.32 had one group and did not say). A sliding window's, a mamba state's or an encoder's
+    /// blocks are no evidence of a cached prefix.
+    pub fn is_full_attention(&self) -> bool {
+        (self.kv_cache_spec_kind.as_deref()).is_none_or(|kind| Self::FULL_ATTENTION.contains(&kind))
+    }
 }
 
 /// `BlockRemoved`.
@@ -85,6 +117,10 @@ pub struct BlockRemoved {
     pub medium: Option<String>,
     /// The KV cache group.
     pub group_idx: Option<u32>,
+    /// `LOCAL` or `REMOTE` relative to the publisher (none: unspecified).
+    pub locality: Option<String>,
+    /// The secondary offloading tier that generated the event, if one did.
+    pub ownership: Option<String>,
 }
 
 /// One value of a block's extra keys (any msgpack value but floats and extensions, which vLLM
