@@ -2,10 +2,12 @@
 //! sims play vLLM 0.32.0 (prefill) and 0.33.0 (decode) behind the real pd-proxy, which shows each
 //! backend's version in `GET /admin/backends` and counts the requests placed on the mixed pair.
 
-use std::path::PathBuf;
+mod common;
+
 use std::time::{Duration, Instant};
 
-use pd_examples::cluster::{Cluster, ClusterSpec, PrefillShape};
+use common::one_pair;
+use pd_examples::cluster::Cluster;
 use serde_json::{json, Value};
 
 async fn get(url: &str) -> String {
@@ -14,18 +16,7 @@ async fn get(url: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pair_of_different_engine_versions_is_shown_and_counted() {
-    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let run_dir = tempfile::Builder::new()
-        .prefix("versions-")
-        .tempdir()
-        .unwrap();
-    let mut spec = ClusterSpec::demo(bin_dir, run_dir.path().to_path_buf());
-    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
-    spec.decodes = 1;
-    spec.kv_events = false;
+    let (mut spec, _run_dir) = one_pair("versions-");
     spec.decode_args = vec![vec!["--engine-version".into(), "0.33.0".into()]];
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");
     let proxy = &cluster.proxy.url;

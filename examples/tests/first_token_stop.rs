@@ -7,12 +7,11 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::sim_engine;
+use common::{one_pair, sim_engine};
 use futures_util::StreamExt;
-use pd_examples::cluster::{Cluster, ClusterSpec, PrefillShape};
+use pd_examples::cluster::Cluster;
 use pd_examples::sim::Dialect;
 use serde_json::{json, Value};
 
@@ -25,20 +24,9 @@ async fn cluster(
     proxy_args: &[&str],
     engine_args: &[&str],
 ) -> (Cluster, tempfile::TempDir) {
-    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let run_dir = tempfile::Builder::new()
-        .prefix("first-stop-")
-        .tempdir()
-        .unwrap();
-    let mut spec = ClusterSpec::demo(bin_dir, run_dir.path().to_path_buf());
-    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
-    spec.decodes = 1;
+    let (mut spec, run_dir) = one_pair("first-stop-");
     spec.prefill_us_per_token = 50;
     spec.decode_ms_per_token = 1;
-    spec.kv_events = false;
     spec.dialect = dialect;
     spec.proxy_args = proxy_args.iter().map(|a| a.to_string()).collect();
     // D would wait this long for KV that never comes: the answers must not.
@@ -129,15 +117,7 @@ async fn openai_cases(engine: &str) -> Vec<(&'static str, Value)> {
     let first = |path: &'static str, mut body: Value| async move {
         body["max_tokens"] = json!(1);
         body["return_token_ids"] = json!(true);
-        let answer: Value = reqwest::Client::new()
-            .post(format!("{engine}{path}"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let (_, answer) = common::post(&format!("{engine}{path}"), body).await;
         answer["choices"][0]["token_ids"][0].clone()
     };
     let completion = json!({"model": "sim-model", "prompt": prompt});

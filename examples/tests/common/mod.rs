@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
-use pd_examples::cluster::{free_port, spawn_with_env, wait_for, Process};
+use pd_examples::cluster::{
+    free_port, spawn_with_env, wait_for, ClusterSpec, PrefillShape, Process,
+};
 use pd_protocol::kv_events::{BlockStored, EventBatch, KvEvent};
 use serde_json::Value;
 use zeromq::{Socket, SocketRecv, SubSocket};
@@ -46,6 +48,21 @@ pub async fn sim_engine(args: &[&str], env: &[(&str, &str)]) -> (Process, tempfi
         .await
         .unwrap();
     (process, dir)
+}
+
+/// The spec of a small sim cluster, one prefill (dp=1, tp=1) and one decode, no KV events,
+/// run in a new folder named after `prefix` (returned, to keep it for the test's life).
+pub fn one_pair(prefix: &str) -> (ClusterSpec, tempfile::TempDir) {
+    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let run_dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    let mut spec = ClusterSpec::demo(bin_dir, run_dir.path().to_path_buf());
+    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }];
+    spec.decodes = 1;
+    spec.kv_events = false;
+    (spec, run_dir)
 }
 
 /// POSTs `body` as JSON: the status and the JSON answer.

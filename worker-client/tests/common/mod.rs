@@ -15,12 +15,14 @@ use worker_client::{BootstrapClient, BootstrapClientBuilder, RetryPolicy};
 /// Every wait for an event is bounded by this.
 pub const WAIT: Duration = Duration::from_secs(5);
 
-/// The real bootstrap server on `addr` (port 0: any), storing in `dir`.
+/// The real bootstrap server on `addr` (port 0: any), storing in `dir`, showing each engine
+/// as soon as its ranks are whole (these tests register every rank before they look).
 pub async fn start_at(addr: SocketAddr, dir: &std::path::Path) -> ServerHandle {
-    let config = ServerConfig {
+    let mut config = ServerConfig {
         addr,
         ..ServerConfig::local(dir)
     };
+    config.registry.settle = Duration::ZERO;
     Server::bind(config).await.unwrap().spawn()
 }
 
