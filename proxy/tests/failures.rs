@@ -33,9 +33,12 @@ fn message(text: &str) -> String {
 #[tokio::test]
 async fn prefill_error_status_cancels_decode_at_once() {
     let cluster = Cluster::start(1, &[(0, "engine-0")], |_| {}).await;
-    cluster
-        .prefill
-        .set(|b| *b = Behavior::failing(500, json!({"detail": "CUDA out of memory"})));
+    cluster.prefill.set(|b| {
+        *b = Behavior::failing(500, json!({"detail": "CUDA out of memory"}));
+        // After D's call is in: a P failing before it was written would leave nothing to
+        // cancel (and the check below nothing to see), as on a loaded machine once.
+        b.delay = Duration::from_millis(150);
+    });
     hang(cluster.decode());
     let (status, headers, text) = cluster
         .post_within(
