@@ -7,6 +7,7 @@
 //! discovery learnt of a prefill, and [`Pool`] all of them, one file each; `hold.rs` what a
 //! request holds on a backend before or beside its call ([`Reservation`], [`AwaitingPrefill`]).
 
+mod call;
 mod card;
 mod hold;
 mod pair;
@@ -14,6 +15,7 @@ mod pool;
 mod prefill;
 pub mod states;
 
+pub use call::Call;
 pub use card::{read_cards, ModelCard};
 pub use hold::{AwaitingPrefill, Reservation};
 pub use pair::{pair_id, DiscoveredRank, Pair};
@@ -29,7 +31,7 @@ use tokio::sync::Notify;
 
 use crate::config::HealthConfig;
 use crate::endpoint::Endpoint;
-use crate::metrics::{BackendMetrics, CallOutcome, FleetMetrics};
+use crate::metrics::{BackendMetrics, FleetMetrics};
 use crate::saturation::{EngineSignals, Saturated, SaturationConfig, Signals};
 
 /// Whether a backend prefills or decodes.
@@ -414,49 +416,6 @@ impl Backend {
             backend: self.clone(),
             pair: None,
             finished: false,
-        }
-    }
-}
-
-/// One call to a backend in flight; see [`Backend::call`].
-pub struct Call {
-    backend: Arc<Backend>,
-    pair: Option<Arc<Pair>>,
-    finished: bool,
-}
-
-impl Call {
-    /// The backend called.
-    pub fn backend(&self) -> &Arc<Backend> {
-        &self.backend
-    }
-
-    /// Counts one sign of life of the backend: the answer began, or a chunk of it arrived.
-    pub fn progressed(&self) {
-        self.backend.progressed();
-    }
-
-    /// Counts the call as ended with `outcome`.
-    pub fn finish(mut self, outcome: CallOutcome) {
-        self.finished = true;
-        match outcome {
-            CallOutcome::ConnectError => self.backend.eject("connection refused"),
-            CallOutcome::Ok | CallOutcome::HttpError => self.backend.progressed(),
-            _ => {}
-        }
-        self.backend.metrics.call(outcome);
-    }
-}
-
-impl Drop for Call {
-    fn drop(&mut self) {
-        if !self.finished {
-            self.backend.metrics.call(CallOutcome::Cancelled);
-        }
-        self.backend.outstanding.fetch_sub(1, Ordering::Relaxed);
-        self.backend.metrics.in_flight.dec();
-        if let Some(pair) = &self.pair {
-            pair.outstanding.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
