@@ -26,7 +26,7 @@ use super::{rejected, AppState};
 use crate::registry::model::{Location, Readiness, Registration, Slot};
 use crate::registry::publication::Pending;
 use crate::registry::validate::{validate_id, FieldError};
-use crate::registry::{Group, RegistryError, RequestConflict, View, WorkerConflict, WorkerTable};
+use crate::registry::{Group, RegistryError, RequestConflict, View, WorkerConflict};
 
 /// The write routes (behind the bearer token when one is set).
 pub fn writes() -> Router<AppState> {
@@ -152,23 +152,49 @@ struct Rendered {
 }
 
 impl Rendered {
-    fn all(&self, table: &WorkerTable) -> Bytes {
-        self.all
+    /// Every dp group, once all are published (publication holds for the view's life, so the
+    /// check is made until it passes, then never again); else the groups still pending.
+    fn all<'v>(&self, view: &'v View, now: Instant) -> Result<Bytes, Vec<(&'v Group, Pending)>> {
+        if let Some(rendered) = self.all.get() {
+            return Ok(rendered.clone());
+        }
+        let table = view.table();
+        let waiting = pending(view, table.groups(), now);
+        if !waiting.is_empty() {
+            return Err(waiting);
+        }
+        Ok(self
+            .all
             .get_or_init(|| to_bytes(&topology(table.groups())))
-            .clone()
+            .clone())
     }
 
-    fn engine(&self, table: &WorkerTable, engine: &str) -> Option<Bytes> {
+    /// `engine`'s dp groups once published (none: not registered), else those still pending.
+    fn engine<'v>(
+        &self,
+        view: &'v View,
+        engine: &'v str,
+        now: Instant,
+    ) -> Result<Option<Bytes>, Vec<(&'v Group, Pending)>> {
         let read = self.by_engine.read().unwrap_or_else(|e| e.into_inner());
         if let Some(rendered) = read.get(engine) {
-            return Some(rendered.clone());
+            return Ok(Some(rendered.clone()));
         }
         drop(read);
-        let (_, first) = table.engine_groups(engine).next()?;
-        let key = first.shared_engine_id()?.clone();
+        let table = view.table();
+        let waiting = pending(view, table.engine_groups(engine), now);
+        if !waiting.is_empty() {
+            return Err(waiting);
+        }
+        let Some((_, first)) = table.engine_groups(engine).next() else {
+            return Ok(None);
+        };
+        let Some(key) = first.shared_engine_id().cloned() else {
+            return Ok(None);
+        };
         let rendered = to_bytes(&topology(table.engine_groups(engine)));
         let mut write = self.by_engine.write().unwrap_or_else(|e| e.into_inner());
-        Some(write.entry(key).or_insert(rendered).clone())
+        Ok(Some(write.entry(key).or_insert(rendered).clone()))
     }
 }
 
@@ -218,50 +244,46 @@ async fn query(
         ));
     }
     let rendered: Arc<Rendered> = view.rendered(|_| Rendered::default());
-    let table = view.table();
     let now = Instant::now();
     let body = match &params.engine_id {
-        None => {
-            let waiting = pending(&view, table.groups(), now);
-            if waiting.is_empty() {
-                rendered.all(table)
-            } else if waiting.len()
-                == table
-                    .groups()
-                    .filter(|(_, g)| g.engine_id().is_some())
-                    .count()
-            {
-                return Ok(registering(&waiting));
-            } else {
-                // The engines whose ranks are complete, now; the others once they are.
-                let shown = table
-                    .groups()
-                    .filter(|(_, g)| !waiting.iter().any(|(w, _)| std::ptr::eq(*w, *g)));
-                let mut answer = (
-                    [(header::CONTENT_TYPE, "application/json")],
-                    to_bytes(&topology(shown)),
-                )
-                    .into_response();
-                answer
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, retry_after(&waiting));
-                return Ok(answer);
-            }
-        }
-        Some(engine) => {
-            let waiting = pending(&view, table.engine_groups(engine), now);
-            if !waiting.is_empty() {
-                return Ok(registering(&waiting));
-            }
-            rendered.engine(table, engine).ok_or_else(|| {
-                ApiError::new(
+        None => match rendered.all(&view, now) {
+            Ok(all) => all,
+            Err(waiting) => return Ok(without_pending(&view, &waiting)),
+        },
+        Some(engine) => match rendered.engine(&view, engine, now) {
+            Ok(Some(rendered)) => rendered,
+            Ok(None) => {
+                return Err(ApiError::new(
                     StatusCode::NOT_FOUND,
                     format!("engine_id {engine:?} is not registered"),
-                )
-            })?
-        }
+                ))
+            }
+            Err(waiting) => return Ok(registering(&waiting)),
+        },
     };
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// The whole view while some engines are pending: the published ones now (with
+/// `Retry-After`), or the 503 when none is.
+fn without_pending(view: &View, waiting: &[(&Group, Pending)]) -> Response {
+    let table = view.table();
+    let engines = table
+        .groups()
+        .filter(|(_, g)| g.engine_id().is_some())
+        .count();
+    if waiting.len() == engines {
+        return registering(waiting);
+    }
+    let held = |group: &Group| waiting.iter().any(|(w, _)| std::ptr::eq(*w, group));
+    let shown = table.groups().filter(|(_, group)| !held(group));
+    let mut answer = (
+        [(header::CONTENT_TYPE, "application/json")],
+        to_bytes(&topology(shown)),
+    )
+        .into_response();
+    (answer.headers_mut()).insert(header::RETRY_AFTER, retry_after(waiting));
+    answer
 }
 
 /// The groups among `groups` (with an engine id) that are not published at `now`.

@@ -3,45 +3,38 @@
 //! (an engine that ignores the `min_tokens: 1` P is sent, so that its one token could be EOS or
 //! a stop token) sent nothing, and a D waiting for that KV would wait until its own timeout.
 
-use serde::de::IgnoredAny;
+use std::borrow::Cow;
+
 use serde::Deserialize;
 
 use crate::metrics::RouteMetrics;
 use pd_router::backend::{Backend, Pair};
 
-/// The one part of P's OpenAI answer read here.
+/// The one part of P's OpenAI answer read here, borrowed from it.
 #[derive(Deserialize)]
-struct Answer {
-    #[serde(default)]
-    choices: Vec<Choice>,
+struct Answer<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<Choice<'a>>,
 }
 
 #[derive(Deserialize)]
-struct Choice {
-    #[serde(default)]
-    finish_reason: Option<Reason>,
+struct Choice<'a> {
+    #[serde(default, borrow)]
+    finish_reason: Option<Cow<'a, str>>,
 }
 
-/// A finish reason: `length`, or another one kept for the logs.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Reason {
-    Text(String),
-    Other(IgnoredAny),
-}
-
-/// The finish reason of the first choice of P's answer that did not end on its length cap, if
-/// one did not; `None` for an answer that did, or one that cannot be read (no evidence that the
-/// KV was dropped: D's own limits then apply).
+/// The finish reason of the first choice of P's answer that did not end on its length cap
+/// (`none` for one without a reason), if one did not; `None` for an answer that did, or one
+/// that cannot be read (no evidence that the KV was dropped: D's own limits then apply).
 pub(super) fn stopped_before_cap(answer: &[u8]) -> Option<String> {
-    let answer: Answer = serde_json::from_slice(answer).ok()?;
+    let answer: Answer<'_> = serde_json::from_slice(answer).ok()?;
     answer
         .choices
         .into_iter()
-        .find_map(|choice| match choice.finish_reason {
-            Some(Reason::Text(reason)) if reason == "length" => None,
-            Some(Reason::Text(reason)) => Some(reason),
-            Some(Reason::Other(_)) | None => Some("none".to_owned()),
+        .find_map(|choice| match choice.finish_reason.as_deref() {
+            Some("length") => None,
+            Some(reason) => Some(reason.to_owned()),
+            None => Some("none".to_owned()),
         })
 }
 
