@@ -11,6 +11,7 @@ use ipnet::IpNet;
 use pd_protocol::{Rank, MAX_RANK};
 use pd_service::{parse_seconds, parse_seconds_or_zero, LogFormat, TlsFiles};
 
+use crate::instances::{self, InstanceConfig};
 use crate::registry::{EngineConflictPolicy, ExpectedTopology, RegistryConfig};
 use crate::server::ServerConfig;
 use crate::store::EtcdConfig;
@@ -102,6 +103,12 @@ pub struct Args {
     /// it, so a half-registered P would stay half for it. Until then `/query` answers 503 for it.
     #[arg(help_heading = REGISTRY, long, env = "PD_BOOTSTRAP_SETTLE", default_value = "2", value_parser = parse_seconds_or_zero)]
     pub settle: Duration,
+    /// A further registry in this process, `NAME=PORT` (repeatable; 0: any free port), with its
+    /// own store: for vLLM instances that all register as dp_rank 0 (external or hybrid DP load
+    /// balancing). Its prefills register at PORT; it is also served under `/instances/NAME`
+    /// on --port. Several in the variable: comma separated.
+    #[arg(help_heading = REGISTRY, long = "instance", env = "PD_BOOTSTRAP_INSTANCES", value_delimiter = ',', value_parser = InstanceConfig::parse)]
+    pub instances: Vec<InstanceConfig>,
     /// Bearer token required on every write route (reads stay open), except from peers inside
     /// --allow-writes-from.
     #[arg(help_heading = ADMIN, long, env = "PD_BOOTSTRAP_AUTH_TOKEN", hide_env_values = true)]
@@ -205,6 +212,7 @@ impl Args {
             }),
             admin_addr: self.admin_port.map(|port| (self.admin_host, port).into()),
             metrics_open: self.metrics_open,
+            instances: self.instances.clone(),
         }
     }
 
@@ -236,6 +244,9 @@ impl Args {
                     )
                 })?;
             }
+        }
+        if let Err(err) = instances::check_all(&args.instances, args.port) {
+            return Err(Args::command().error(ErrorKind::ArgumentConflict, err));
         }
         Ok(args)
     }
@@ -359,6 +370,32 @@ mod tests {
         assert!(err.contains(PORT_ALIAS), "{err}");
         let none = Args::try_parse_with_env(["bootstrap-server"], |_| None).unwrap();
         assert_eq!(none.port, 8998);
+    }
+
+    #[test]
+    fn instances_are_read_from_flags_or_the_variable_and_checked_together() {
+        let parse = |argv: &[&str]| Args::try_parse_with_env(argv.iter().copied(), |_| None);
+        let args = parse(&[
+            "bootstrap-server",
+            "--instance",
+            "b=8999",
+            "--instance",
+            "c=0",
+        ]);
+        let names: Vec<_> = (args.unwrap().server_config().instances.into_iter())
+            .map(|i| (i.name, i.port))
+            .collect();
+        assert_eq!(names, [("b".to_owned(), 8999), ("c".to_owned(), 0)]);
+        let err = parse(&["bootstrap-server", "--instance", "b=8998"]).unwrap_err();
+        assert!(err.to_string().contains("port 8998"), "{err}");
+        let err = parse(&["bootstrap-server", "--instance", "b=1", "--instance", "b=2"]);
+        assert!(err.unwrap_err().to_string().contains("twice"));
+        assert!(parse(&["bootstrap-server", "--instance", "B=1"]).is_err());
+        let from_env = Args::command()
+            .get_arguments()
+            .find(|arg| arg.get_id() == "instances")
+            .and_then(|arg| arg.get_env().map(|env| env.to_string_lossy().into_owned()));
+        assert_eq!(from_env.as_deref(), Some("PD_BOOTSTRAP_INSTANCES"));
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //! - [`store`]: durability behind one trait, one folder per backend ([`store::SledStore`] by
 //!   default, [`store::EtcdStore`] for replicas). A new backend is one more folder.
 //! - [`metrics`], [`config`] (the binary's flags) and [`server`] (bind, serve, prune, shut
-//!   down; the serving itself is `pd_service`'s, shared with the proxy).
+//!   down; the serving itself is `pd_service`'s, shared with the proxy); [`instances`]: further
+//!   registries of the same process, each with its own store and port.
 //!
 //! A registration's path: `POST /register` -> [`http::vllm`] parses the body into a
 //! [`registry::model::Registration`] -> [`registry::Registry::register`] validates it, plans a
@@ -22,6 +23,7 @@
 
 pub mod config;
 pub mod http;
+pub mod instances;
 pub mod metrics;
 pub mod registry;
 pub mod server;

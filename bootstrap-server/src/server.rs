@@ -14,8 +14,10 @@ use pd_service::{
     TlsFiles,
 };
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 
 use crate::http::{self, AppState, OperatorRoutes, WriteGuard};
+use crate::instances::{self, InstanceConfig};
 use crate::metrics::Metrics;
 use crate::registry::{Registry, RegistryConfig};
 use crate::store::{EtcdConfig, EtcdStore, SledStore, Store, StoreError};
@@ -53,6 +55,9 @@ pub struct ServerConfig {
     pub admin_addr: Option<SocketAddr>,
     /// Whether `/metrics` on the workers' port needs nothing while writes are protected.
     pub metrics_open: bool,
+    /// Further registries served by this process, each with its own store, on its own port
+    /// and under `/instances/NAME` on the main one (see [`crate::instances`]).
+    pub instances: Vec<InstanceConfig>,
 }
 
 impl ServerConfig {
@@ -71,6 +76,7 @@ impl ServerConfig {
             tls: None,
             admin_addr: None,
             metrics_open: false,
+            instances: Vec::new(),
         }
     }
 }
@@ -100,6 +106,9 @@ pub enum ServerError {
     /// A TLS file cannot be used.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The instances asked for do not fit together (a bad or repeated name, a port taken twice).
+    #[error("bad --instance: {0}")]
+    Instances(String),
     /// Serving failed.
     #[error("server failed: {0}")]
     Serve(#[from] std::io::Error),
@@ -112,47 +121,32 @@ pub struct Server {
     admin: Option<TcpListener>,
     tls: Option<ServerTls>,
     state: AppState,
+    instances: Vec<Instance>,
     guard: WriteGuard,
     metrics_open: bool,
     shutdown_grace: Duration,
 }
 
+/// A further registry of the same server, with its own listener.
+struct Instance {
+    config: InstanceConfig,
+    listener: TcpListener,
+    state: AppState,
+}
+
 impl Server {
-    /// Opens the store, loads the registry and binds the socket.
+    /// Opens the stores, loads the registries and binds the sockets.
     pub async fn bind(config: ServerConfig) -> Result<Self, ServerError> {
-        let (store, described): (Arc<dyn Store>, String) = match &config.etcd {
-            None => {
-                let described = config.data_dir.display().to_string();
-                let store =
-                    SledStore::open(&config.data_dir).map_err(|source| ServerError::Store {
-                        store: described.clone(),
-                        source,
-                    })?;
-                (Arc::new(store), described)
-            }
-            Some(etcd) => {
-                let described = format!(
-                    "etcd://{} cluster {:?}",
-                    etcd.endpoints.join(","),
-                    etcd.cluster
-                );
-                let store = EtcdStore::connect(etcd.clone()).await.map_err(|source| {
-                    ServerError::Store {
-                        store: described.clone(),
-                        source,
-                    }
-                })?;
-                (Arc::new(store), described)
-            }
-        };
-        let registry = Registry::open(store, config.registry.clone())
-            .await
-            .map_err(|source| ServerError::Store {
-                store: described,
-                source,
-            })?;
+        instances::check_all(&config.instances, config.addr.port())
+            .map_err(ServerError::Instances)?;
+        let registry = open_registry(&config, None).await?;
+        let mut registries = Vec::with_capacity(config.instances.len());
+        for instance in &config.instances {
+            registries.push(open_registry(&config, Some(instance)).await?);
+        }
         let tls = config.tls.as_ref().map(ServerTls::load).transpose()?;
-        let listener = bind(&config.addr.ip().to_string(), config.addr.port()).await?;
+        let ip = config.addr.ip().to_string();
+        let listener = bind(&ip, config.addr.port()).await?;
         let admin = match config.admin_addr {
             Some(addr) => Some(bind(&addr.ip().to_string(), addr.port()).await?),
             None => None,
@@ -165,8 +159,6 @@ impl Server {
                 .as_ref()
                 .is_some_and(|tls| tls.client_ca.is_some()),
         );
-        let metrics = Arc::new(Metrics::new());
-        metrics.export_writes(registry.write_stats());
         // Workers are remote, so 0.0.0.0 stays the default; an open one is said loudly, once.
         let open_writes = (guard.is_open() && !config.addr.ip().is_loopback()).then(|| {
             let warning = format!(
@@ -177,21 +169,36 @@ impl Server {
             tracing::warn!("{warning}");
             Arc::from(warning)
         });
-        metrics.set_writes_unprotected(open_writes.is_some());
+        let draining = Draining::new();
+        let state = |registry: Arc<Registry>| {
+            let metrics = Arc::new(Metrics::new());
+            metrics.export_writes(registry.write_stats());
+            metrics.set_writes_unprotected(open_writes.is_some());
+            AppState {
+                registry,
+                metrics,
+                open_writes: open_writes.clone(),
+                request_timeout: config
+                    .request_timeout
+                    .clamp(REQUEST_TIMEOUT_BOUNDS.0, REQUEST_TIMEOUT_BOUNDS.1),
+                draining: draining.clone(),
+            }
+        };
+        let mut instances = Vec::with_capacity(config.instances.len());
+        for (instance, registry) in config.instances.iter().zip(registries) {
+            instances.push(Instance {
+                config: instance.clone(),
+                listener: bind(&ip, instance.port).await?,
+                state: state(registry),
+            });
+        }
         Ok(Server {
             listener,
             admin,
             tls,
             metrics_open: config.metrics_open,
-            state: AppState {
-                registry,
-                metrics,
-                open_writes,
-                request_timeout: config
-                    .request_timeout
-                    .clamp(REQUEST_TIMEOUT_BOUNDS.0, REQUEST_TIMEOUT_BOUNDS.1),
-                draining: Draining::new(),
-            },
+            state: state(registry),
+            instances,
             guard,
             shutdown_grace: config.shutdown_grace,
         })
@@ -209,9 +216,20 @@ impl Server {
         (self.admin.as_ref()).map(|admin| admin.local_addr().expect("a bound TCP listener"))
     }
 
-    /// The registry this server serves.
+    /// The registry this server serves on its main port.
     pub fn registry(&self) -> Arc<Registry> {
         self.state.registry.clone()
+    }
+
+    /// The address of the instance `name`'s own listener, if there is such an instance.
+    pub fn instance_addr(&self, name: &str) -> Option<SocketAddr> {
+        let instance = self.instances.iter().find(|i| i.config.name == name)?;
+        Some(
+            instance
+                .listener
+                .local_addr()
+                .expect("a bound TCP listener"),
+        )
     }
 
     /// The server's draining state: begin it (or let [`pd_service::drain_on_signal`] do so) and
@@ -223,7 +241,18 @@ impl Server {
     /// Runs the server on a background task of the current runtime.
     pub fn spawn(self) -> ServerHandle {
         let registry = self.state.registry.clone();
+        let instances = (self.instances.iter())
+            .map(|instance| HandleInstance {
+                name: instance.config.name.clone(),
+                addr: instance
+                    .listener
+                    .local_addr()
+                    .expect("a bound TCP listener"),
+                registry: instance.state.registry.clone(),
+            })
+            .collect();
         ServerHandle {
+            instances,
             server: {
                 let tls = self.tls.is_some();
                 Background::spawn(self.local_addr(), |shutdown| self.run(shutdown)).over_tls(tls)
@@ -233,7 +262,7 @@ impl Server {
     }
 
     /// Serves until `shutdown` resolves, then stops accepting, finishes in-flight requests (for
-    /// at most the shutdown grace; long polls answer at once) and flushes the store.
+    /// at most the shutdown grace; long polls answer at once) and flushes the stores.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -244,20 +273,33 @@ impl Server {
             admin,
             tls,
             state,
+            instances,
             guard,
             metrics_open,
             shutdown_grace,
         } = self;
         let request_timeout = state.request_timeout;
         let draining = state.draining.clone();
-        let registry = state.registry.clone();
-        let pruner = tokio::spawn(prune_forever(state.clone()));
+        let states: Vec<AppState> = std::iter::once(state.clone())
+            .chain(instances.iter().map(|instance| instance.state.clone()))
+            .collect();
+        let pruners: Vec<_> = (states.iter().cloned())
+            .map(|state| tokio::spawn(prune_forever(state)))
+            .collect();
         tracing::info!(
             addr = %listener.local_addr()?,
             admin_addr = admin_addr.map(|addr| addr.to_string()),
             tls = tls.is_some(),
             "bootstrap server listening"
         );
+        for instance in &instances {
+            tracing::info!(
+                instance = instance.config.name,
+                addr = %instance.listener.local_addr()?,
+                path = instance.config.path(),
+                "instance listening"
+            );
+        }
         let limits = ServeLimits {
             wire_error_body: Some(http::wire_error_body),
             header_read_timeout: request_timeout,
@@ -272,36 +314,111 @@ impl Server {
             Some(_) => OperatorRoutes::Elsewhere,
             None => OperatorRoutes::Guarded { metrics_open },
         };
-        let admin = admin.map(|admin| {
+        let mut listeners: Vec<(&str, JoinHandle<std::io::Result<()>>)> = Vec::new();
+        if let Some(admin) = admin {
             let limits = ServeLimits {
                 max_connections: Some(ADMIN_CONNECTIONS),
                 draining: None,
                 ..limits.clone()
             };
-            let app = http::admin_router(state.clone());
-            tokio::spawn(serve(admin, app, shutdown.clone(), limits))
-        });
-        let app = http::router(state, guard, operator);
+            let nested = instances
+                .iter()
+                .map(|i| (i, http::admin_router(i.state.clone())));
+            let app = nest(http::admin_router(state.clone()), nested);
+            listeners.push((
+                "admin",
+                tokio::spawn(serve(admin, app, shutdown.clone(), limits)),
+            ));
+        }
+        let workers = |state: &AppState| http::router(state.clone(), guard.clone(), operator);
+        let nested = instances.iter().map(|i| (i, workers(&i.state)));
+        let app = nest(workers(&state), nested);
+        for instance in instances {
+            let app = workers(&instance.state);
+            let served = serve(instance.listener, app, shutdown.clone(), limits.clone());
+            listeners.push(("an instance's", tokio::spawn(served)));
+        }
         let served = serve(listener, app, shutdown, limits).await;
-        if let Some(admin) = admin {
-            if let Ok(Err(err)) = admin.await {
-                tracing::warn!(error = %err, "the admin listener failed");
+        for (which, listener) in listeners {
+            if let Ok(Err(err)) = listener.await {
+                tracing::warn!(error = %err, "{which} listener failed");
             }
         }
-        pruner.abort();
-        // Awaited, so its registry handle is gone before `run` returns.
-        let _ = pruner.await;
-        if let Err(err) = registry.close().await {
-            tracing::error!(error = %err, "could not flush the store at shutdown");
+        for pruner in pruners {
+            pruner.abort();
+            // Awaited, so its registry handle is gone before `run` returns.
+            let _ = pruner.await;
+        }
+        for state in states {
+            if let Err(err) = state.registry.close().await {
+                tracing::error!(error = %err, "could not flush the store at shutdown");
+            }
         }
         tracing::info!("bootstrap server stopped");
         served.map_err(ServerError::from)
     }
 }
 
+/// `main` with each instance's router under `/instances/NAME`.
+fn nest<'a>(
+    main: axum::Router,
+    instances: impl Iterator<Item = (&'a Instance, axum::Router)>,
+) -> axum::Router {
+    instances.fold(main, |app, (instance, router)| {
+        app.nest(&instance.config.path(), router)
+    })
+}
+
+/// Opens the store of the main registry (`instance` none) or of an instance, and loads it.
+async fn open_registry(
+    config: &ServerConfig,
+    instance: Option<&InstanceConfig>,
+) -> Result<Arc<Registry>, ServerError> {
+    let (store, described): (Arc<dyn Store>, String) = match &config.etcd {
+        None => {
+            let dir = instance.map_or(config.data_dir.clone(), |i| i.data_dir(&config.data_dir));
+            let described = dir.display().to_string();
+            let store = SledStore::open(&dir).map_err(|source| ServerError::Store {
+                store: described.clone(),
+                source,
+            })?;
+            (Arc::new(store), described)
+        }
+        Some(etcd) => {
+            let etcd = instance.map_or(etcd.clone(), |i| i.etcd(etcd));
+            let described = format!(
+                "etcd://{} cluster {:?}",
+                etcd.endpoints.join(","),
+                etcd.cluster
+            );
+            let store = EtcdStore::connect(etcd)
+                .await
+                .map_err(|source| ServerError::Store {
+                    store: described.clone(),
+                    source,
+                })?;
+            (Arc::new(store), described)
+        }
+    };
+    Registry::open(store, config.registry.clone())
+        .await
+        .map_err(|source| ServerError::Store {
+            store: described,
+            source,
+        })
+}
+
 /// A server running on a background task (see [`Server::spawn`]).
 pub struct ServerHandle {
     server: Background<ServerError>,
+    registry: Arc<Registry>,
+    instances: Vec<HandleInstance>,
+}
+
+/// What a [`ServerHandle`] knows of an instance.
+struct HandleInstance {
+    name: String,
+    addr: SocketAddr,
     registry: Arc<Registry>,
 }
 
@@ -316,12 +433,26 @@ impl ServerHandle {
         self.server.url()
     }
 
-    /// The registry the server serves.
+    /// The registry the server serves on its main port.
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
     }
 
-    /// Shuts the server down gracefully and waits until it has flushed its store.
+    /// The base URL of the instance `name` on its own port, if there is such an instance.
+    pub fn instance_url(&self, name: &str) -> Option<String> {
+        let instance = self.instances.iter().find(|i| i.name == name)?;
+        let url = self.url();
+        let scheme = url.split_once("://").map_or("http", |(scheme, _)| scheme);
+        Some(format!("{scheme}://{}", instance.addr))
+    }
+
+    /// The registry of the instance `name`, if there is such an instance.
+    pub fn instance_registry(&self, name: &str) -> Option<&Arc<Registry>> {
+        let instance = self.instances.iter().find(|i| i.name == name)?;
+        Some(&instance.registry)
+    }
+
+    /// Shuts the server down gracefully and waits until it has flushed its stores.
     pub async fn shutdown(self) -> Result<(), ServerError> {
         self.server.shutdown().await
     }
