@@ -3,9 +3,11 @@
 //! elsewhere), kept current by a stream of JSON snapshots over server-sent events.
 //!
 //! [`assets`] serves the page (`GET /ui`), the shared style and script, and the server's own
-//! script; [`snapshots`] streams what the page shows. A server's script calls `follow(render)`
-//! (from `live.js`) with a function turning a snapshot into elements, built from text only, so
-//! no value is ever read as HTML. The pages have no write actions.
+//! script, which the page names relative to itself (so that a page served under a prefix, such
+//! as a bootstrap instance's `/instances/NAME/ui`, finds them and its stream); [`snapshots`]
+//! streams what the page shows. A server's script calls `follow(render)` (from `live.js`) with
+//! a function turning a snapshot into elements, built from text only, so no value is ever read
+//! as HTML. The pages have no write actions.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -78,13 +80,13 @@ fn page(title: &str) -> String {
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
 <link rel="icon" href="data:,">
-<link rel="stylesheet" href="/ui/style.css">
+<link rel="stylesheet" href="ui/style.css">
 </head>
 <body>
 <header><h1>{title}</h1><span id="live" class="badge muted">connecting</span></header>
 <main id="app"><p class="empty">Waiting for the first snapshot…</p></main>
-<script src="/ui/live.js"></script>
-<script src="/ui/app.js"></script>
+<script src="ui/live.js"></script>
+<script src="ui/app.js"></script>
 </body>
 </html>
 "#

@@ -54,7 +54,7 @@ function follow(render) {
     const parts = render(snapshot, Date.now() - received);
     app.replaceChildren(...parts.filter((part) => part instanceof Node));
   };
-  const source = new EventSource("/ui/events");
+  const source = new EventSource("ui/events");
   source.addEventListener("state", (event) => {
     snapshot = JSON.parse(event.data);
     received = Date.now();
