@@ -7,36 +7,13 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::sim_engine;
-use pd_examples::cluster::{free_port, spawn, wait_for, Process};
+use common::{sim_engine, start_binary as start};
+use pd_examples::cluster::free_port;
 use serde_json::{json, Value};
 
 const SETTLE: Duration = Duration::from_secs(3);
-
-fn binary(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
-        .parent()
-        .unwrap()
-        .join(name)
-}
-
-async fn start(dir: &std::path::Path, name: &str, args: &[String], health: &str) -> Process {
-    let port = args
-        .iter()
-        .skip_while(|a| *a != "--port")
-        .nth(1)
-        .unwrap()
-        .clone();
-    let url = format!("http://127.0.0.1:{port}");
-    let mut process = spawn(dir, name, &binary(name), args, url).unwrap();
-    wait_for(&mut process, health, Duration::from_secs(20))
-        .await
-        .unwrap();
-    process
-}
 
 async fn register(bootstrap: &str, engine: &str, dp: u32, tp: u32) {
     let body = json!({"engine_id": engine, "dp_rank": dp, "tp_rank": tp, "pp_rank": 0,

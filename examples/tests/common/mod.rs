@@ -50,6 +50,36 @@ pub async fn sim_engine(args: &[&str], env: &[(&str, &str)]) -> (Process, tempfi
     (process, dir)
 }
 
+/// A binary built beside sim-engine (`bootstrap-server`, `pd-proxy`, ...).
+pub fn binary(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
+        .parent()
+        .unwrap()
+        .join(name)
+}
+
+/// Starts the binary `name` with `args` (which must hold `--port PORT`) in `dir`, and waits until
+/// `health` answers 200 on that port.
+pub async fn start_binary(
+    dir: &std::path::Path,
+    name: &str,
+    args: &[String],
+    health: &str,
+) -> Process {
+    let port = args
+        .iter()
+        .skip_while(|a| *a != "--port")
+        .nth(1)
+        .expect("--port PORT")
+        .clone();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut process = pd_examples::cluster::spawn(dir, name, &binary(name), args, url).unwrap();
+    wait_for(&mut process, health, Duration::from_secs(20))
+        .await
+        .unwrap();
+    process
+}
+
 /// The spec of a small sim cluster, one prefill (dp=1, tp=1) and one decode, no KV events,
 /// run in a new folder named after `prefix` (returned, to keep it for the test's life).
 pub fn one_pair(prefix: &str) -> (ClusterSpec, tempfile::TempDir) {
