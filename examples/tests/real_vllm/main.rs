@@ -14,6 +14,7 @@
 
 mod first_token;
 mod gateway;
+mod instances;
 mod migration;
 mod mooncake;
 mod nixl;
@@ -251,4 +252,26 @@ async fn registered_engine(bootstrap: &Process) -> String {
         "/query lists P's worker: {topology}"
     );
     engine["engine_id"].as_str().unwrap().to_owned()
+}
+
+/// The bootstrap-server binary beside the other binaries, with `flags`.
+fn bootstrap_server(dir: &Path, flags: &[&str]) -> (Process, String) {
+    let program = workspace_binary("bootstrap-server");
+    let port = free_port().to_string();
+    let data = dir.join(format!("data-{port}")).display().to_string();
+    let mut args = ["--host", "127.0.0.1", "--port", &port, "--data-dir", &data].to_vec();
+    args.extend_from_slice(flags);
+    let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+    let url = format!("http://127.0.0.1:{port}");
+    let process =
+        pd_examples::cluster::spawn(dir, "bootstrap-server", &program, &args, url.clone()).unwrap();
+    (process, url)
+}
+
+/// The workspace's binary `name`, beside the binaries this test was built with.
+fn workspace_binary(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
+        .parent()
+        .unwrap()
+        .join(name)
 }

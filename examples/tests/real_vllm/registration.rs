@@ -59,23 +59,6 @@ impl StockDecode {
     }
 }
 
-/// The bootstrap-server binary beside the other binaries, with `flags`.
-fn bootstrap_server(dir: &Path, flags: &[&str]) -> (Process, String) {
-    let program = PathBuf::from(env!("CARGO_BIN_EXE_sim-engine"))
-        .parent()
-        .unwrap()
-        .join("bootstrap-server");
-    let port = free_port().to_string();
-    let data = dir.join(format!("data-{port}")).display().to_string();
-    let mut args = ["--host", "127.0.0.1", "--port", &port, "--data-dir", &data].to_vec();
-    args.extend_from_slice(flags);
-    let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
-    let url = format!("http://127.0.0.1:{port}");
-    let process =
-        pd_examples::cluster::spawn(dir, "bootstrap-server", &program, &args, url.clone()).unwrap();
-    (process, url)
-}
-
 async fn register(bootstrap: &str, tp: u32) {
     let body = json!({"engine_id": "p_dp0", "dp_rank": 0, "tp_rank": tp, "pp_rank": 0,
                       "addr": format!("tcp://127.0.0.1:{}", 41000 + tp)});
