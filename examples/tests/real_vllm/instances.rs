@@ -74,8 +74,17 @@ async fn two_vllm_prefills_of_dp_rank_0_share_one_registry_through_instances() {
     wait_for(&mut proxy, "/ready", Duration::from_secs(30))
         .await
         .unwrap();
-    let ready = json_of(http.get(format!("{proxy_url}/ready"))).await;
-    assert_eq!(ready["ready_pairs"], 2, "{ready}");
+    // Ready with one pair; each prefill's registry is read at its own first health check.
+    let started = Instant::now();
+    loop {
+        let ready = json_of(http.get(format!("{proxy_url}/ready"))).await;
+        if ready["ready_pairs"] == 2 {
+            break;
+        }
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_secs(30), "both prefills: {ready}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // Prompts that share no first block, so that D's prefix cache holds none of the next.
     let (pulled_before, _) = prompt_tokens_by_source(&decode).await;
