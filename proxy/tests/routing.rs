@@ -170,6 +170,46 @@ async fn short_prompts_go_to_a_decode_alone_and_say_why() {
 }
 
 #[tokio::test]
+async fn several_samples_of_a_prompt_go_to_a_decode_alone_and_say_why() {
+    let cluster = Cluster::start(1, &[(0, "engine-0")], |_| {}).await;
+    let completion = json!({"prompt": "x".repeat(200), "max_tokens": 4, "n": 2});
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "best_of": "2"});
+    for (path, body) in [
+        ("/v1/completions", completion),
+        ("/v1/chat/completions", chat),
+    ] {
+        let response = cluster
+            .client
+            .post(cluster.url(path))
+            .header("x-pd-route", "1")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let route = response.headers()["x-pd-route"].to_str().unwrap();
+        let expected = "decision=decode_only; reason=parallel_sampling; decode=";
+        assert_eq!(route, format!("{expected}{}", cluster.decode().url()));
+    }
+    // P never saw them; D got each body as sent, without transfer instructions.
+    assert!(cluster.prefill.seen().is_empty());
+    let seen = cluster.decode().wait_seen(2).await;
+    assert_eq!(
+        (&seen[0].body["n"], &seen[1].body["best_of"]),
+        (&json!(2), &json!("2"))
+    );
+    assert!(seen
+        .iter()
+        .all(|s| s.body.get("kv_transfer_params").is_none()));
+    let metrics = cluster.metrics().await;
+    assert_eq!(decisions(&metrics, "decode_only", "parallel_sampling"), 2);
+    // One sample goes through P and D as ever.
+    let one = json!({"prompt": "x".repeat(200), "max_tokens": 4, "n": 1});
+    assert_eq!(cluster.post("/v1/completions", one).await.0, 200);
+    assert_eq!(cluster.prefill.wait_seen(1).await.len(), 1);
+}
+
+#[tokio::test]
 async fn a_prompt_a_decode_already_holds_skips_prefill() {
     let cluster = Cluster::start(2, &[(0, "engine-0")], |config| {
         config.router.routing.decode_policy = Policy::CacheAware;

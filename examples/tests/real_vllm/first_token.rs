@@ -1,6 +1,7 @@
 //! Requests as users send them, without `ignore_eos`: answers that end at their first token
 //! (EOS forced by `logit_bias`, a `stop_token_ids` or `stop` string the first token matches),
-//! and parallel sampling (`n`, and `best_of`, which vLLM 0.32 takes and ignores). vLLM's
+//! and parallel sampling (`n`, and `best_of`, which vLLM 0.32 takes and ignores; pd-proxy
+//! serves both on a decode alone, see docs/proxy.md). vLLM's
 //! connectors send P's KV only for a request that ends on its length cap, so each of these
 //! would leave D waiting for KV that never comes unless P is sent `min_tokens`; each must equal
 //! one engine's answer (every choice's text and finish reason, and the usage), whole and

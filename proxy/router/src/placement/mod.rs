@@ -203,15 +203,21 @@ impl Router {
 
     /// Places a request whose path a gateway's endpoint picker chose (pd-proxy as a decode's
     /// sidecar): through the fleet's prefill at `named` (`host:port`, and its dp rank when
-    /// given), or to a decode alone when it named none.
+    /// given), or to a decode alone when it named none or the request asks for several samples.
     pub fn place_named(
         &self,
         facts: &Facts<'_>,
         named: Option<(&str, Option<u32>)>,
     ) -> Result<Placement, Unplaced> {
         let (request, model) = (facts.request, facts.model);
-        let Some((address, dp_rank)) = named else {
-            let decision = Decision::new(Path::DecodeOnly, Reason::Gateway);
+        // Several samples never go through P, whatever the picker named (see `before_pick`).
+        let several = request.samples_several();
+        let (Some((address, dp_rank)), false) = (named, several) else {
+            let reason = match several {
+                true => Reason::ParallelSampling,
+                false => Reason::Gateway,
+            };
+            let decision = Decision::new(Path::DecodeOnly, reason);
             let decode = self.pick_decode(None, model, request).ok_or(Unplaced {
                 decision: Some(decision),
                 why: match model {

@@ -41,6 +41,10 @@ pub enum Reason {
     /// A gateway's endpoint picker chose (pd-proxy as a decode's sidecar): through the prefill
     /// it named, or the decode alone when it named none.
     Gateway,
+    /// Several samples of one prompt (`n` or `best_of` above 1): vLLM's connectors key P's KV
+    /// by the request, and D's samples each pull it, so the first pull to finish frees what
+    /// the others still wait for.
+    ParallelSampling,
 }
 
 /// A routing decision.
@@ -54,7 +58,7 @@ pub struct Decision {
 
 impl Decision {
     /// Every decision that can be made, in the order of [`Decision::slot`].
-    pub const ALL: [Decision; 9] = [
+    pub const ALL: [Decision; 10] = [
         Decision::new(Path::Disaggregated, Reason::Unconditional),
         Decision::new(Path::Disaggregated, Reason::LongPrompt),
         Decision::new(Path::DecodeOnly, Reason::ShortPrompt),
@@ -64,6 +68,7 @@ impl Decision {
         Decision::AGGREGATED,
         Decision::new(Path::Disaggregated, Reason::Gateway),
         Decision::new(Path::DecodeOnly, Reason::Gateway),
+        Decision::new(Path::DecodeOnly, Reason::ParallelSampling),
     ];
 
     /// To an engine alone, in a fleet without prefills.
@@ -101,6 +106,7 @@ impl Decision {
             Reason::NoPrefillHealthy => "no_prefill_healthy",
             Reason::Aggregated => "aggregated",
             Reason::Gateway => "gateway",
+            Reason::ParallelSampling => "parallel_sampling",
         }
     }
 
@@ -129,14 +135,17 @@ impl Decision {
     }
 }
 
-/// The rules that may send a request to a decode alone before any prefill is picked:
-/// `decode_share` is what the decode policy knows of the prompt (called only when a prefix rule
-/// is set).
+/// The rules that may send a request to a decode alone before any prefill is picked: always
+/// when it asks for several samples, else the operator's (`decode_share` is what the decode
+/// policy knows of the prompt, called only when a prefix rule is set).
 pub fn before_pick(
     rules: &DecodeOnlyRules,
     request: &RequestInfo<'_>,
     decode_share: impl FnOnce() -> Option<f64>,
 ) -> Option<Decision> {
+    if request.samples_several() {
+        return Some(Decision::new(Path::DecodeOnly, Reason::ParallelSampling));
+    }
     if rules.below_chars > 0 && request.prompt_chars() < rules.below_chars {
         return Some(Decision::new(Path::DecodeOnly, Reason::ShortPrompt));
     }
@@ -192,6 +201,28 @@ mod tests {
         // Off by default: nothing is asked of the decode policy.
         let off = before_pick(&DecodeOnlyRules::default(), &request, || unreachable!());
         assert_eq!(off, None);
+    }
+
+    #[test]
+    fn several_samples_of_a_prompt_go_to_a_decode_alone_whatever_the_rules() {
+        let decide = |raw: &str| {
+            let body = crate::body::Body::parse(raw.as_bytes()).unwrap();
+            let headers = HeaderMap::new();
+            let request = RequestInfo::new(&body, &headers);
+            let decision = before_pick(&DecodeOnlyRules::default(), &request, || None);
+            decision.map(Decision::reason_label)
+        };
+        for several in [r#"{"n": 2}"#, r#"{"n": "3"}"#, r#"{"best_of": 2, "n": 1}"#] {
+            assert_eq!(decide(several), Some("parallel_sampling"), "{several}");
+        }
+        for one in [
+            r#"{"n": 1}"#,
+            r#"{"n": null}"#,
+            r#"{"best_of": 1}"#,
+            r#"{}"#,
+        ] {
+            assert_eq!(decide(one), None, "{one}");
+        }
     }
 
     #[test]

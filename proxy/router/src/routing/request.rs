@@ -67,6 +67,15 @@ impl<'a> RequestInfo<'a> {
         }
     }
 
+    /// Whether the client asks for several samples of its prompt (`n` or `best_of` above 1,
+    /// read as the engine reads numbers).
+    pub fn samples_several(&self) -> bool {
+        let Some(body) = self.body else { return false };
+        ["n", "best_of"]
+            .iter()
+            .any(|name| body.number(name).is_some_and(|count| count > 1.0))
+    }
+
     /// The prompt's token ids, when they were computed.
     pub fn tokens(&self) -> Option<&'a [u32]> {
         self.tokens
