@@ -1,10 +1,11 @@
 //! The benchmark suite: a closed-loop load generator, the scenarios (control plane, proxy, KV
-//! data plane), and the Markdown report.
+//! data plane, public traces on a fleet), and the Markdown report.
 
 pub mod bootstrap;
 pub mod bootstrap_scale;
 pub mod chart;
 pub mod epp;
+pub mod fleet;
 pub mod kv_index;
 pub mod loadgen;
 pub mod migration;

@@ -1,6 +1,7 @@
 //! pd-bench's suites: one subcommand each, with the flags that size it.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Subcommand;
 
@@ -151,6 +152,49 @@ pub enum Suite {
         #[arg(long, default_value_t = 40)]
         requests: usize,
     },
-    /// Everything above but real-vllm and overload, one section each.
+    /// Public production traces (`../shared/bench/traces/`: Mooncake's JSONL, Azure's CSV),
+    /// replayed in arrival order without timing on engines whose prefix caches are LRU sets of
+    /// the traces' blocks: each routing rule's prefix hit rate and load spread, as the traces'
+    /// oracle (`cache_sim.py`) computes them. Not in `all`.
+    Fleet {
+        /// Trace files (repeatable, or comma-separated); each is read and checked whole before
+        /// anything is replayed.
+        #[arg(long = "trace", value_delimiter = ',', required = true)]
+        traces: Vec<PathBuf>,
+        /// Replay the requests arriving from this second of each trace ...
+        #[arg(long, default_value = "0", value_parser = seconds)]
+        from: Duration,
+        /// ... until this second (default: its end).
+        #[arg(long, value_parser = seconds)]
+        to: Option<Duration>,
+        /// Engines.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        engines: u32,
+        /// Tokens of prefix cache per engine.
+        #[arg(long, default_value_t = 3_000_000)]
+        cache_tokens: u64,
+        /// The bounded-load rule's slack: engines loaded above (1 + this) times the mean (plus
+        /// one token) are passed over.
+        #[arg(long, default_value_t = 0.05, value_parser = non_negative)]
+        eps: f64,
+        /// The random rule's seed (Python's `random.Random(seed)`).
+        #[arg(long, default_value_t = 0)]
+        seed: u32,
+    },
+    /// Everything above but real-vllm, overload and fleet, one section each.
     All,
+}
+
+/// A number of seconds, at least 0.
+fn seconds(text: &str) -> Result<Duration, String> {
+    let seconds = non_negative(text)?;
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` seconds is too long"))
+}
+
+/// A finite number, at least 0.
+fn non_negative(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(value) if value.is_finite() && value >= 0.0 => Ok(value),
+        _ => Err(format!("`{text}` is not a number of at least 0")),
+    }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 use pd_examples::bench::bootstrap::{self, Settings};
 use pd_examples::bench::bootstrap_scale;
+use pd_examples::bench::fleet::{self, order_only::Fleet};
 use pd_examples::bench::output::Output;
 use pd_examples::bench::proxy::{self, ProxyCommand};
 use pd_examples::bench::report::Row;
@@ -345,6 +346,29 @@ Completions through Envoy, with pd-epp and alone (one instant engine):
         let rows = migration::rows(&settings.bin_dir, &settings.work_dir, faults, real).await?;
         let charts = migration::charts(&rows)?;
         out.section("migration", &migration::table(&rows), &rows, charts)?;
+    }
+    if let Suite::Fleet {
+        traces,
+        from,
+        to,
+        engines,
+        cache_tokens,
+        eps,
+        seed,
+    } = &args.suite
+    {
+        let settings = fleet::Settings {
+            traces: traces.clone(),
+            from: *from,
+            to: *to,
+            fleet: Fleet {
+                engines: *engines as usize,
+                cache_tokens: *cache_tokens,
+                eps: *eps,
+                seed: *seed,
+            },
+        };
+        fleet::section(&mut out, &settings)?;
     }
     if let Suite::RealVllm { requests } = args.suite {
         out.text(&real_vllm::section(&settings.bin_dir, &settings.work_dir, requests).await?);

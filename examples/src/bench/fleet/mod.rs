@@ -1,0 +1,163 @@
+//! `pd-bench fleet`: public production traces (`../shared/bench/traces/`) replayed on a fleet.
+//! Today the replay is order-only ([`order_only`]): each routing rule's prefix hit rate and
+//! load spread, checked against the traces' oracle (`cache_sim.py`), before any timing.
+//! [`trace`] reads and checks the traces; [`python_random`] draws the oracle's random numbers.
+
+pub mod order_only;
+pub mod python_random;
+pub mod trace;
+
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use order_only::{Fleet, OrderOnlyRow, Rule};
+use trace::Trace;
+
+use super::chart::{grouped_bars, Series};
+use super::output::Output;
+
+/// The capacities of the one-cache curve (the Mooncake paper's Fig. 9), in tokens.
+pub const ONE_CACHE_TOKENS: [u64; 7] = [
+    100_000,
+    1_000_000,
+    3_000_000,
+    10_000_000,
+    30_000_000,
+    50_000_000,
+    1_000_000_000,
+];
+
+/// What `pd-bench fleet` replays, and on what.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The traces.
+    pub traces: Vec<PathBuf>,
+    /// The window of each trace replayed: from this arrival ...
+    pub from: Duration,
+    /// ... to this one (the whole trace when none).
+    pub to: Option<Duration>,
+    /// The engines and their caches.
+    pub fleet: Fleet,
+}
+
+/// Reads every trace (all of them, before anything is replayed: a bad line stops the run),
+/// then writes each one's order-only section.
+pub fn section(out: &mut Output, settings: &Settings) -> Result<(), String> {
+    let traces = (settings.traces.iter())
+        .map(|path| {
+            let trace = Trace::read(path).map_err(|err| err.to_string())?;
+            let window = trace.window(settings.from, settings.to);
+            match window.requests.is_empty() {
+                true => Err(format!(
+                    "{}: no request arrives in the window",
+                    path.display()
+                )),
+                false => Ok(window),
+            }
+        })
+        .collect::<Result<Vec<Trace>, String>>()?;
+    let fleet = settings.fleet;
+    out.text(&format!(
+        "Order-only replay (no timing): each request in arrival order on the engine its rule \
+         picks, each engine's prefix cache an LRU set of the trace's blocks. Hit rate: prompt \
+         tokens found in the chosen engine's cache over all prompt tokens; imbalance: the most \
+         prompt tokens one engine computed over the mean. {} engines of {} cached tokens each; \
+         the bounded rule's slack {}, the random rule's seed {}.\n\n",
+        fleet.engines, fleet.cache_tokens, fleet.eps, fleet.seed
+    ));
+    let mut by_rule = Vec::new();
+    let mut one_cache = Vec::new();
+    for trace in &traces {
+        if !trace.has_blocks() {
+            out.text(&format!(
+                "{}: {} requests, no prefix data (every hit rate would be 0); skipped.\n\n",
+                trace.name,
+                trace.requests.len()
+            ));
+            continue;
+        }
+        by_rule.extend(Rule::ALL.map(|rule| order_only::replay(trace, fleet, rule)));
+        one_cache.extend(ONE_CACHE_TOKENS.map(|cache_tokens| {
+            let one = Fleet {
+                engines: 1,
+                cache_tokens,
+                ..fleet
+            };
+            order_only::replay(trace, one, Rule::RoundRobin)
+        }));
+    }
+    out.section(
+        "fleet-order",
+        &rules_table(&by_rule),
+        &by_rule,
+        vec![("fleet-order", rules_chart(&by_rule)?)],
+    )?;
+    out.text("\nOne engine, hit rate by its cache's size (tokens):\n\n");
+    out.section(
+        "fleet-one-cache",
+        &capacity_table(&one_cache),
+        &one_cache,
+        Vec::new(),
+    )
+}
+
+/// Hit rate and imbalance per trace and rule.
+pub fn rules_table(rows: &[OrderOnlyRow]) -> String {
+    let mut out = String::from(
+        "| trace | rule | engines | cache tokens each | requests | hit rate | imbalance |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for row in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {:.4} | {:.2} |",
+            row.trace,
+            row.rule.name(),
+            row.engines,
+            row.cache_tokens,
+            row.requests,
+            row.hit_rate,
+            row.imbalance
+        );
+    }
+    out
+}
+
+/// One engine's hit rate per trace and cache size.
+fn capacity_table(rows: &[OrderOnlyRow]) -> String {
+    let mut out = String::from("| trace | cache tokens | hit rate |\n|---|---|---|\n");
+    for row in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.4} |",
+            row.trace, row.cache_tokens, row.hit_rate
+        );
+    }
+    out
+}
+
+/// The hit rate of each rule (a group each), one bar per trace.
+fn rules_chart(rows: &[OrderOnlyRow]) -> Result<String, String> {
+    let categories: Vec<String> = Rule::ALL.iter().map(|r| r.name().to_owned()).collect();
+    let mut traces: Vec<&str> = rows.iter().map(|r| r.trace.as_str()).collect();
+    traces.dedup();
+    let series: Vec<Series> = (traces.iter())
+        .map(|&trace| Series {
+            name: trace.to_owned(),
+            values: (Rule::ALL.iter())
+                .map(|&rule| {
+                    (rows.iter())
+                        .find(|r| r.trace == trace && r.rule == rule)
+                        .map_or(0.0, |r| r.hit_rate)
+                })
+                .collect(),
+        })
+        .collect();
+    grouped_bars(
+        "Prefix hit rate by routing rule (order only)",
+        "hit rate",
+        &categories,
+        &series,
+    )
+}
