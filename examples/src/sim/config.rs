@@ -197,6 +197,9 @@ pub struct SimArgs {
     /// UCX: MiB of UCX-allocated KV memory per prefill worker.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub kv_pool_mib: u64,
+    /// The engine model, instead of the linear timers.
+    #[command(flatten)]
+    pub model_args: super::model::ModelArgs,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -10,6 +10,8 @@ pub mod failure;
 pub mod kv;
 pub mod kv_events;
 pub mod lora;
+pub mod model;
+pub mod pace;
 pub mod prefix_cache;
 pub mod scheduler;
 pub mod tls;

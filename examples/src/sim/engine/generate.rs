@@ -16,17 +16,23 @@ use super::Engine;
 use crate::sim::api::{sse_event, with_token_ids, Api, Finish, Prompt, ResponseMeta, SSE_DONE};
 use crate::sim::config::FailMode;
 use crate::sim::kv::Generator;
+use crate::sim::pace::Pace;
 
 impl Engine {
-    /// Generates the answer's tokens ([`Prompt::planned`]) at the decode pace, whole or as SSE
-    /// chunks; a stop token's text is not shown.
-    pub(super) async fn generate(&self, api: Api, prompt: Prompt, kv_params: Value) -> Response {
+    /// Generates the answer's tokens ([`Prompt::planned`]) at `pace`, whole or as SSE chunks; a
+    /// stop token's text is not shown.
+    pub(super) async fn generate(
+        &self,
+        api: Api,
+        prompt: Prompt,
+        kv_params: Value,
+        mut pace: Pace,
+    ) -> Response {
         let served = prompt
             .lora
             .as_ref()
             .map_or(&self.args.model, |lora| &lora.name);
         let meta = ResponseMeta::new(api, served);
-        let per_token = Duration::from_millis(self.args.decode_ms_per_token);
         let prompt_tokens = prompt.token_count();
         let (total, finish) = prompt.planned();
         let shown =
@@ -53,7 +59,7 @@ impl Engine {
                     }
                     fail(fail_mode).await;
                 }
-                tokio::time::sleep(self.scheduler.per_token(per_token)).await;
+                pace.next_token().await;
             }
             let answer = meta.full(&text, (prompt_tokens, total), finish, kv_params);
             let answer = match ids && api != Api::Generate {
@@ -62,30 +68,29 @@ impl Engine {
             };
             return Json(answer).into_response();
         }
-        let scheduler = self.scheduler.clone();
         let include_usage = prompt.include_usage && api != Api::Generate;
         // Steps: one event per token, then (OpenAI only) the closing chunk and optional usage,
         // then [DONE]. SGLang's events carry the whole text so far and end on the last token.
         let prompt_ids: Arc<[u32]> = prompt.tokens.clone().into();
         let generator = Generator::new(&prompt.tokens);
-        let state = (0u32, String::new(), generator);
-        let events = futures_util::stream::unfold(state, move |(step, so_far, mut generator)| {
+        let state = (0u32, String::new(), generator, pace);
+        let events = futures_util::stream::unfold(state, move |state| {
+            let (step, so_far, mut generator, mut pace) = state;
             let meta = meta.clone();
             let prompt_ids = prompt_ids.clone();
-            let pause = scheduler.per_token(per_token);
             async move {
                 let mut so_far = so_far;
                 if fail_after == Some(step) && step < total {
                     if fail_mode == FailMode::Error {
                         let error = sse_event(&injected_error());
                         let ended = [&error[..], SSE_DONE].concat();
-                        let state = (total + 3, so_far, generator);
+                        let state = (total + 3, so_far, generator, pace);
                         return Some((Ok(Bytes::from(ended)), state));
                     }
                     fail(fail_mode).await;
                 }
                 let event = if step < total {
-                    tokio::time::sleep(pause).await;
+                    pace.next_token().await;
                     let (id, piece) = generator.next_token();
                     let piece = shown(step, piece);
                     if api == Api::Generate {
@@ -116,7 +121,7 @@ impl Engine {
                     s if s == total && !include_usage => total + 2,
                     s => s + 1,
                 };
-                Some((Ok::<_, Infallible>(event), (next, so_far, generator)))
+                Some((Ok::<_, Infallible>(event), (next, so_far, generator, pace)))
             }
         });
         (

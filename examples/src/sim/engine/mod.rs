@@ -10,6 +10,7 @@ mod pull;
 mod report;
 mod routes;
 mod sglang;
+mod timing;
 mod vllm;
 
 use std::collections::BTreeMap;
@@ -34,6 +35,7 @@ use super::failure::Failure;
 use super::kv::{kv_bytes, shard_len, Shard};
 use super::kv_events::Publisher;
 use super::lora::Adapters;
+use super::pace::Pace;
 use super::prefix_cache::PrefixCache;
 use super::scheduler::Scheduler;
 use super::tokens;
@@ -105,8 +107,11 @@ struct Engine {
     adapters: Adapters,
     /// vLLM: adapters may be loaded and unloaded at run time (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`).
     runtime_lora: bool,
-    /// The running batch and the KV cache (`--max-num-seqs`, `--kv-cache-blocks`).
+    /// The running batch and the KV cache (`--max-num-seqs`, `--kv-cache-blocks`) of the
+    /// linear timers.
     scheduler: Arc<Scheduler>,
+    /// With `--engine-model`: each dp rank's step loop, by rank.
+    steps: Vec<crate::sim::model::steps::Steps>,
 }
 
 /// A bound, registered engine, ready to serve.
@@ -120,11 +125,26 @@ pub struct SimEngine {
 impl SimEngine {
     /// Binds the API, and for the prefill role binds a transfer listener per (dp, tp, pp)
     /// worker and registers each with the bootstrap server.
-    pub async fn start(args: SimArgs) -> Result<Self, SimError> {
+    pub async fn start(mut args: SimArgs) -> Result<Self, SimError> {
         if args.dialect == Dialect::Sglang && args.lease_ttl.is_some() {
             return Err(SimError::Flags(
                 "--lease-ttl is vLLM's: SGLang's wire has no leases",
             ));
+        }
+        let model = args.model_args.coefficients().map_err(SimError::Setup)?;
+        if let Some(model) = &model {
+            if args.kv_cache_blocks > 0 {
+                return Err(SimError::Flags(
+                    "--kv-cache-blocks is the linear timers': give the engine model's capacity \
+                     as --engine-model-set kv_capacity_tokens=N",
+                ));
+            }
+            // The prefix cache lives in the KV cache: as large, unless told.
+            if args.prefix_cache_blocks == 0 {
+                args.prefix_cache_blocks = usize::try_from(model.kv_capacity_tokens)
+                    .unwrap_or(usize::MAX)
+                    / super::scheduler::BLOCK_TOKENS;
+            }
         }
         let (adapters, runtime_lora) = models::adapters(&args)?;
         if !args.transfer.is_built() {
@@ -180,11 +200,13 @@ impl SimEngine {
             },
             adapters,
             runtime_lora,
-            scheduler: Arc::new(Scheduler::new(
-                args.max_num_seqs,
-                args.kv_cache_blocks,
-                args.batch_slowdown,
-            )),
+            scheduler: Arc::new(match model {
+                Some(_) => Scheduler::new(0, 0, 0.0),
+                None => {
+                    Scheduler::new(args.max_num_seqs, args.kv_cache_blocks, args.batch_slowdown)
+                }
+            }),
+            steps: timing::step_loops(&args, model),
             args,
         };
         if engine.is_prefill() {
@@ -279,23 +301,6 @@ impl Engine {
         self.prefix_caches.get(prompt.dp as usize)
     }
 
-    /// Computes `prompt`: once its dp rank's compute is free (`--prefill-concurrency`), the
-    /// time its tokens not in the prefix cache take.
-    async fn prefill(&self, prompt: &Prompt) {
-        let _turn = match self.compute.get(prompt.dp as usize) {
-            Some(compute) => compute.acquire().await.ok(),
-            None => None,
-        };
-        let cached = self
-            .prefix_cache(prompt)
-            .map_or(0, |cache| cache.compute(prompt.blocks()));
-        let uncached = u64::from(prompt.token_count() - cached);
-        tokio::time::sleep(Duration::from_micros(
-            self.args.prefill_us_per_token * uncached,
-        ))
-        .await;
-    }
-
     async fn handle(&self, api: Api, headers: &HeaderMap, body: &[u8]) -> Response {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         self.stats.running.fetch_add(1, Ordering::Relaxed);
@@ -325,6 +330,9 @@ impl Engine {
         }
         // The request runs in the batch, holding its KV blocks, until its answer has been sent
         // (or its client went away): the admission is kept by the answer's body.
+        if let Err(too_long) = self.check_fits(&prompt) {
+            return Failure::bad_request(too_long.to_string()).into_response();
+        }
         let tokens = prompt.token_count() as usize + prompt.max_tokens as usize;
         let admitted = match self.scheduler.admit(Scheduler::blocks_for(tokens)).await {
             Ok(admitted) => admitted,
@@ -345,14 +353,18 @@ impl Engine {
 
     /// A request that is not part of a P/D pair: compute the prompt and generate here.
     async fn serve_alone(&self, api: Api, prompt: Prompt) -> Response {
-        self.prefill(&prompt).await;
-        self.generate(api, prompt, Value::Null).await
+        let pace = self.prefill(&prompt, prompt.planned().0).await;
+        self.generate(api, prompt, Value::Null, pace).await
     }
 
-    /// P role: compute the prompt and publish every share of its KV held by its dp rank's
-    /// workers under `transfer_id`.
-    async fn compute_and_publish(&self, transfer_id: &str, prompt: &Prompt) -> Result<(), Failure> {
-        self.prefill(prompt).await;
+    /// P role: compute the prompt (and its one token) and publish every share of its KV held by
+    /// its dp rank's workers under `transfer_id`; the pace of that token follows.
+    async fn compute_and_publish(
+        &self,
+        transfer_id: &str,
+        prompt: &Prompt,
+    ) -> Result<Pace, Failure> {
+        let pace = self.prefill(prompt, 1).await;
         let dp = prompt.dp;
         let len = shard_len(
             prompt.token_count(),
@@ -376,6 +388,6 @@ impl Engine {
             }
             self.stats.kv_published.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(())
+        Ok(pace)
     }
 }

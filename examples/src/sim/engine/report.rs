@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use super::Engine;
 use crate::sim::config::Dialect;
 
-/// The engine's metrics in Prometheus' text format: its scheduler's requests running and
+/// The engine's metrics in Prometheus' text format: its requests running and
 /// waiting and its KV cache's usage under vLLM's names (SGLang's for its dialect: what a router
 /// reads for load and saturation), the prefix caches' queried and hit tokens; and the
 /// simulator's own: KV event batches published and dropped.
@@ -39,8 +39,8 @@ pub(super) async fn metrics(State(engine): State<Arc<Engine>>) -> String {
     };
     let (queries, hits) = engine.prefix_cache_counts();
     let (published, dropped) = engine.kv_event_counts();
-    let scheduler = &engine.scheduler;
-    let (running, waiting) = (scheduler.running() as u64, scheduler.waiting() as u64);
+    let load = engine.load();
+    let (running, waiting) = (load.running as u64, load.waiting as u64);
     match engine.args.dialect {
         Dialect::Vllm => {
             gauge(
@@ -56,7 +56,12 @@ pub(super) async fn metrics(State(engine): State<Arc<Engine>>) -> String {
             float_gauge(
                 "vllm:kv_cache_usage_perc",
                 "KV-cache usage. 1 means 100 percent usage.",
-                scheduler.kv_usage(),
+                load.kv_usage,
+            );
+            counter(
+                "vllm:num_preemptions_total",
+                "Requests preempted (their KV freed, recomputed later)",
+                load.preemptions,
             );
         }
         Dialect::Sglang => {
@@ -73,7 +78,7 @@ pub(super) async fn metrics(State(engine): State<Arc<Engine>>) -> String {
             float_gauge(
                 "sglang:token_usage",
                 "The share of the KV cache's tokens in use",
-                scheduler.kv_usage(),
+                load.kv_usage,
             );
         }
     }

@@ -139,21 +139,25 @@ impl Engine {
         };
         prompt.dp = (room % u64::from(self.args.dp_size)) as u32;
         if self.is_prefill() {
-            if let Err(failure) = self.compute_and_publish(&room.to_string(), &prompt).await {
-                return failure.into_response();
-            }
+            let pace = match self.compute_and_publish(&room.to_string(), &prompt).await {
+                Ok(pace) => pace,
+                Err(failure) => return failure.into_response(),
+            };
             // SGLang's prefill stops after the first token; D generates the rest.
             let first = Prompt {
                 max_tokens: 1,
                 ..prompt
             };
-            return self.generate(api, first, Value::Null).await;
+            return self.generate(api, first, Value::Null, pace).await;
         }
         let pulled = self
             .within_kv_wait(self.pull_for_sglang(&prompt, &bootstrap, room))
             .await;
         match pulled {
-            Ok(()) => self.generate(api, prompt, Value::Null).await,
+            Ok(()) => {
+                let pace = self.decode_pace(&prompt);
+                self.generate(api, prompt, Value::Null, pace).await
+            }
             Err(failure) => failure.into_response(),
         }
     }

@@ -59,7 +59,10 @@ impl Engine {
             }
             Some(kv) if kv.do_remote_prefill && !self.is_prefill() => {
                 match self.within_kv_wait(self.pull_for_vllm(&prompt, &kv)).await {
-                    Ok(()) => self.generate(api, prompt, Value::Null).await,
+                    Ok(()) => {
+                        let pace = self.decode_pace(&prompt);
+                        self.generate(api, prompt, Value::Null, pace).await
+                    }
                     Err(failure) => failure.into_response(),
                 }
             }
@@ -163,9 +166,10 @@ impl Engine {
             tracing::info!(%transfer_id, "the prefill ended on a stop token: no KV sent");
             return self.serve_alone(api, prompt).await;
         }
-        if let Err(failure) = self.compute_and_publish(&transfer_id, &prompt).await {
-            return failure.into_response();
-        }
+        let pace = match self.compute_and_publish(&transfer_id, &prompt).await {
+            Ok(pace) => pace,
+            Err(failure) => return failure.into_response(),
+        };
         // What D needs, for proxies that pass P's answer on (vLLM's NIXL-style sequential flow).
         let for_decode = json!({
             "do_remote_decode": false,
@@ -174,7 +178,7 @@ impl Engine {
             "remote_engine_id": self.engine_ids[prompt.dp as usize],
             "transfer_id": transfer_id,
         });
-        self.generate(api, prompt, for_decode).await
+        self.generate(api, prompt, for_decode, pace).await
     }
 
     /// D role: find the remote engine's workers (`GET /query`, cached), pull and verify every
