@@ -180,6 +180,39 @@ pub enum Suite {
         /// The random rule's seed (Python's `random.Random(seed)`).
         #[arg(long, default_value_t = 0)]
         seed: u32,
+        /// Then replay each trace timed, open-loop on its timestamps, through each system on a
+        /// fleet of sim-engines running the engine model.
+        #[arg(long)]
+        timed: bool,
+        /// Timed: prefill engines.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+        prefills: u32,
+        /// Timed: decode engines.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+        decodes: u32,
+        /// Timed: the engines' model (sim-engine's --engine-model).
+        #[arg(long, value_enum, default_value = "llama3-8b-h200")]
+        engine_model: crate::sim::model::Preset,
+        /// Timed: the engines and the arrivals run this many times faster than the GPU
+        /// modelled; times are reported in the GPU's.
+        #[arg(long, default_value_t = 10.0, value_parser = positive)]
+        time_scale: f64,
+        /// Timed: rate multipliers swept for goodput (1: the trace's own arrivals).
+        #[arg(long, value_delimiter = ',', default_value = "0.5,1,2", value_parser = positive)]
+        rates: Vec<f64>,
+        /// Timed: the TTFT target, seconds.
+        #[arg(long, default_value = "2", value_parser = seconds)]
+        ttft_slo: Duration,
+        /// Timed: the TPOT target, seconds.
+        #[arg(long, default_value = "0.1", value_parser = seconds)]
+        tpot_slo: Duration,
+        /// Timed: at most this many requests of each trace window.
+        #[arg(long)]
+        max_requests: Option<usize>,
+        /// Timed: only the systems whose names contain one of these (comma-separated; e.g.
+        /// `round_robin,vllm-router`).
+        #[arg(long, value_delimiter = ',')]
+        systems: Vec<String>,
     },
     /// Everything above but real-vllm, overload and fleet, one section each.
     All,
@@ -189,6 +222,14 @@ pub enum Suite {
 fn seconds(text: &str) -> Result<Duration, String> {
     let seconds = non_negative(text)?;
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` seconds is too long"))
+}
+
+/// A finite number above 0.
+fn positive(text: &str) -> Result<f64, String> {
+    match non_negative(text)? {
+        0.0 => Err(format!("`{text}` is not a number above 0")),
+        value => Ok(value),
+    }
 }
 
 /// A finite number, at least 0.

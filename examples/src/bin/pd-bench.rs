@@ -355,8 +355,32 @@ Completions through Envoy, with pd-epp and alone (one instant engine):
         cache_tokens,
         eps,
         seed,
+        timed,
+        prefills,
+        decodes,
+        engine_model,
+        time_scale,
+        rates,
+        ttft_slo,
+        tpot_slo,
+        max_requests,
+        systems,
     } = &args.suite
     {
+        let timed = timed.then(|| fleet::timed::TimedSettings {
+            bin_dir: settings.bin_dir.clone(),
+            run_dir: settings.work_dir.clone(),
+            peers_venv: args.peers_venv.clone(),
+            preset: *engine_model,
+            time_scale: *time_scale,
+            prefills: *prefills as usize,
+            decodes: *decodes as usize,
+            rates: rates.clone(),
+            ttft_slo: *ttft_slo,
+            tpot_slo: *tpot_slo,
+            limit: *max_requests,
+            systems: systems.clone(),
+        });
         let settings = fleet::Settings {
             traces: traces.clone(),
             from: *from,
@@ -367,8 +391,9 @@ Completions through Envoy, with pd-epp and alone (one instant engine):
                 eps: *eps,
                 seed: *seed,
             },
+            timed,
         };
-        fleet::section(&mut out, &settings)?;
+        fleet::section(&mut out, &settings).await?;
     }
     if let Suite::RealVllm { requests } = args.suite {
         out.text(&real_vllm::section(&settings.bin_dir, &settings.work_dir, requests).await?);

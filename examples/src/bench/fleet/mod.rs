@@ -1,10 +1,17 @@
 //! `pd-bench fleet`: public production traces (`../shared/bench/traces/`) replayed on a fleet.
-//! Today the replay is order-only ([`order_only`]): each routing rule's prefix hit rate and
-//! load spread, checked against the traces' oracle (`cache_sim.py`), before any timing.
-//! [`trace`] reads and checks the traces; [`python_random`] draws the oracle's random numbers.
+//! First order-only ([`order_only`]): each routing rule's prefix hit rate and load spread,
+//! checked against the traces' oracle (`cache_sim.py`), before any timing; then, with
+//! `--timed`, the timed replay ([`timed`]): the trace open-loop ([`replay`], prompts from its
+//! block ids by [`prompts`]) through each system ([`systems`]) on a fleet of modelled
+//! sim-engines. [`trace`] reads and checks the traces; [`python_random`] draws the oracle's
+//! random numbers.
 
 pub mod order_only;
+pub mod prompts;
 pub mod python_random;
+pub mod replay;
+pub mod systems;
+pub mod timed;
 pub mod trace;
 
 use std::fmt::Write;
@@ -39,11 +46,13 @@ pub struct Settings {
     pub to: Option<Duration>,
     /// The engines and their caches.
     pub fleet: Fleet,
+    /// The timed replay after the order-only one, when asked.
+    pub timed: Option<timed::TimedSettings>,
 }
 
 /// Reads every trace (all of them, before anything is replayed: a bad line stops the run),
-/// then writes each one's order-only section.
-pub fn section(out: &mut Output, settings: &Settings) -> Result<(), String> {
+/// then writes each one's order-only section, then the timed replay's.
+pub async fn section(out: &mut Output, settings: &Settings) -> Result<(), String> {
     let traces = (settings.traces.iter())
         .map(|path| {
             let trace = Trace::read(path).map_err(|err| err.to_string())?;
@@ -99,6 +108,115 @@ pub fn section(out: &mut Output, settings: &Settings) -> Result<(), String> {
         &capacity_table(&one_cache),
         &one_cache,
         Vec::new(),
+    )?;
+    match &settings.timed {
+        Some(timed) => timed_sections(out, timed, &traces).await,
+        None => Ok(()),
+    }
+}
+
+/// The timed replay of every trace: its rows, then goodput, with their charts.
+async fn timed_sections(
+    out: &mut Output,
+    settings: &timed::TimedSettings,
+    traces: &[Trace],
+) -> Result<(), String> {
+    let model = settings.preset.coefficients();
+    out.text(&format!(
+        "\nTimed replay: each trace's arrivals open-loop at its own timestamps times the rate, \
+         through each system on a fresh fleet of {} prefills and {} decodes, sim-engines with \
+         the engine model `{:?}` ({} KV tokens and prefix cache each) run {}x faster than that \
+         GPU, the arrivals as much faster; times are the measured ones times {} (so the \
+         proxy's and loopback's part is scaled too). Targets: TTFT {} ms, TPOT {} ms; goodput \
+         is the highest rate swept ({:?}) at which 90% of requests meet both. KV moves over \
+         loopback at 4 bytes a token: its transfer time is not modelled.\n\n",
+        settings.prefills,
+        settings.decodes,
+        settings.preset,
+        model.kv_capacity_tokens,
+        settings.time_scale,
+        settings.time_scale,
+        settings.ttft_slo.as_millis(),
+        settings.tpot_slo.as_millis(),
+        settings.rates,
+    ));
+    let (rows, goodput) = timed::rows(settings, traces).await?;
+    out.section(
+        "fleet-timed",
+        &timed::table(&rows),
+        &rows,
+        vec![("fleet-ttft", ttft_chart(&rows)?)],
+    )?;
+    out.text("\nGoodput (requests per second of GPU time):\n\n");
+    out.section(
+        "fleet-goodput",
+        &timed::goodput_table(&goodput),
+        &goodput,
+        vec![("fleet-goodput", goodput_chart(&goodput)?)],
+    )
+}
+
+/// Names in first-seen order.
+fn distinct<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut seen: Vec<String> = Vec::new();
+    for name in names {
+        if !seen.iter().any(|s| s == name) {
+            seen.push(name.to_owned());
+        }
+    }
+    seen
+}
+
+/// TTFT p90 of each system (a group each), one bar per trace and rate.
+fn ttft_chart(rows: &[timed::TimedRow]) -> Result<String, String> {
+    let systems = distinct(rows.iter().map(|r| r.system.as_str()));
+    let runs = distinct(rows.iter().map(|r| r.trace.as_str()));
+    let mut series = Vec::new();
+    for trace in &runs {
+        let mut rates: Vec<f64> = Vec::new();
+        for row in rows.iter().filter(|r| &r.trace == trace) {
+            if !rates.contains(&row.rate) {
+                rates.push(row.rate);
+            }
+        }
+        for rate in rates {
+            let values = (systems.iter())
+                .map(|system| {
+                    (rows.iter())
+                        .find(|r| &r.system == system && &r.trace == trace && r.rate == rate)
+                        .map_or(0.0, |r| r.ttft_p90_ms)
+                })
+                .collect();
+            series.push(Series {
+                name: format!("{trace} at {rate}x"),
+                values,
+            });
+        }
+    }
+    grouped_bars("TTFT p90 by system (trace replay)", "ms", &systems, &series)
+}
+
+/// Goodput of each system (a group each), one bar per trace.
+fn goodput_chart(rows: &[timed::GoodputRow]) -> Result<String, String> {
+    let systems = distinct(rows.iter().map(|r| r.system.as_str()));
+    let series = distinct(rows.iter().map(|r| r.trace.as_str()))
+        .into_iter()
+        .map(|trace| Series {
+            values: (systems.iter())
+                .map(|system| {
+                    (rows.iter())
+                        .find(|r| &r.system == system && r.trace == trace)
+                        .map_or(0.0, |r| r.goodput_rps)
+                })
+                .collect(),
+            name: trace,
+        })
+        .collect::<Vec<_>>();
+    grouped_bars(
+        "Goodput by system (trace replay)",
+        "requests/s",
+        &systems,
+        &series,
     )
 }
 

@@ -1,0 +1,146 @@
+//! The systems a timed replay compares, each in front of the same fleet: pd-proxy with each of
+//! its policies, and the peer routers (vllm-router, smg) with their best P/D setup
+//! (cache-aware prefill, power-of-two decode), in front of every prefill and decode.
+
+use std::path::Path;
+
+use crate::bench::proxy::launch;
+use crate::cluster::{free_port, Cluster, Process};
+use crate::sim::Dialect;
+
+/// A system under test.
+#[derive(Debug, Clone, Copy)]
+pub struct System {
+    /// Its name in the report.
+    pub name: &'static str,
+    /// The engines' wire it needs.
+    pub dialect: Dialect,
+    /// Whether the engines publish KV events (pd-proxy's precise routing reads them).
+    pub kv_events: bool,
+    /// pd-proxy's flags, or the peer's program in the peers' virtualenv.
+    pub front: Front,
+}
+
+/// What answers the clients.
+#[derive(Debug, Clone, Copy)]
+pub enum Front {
+    /// The cluster's pd-proxy with these flags.
+    PdProxy(&'static [&'static str]),
+    /// vllm-router in vLLM Mooncake mode.
+    VllmRouter,
+    /// smg in its P/D mode (SGLang's wire).
+    Smg,
+}
+
+/// Every system; the peers only with their virtualenv.
+pub fn all(with_peers: bool) -> Vec<System> {
+    let pd_proxy = |name, flags, kv_events| System {
+        name,
+        dialect: Dialect::Vllm,
+        kv_events,
+        front: Front::PdProxy(flags),
+    };
+    let mut systems = vec![
+        pd_proxy(
+            "pd-proxy round_robin",
+            &["--policy", "round_robin"][..],
+            false,
+        ),
+        pd_proxy(
+            "pd-proxy least_loaded",
+            &["--policy", "least_loaded"],
+            false,
+        ),
+        pd_proxy(
+            "pd-proxy cache_aware",
+            &[
+                "--prefill-policy",
+                "cache_aware",
+                "--decode-policy",
+                "least_loaded",
+            ],
+            false,
+        ),
+        pd_proxy(
+            "pd-proxy precise_prefix",
+            &[
+                "--prefill-policy",
+                "precise_prefix",
+                "--decode-policy",
+                "least_loaded",
+            ],
+            true,
+        ),
+    ];
+    if with_peers {
+        systems.push(System {
+            name: "vllm-router cache_aware",
+            dialect: Dialect::Vllm,
+            kv_events: false,
+            front: Front::VllmRouter,
+        });
+        systems.push(System {
+            name: "smg cache_aware",
+            dialect: Dialect::Sglang,
+            kv_events: false,
+            front: Front::Smg,
+        });
+    }
+    systems
+}
+
+impl System {
+    /// Starts the peer in front of every engine of `cluster` (none for pd-proxy, which the
+    /// cluster started), its log in `dir`.
+    pub async fn start_peer(
+        &self,
+        cluster: &Cluster,
+        dir: &Path,
+        venv: Option<&Path>,
+    ) -> Result<Option<Process>, String> {
+        let (program, mut args, ready) = match self.front {
+            Front::PdProxy(_) => return Ok(None),
+            Front::VllmRouter => (
+                "vllm-router",
+                words("--vllm-pd-disaggregation --kv-connector mooncake"),
+                "/health",
+            ),
+            Front::Smg => ("smg", words("launch --pd-disaggregation"), "/readiness"),
+        };
+        let venv = venv.ok_or("the peers need --peers-venv")?;
+        let (port, metrics_port) = (free_port(), free_port());
+        args.extend(words(&format!("--host 127.0.0.1 --port {port}")));
+        for (prefill, bootstrap) in cluster.prefills.iter().zip(&cluster.bootstraps) {
+            let bootstrap_port = bootstrap.url.rsplit(':').next().unwrap_or_default();
+            args.extend([
+                "--prefill".into(),
+                prefill.url.clone(),
+                bootstrap_port.into(),
+            ]);
+        }
+        for decode in &cluster.decodes {
+            args.extend(["--decode".into(), decode.url.clone()]);
+        }
+        args.extend(words(
+            "--prefill-policy cache_aware --decode-policy power_of_two",
+        ));
+        args.extend(match self.front {
+            Front::Smg => words(&format!(
+                "--prometheus-host 127.0.0.1 --prometheus-port {metrics_port} --log-level warn \
+                 --shutdown-grace-period-secs 0"
+            )),
+            _ => words(&format!(
+                "--log-level error --prometheus-port {metrics_port} \
+                 --worker-startup-check-interval 1"
+            )),
+        });
+        let program = venv.join("bin").join(program);
+        launch(dir, self.name, &program, &args, port, ready)
+            .await
+            .map(Some)
+    }
+}
+
+fn words(text: &str) -> Vec<String> {
+    text.split_whitespace().map(str::to_owned).collect()
+}
