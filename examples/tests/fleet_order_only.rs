@@ -115,7 +115,8 @@ fn a_malformed_trace_stops_the_run_before_any_replay() {
     ];
     std::fs::write(&bad, lines.join("\n")).unwrap();
     let both = format!("{},{}", good.display(), bad.display());
-    let run = pd_bench(&["fleet", "--trace", &both]);
+    // Timed too: the traces are all read before any fleet starts.
+    let run = pd_bench(&["fleet", "--trace", &both, "--timed"]);
     assert!(!run.status.success());
     let stderr = String::from_utf8_lossy(&run.stderr);
     let expected = format!(
