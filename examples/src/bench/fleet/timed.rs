@@ -188,8 +188,20 @@ async fn run(
     if let super::systems::Front::PdProxy(flags) = system.front {
         spec.proxy_args = flags.iter().map(|f| f.to_string()).collect();
     }
-    spec.proxy_args
-        .extend(["--request-timeout".into(), "600".into()]);
+    // A prefill queued behind long prompts is busy, not frozen: pd-proxy's per-call limits
+    // (30 s to P, 60 s to D's first byte, wall time: 45 s and 90 s of GPU time at 1.5x) would
+    // take it out of rotation and fail its requests, where the peers wait.
+    spec.proxy_args.extend(
+        [
+            "--request-timeout",
+            "600",
+            "--prefill-timeout",
+            "600",
+            "--decode-first-byte-timeout",
+            "600",
+        ]
+        .map(str::to_owned),
+    );
     let cluster = Cluster::start(&spec).await.map_err(|e| e.to_string())?;
     let peer = system
         .start_peer(&cluster, &dir, settings.peers_venv.as_deref())
