@@ -36,10 +36,8 @@ fn a_timed_replay_answers_every_request_and_reports_each_system() {
         "--to",
         "300",
         "--timed",
-        "--prefills",
-        "2",
-        "--decodes",
-        "2",
+        "--splits",
+        "2:2",
         "--max-requests",
         "12",
         "--systems",
@@ -89,6 +87,7 @@ fn a_timed_replay_answers_every_request_and_reports_each_system() {
     for row in goodput {
         let timed_row = (timed.iter())
             .find(|t| t["system"] == row["system"] && t["trace"] == row["trace"])
+            .filter(|t| t["split"] == row["split"])
             .unwrap();
         let expected = match timed_row["attainment"].as_f64().unwrap() >= 0.9 {
             true => timed_row["offered_rps"].as_f64().unwrap(),
@@ -109,7 +108,8 @@ fn bad_timed_flags_stop_the_run_before_any_fleet() {
         ("--rates", "1,0", "`0` is not a number above 0"),
         ("--time-scale", "-2", "`-2` is not a number of at least 0"),
         ("--engine-model", "gpt-9", "invalid value 'gpt-9'"),
-        ("--prefills", "0", "0 is not in 1..=256"),
+        ("--splits", "0:4", "each side of P:D is 1 to 256 engines"),
+        ("--splits", "8", "`8` is not PREFILLS:DECODES"),
     ] {
         let run = pd_bench(&["fleet", "--trace", trace, "--timed", flag, value]);
         let stderr = String::from_utf8_lossy(&run.stderr);

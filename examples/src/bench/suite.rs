@@ -184,12 +184,10 @@ pub enum Suite {
         /// fleet of sim-engines running the engine model.
         #[arg(long)]
         timed: bool,
-        /// Timed: prefill engines.
-        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
-        prefills: u32,
-        /// Timed: decode engines.
-        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
-        decodes: u32,
+        /// Timed: the fleets' P:D splits, each `PREFILLS:DECODES` (comma-separated: a split
+        /// sweep, every system on each).
+        #[arg(long, value_delimiter = ',', default_value = "8:8", value_parser = split)]
+        splits: Vec<(usize, usize)>,
         /// Timed: the engines' model (sim-engine's --engine-model).
         #[arg(long, value_enum, default_value = "llama3-8b-h200")]
         engine_model: crate::sim::model::Preset,
@@ -222,6 +220,17 @@ pub enum Suite {
 fn seconds(text: &str) -> Result<Duration, String> {
     let seconds = non_negative(text)?;
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` seconds is too long"))
+}
+
+/// `P:D`, engines of each role, 1 to 256 each.
+fn split(text: &str) -> Result<(usize, usize), String> {
+    let engines = |n: &str| match n.trim().parse::<usize>() {
+        Ok(n) if (1..=256).contains(&n) => Ok(n),
+        _ => Err(format!("`{text}`: each side of P:D is 1 to 256 engines")),
+    };
+    let (prefills, decodes) =
+        (text.split_once(':')).ok_or_else(|| format!("`{text}` is not PREFILLS:DECODES"))?;
+    Ok((engines(prefills)?, engines(decodes)?))
 }
 
 /// A finite number above 0.

@@ -124,14 +124,16 @@ async fn timed_sections(
     let model = settings.preset.coefficients();
     out.text(&format!(
         "\nTimed replay: each trace's arrivals open-loop at its own timestamps times the rate, \
-         through each system on a fresh fleet of {} prefills and {} decodes, sim-engines with \
+         through each system on a fresh fleet of each P:D split ({}), sim-engines with \
          the engine model `{:?}` ({} KV tokens and prefix cache each) run {}x faster than that \
          GPU, the arrivals as much faster; times are the measured ones times {} (so the \
          proxy's and loopback's part is scaled too). Targets: TTFT {} ms, TPOT {} ms; goodput \
          is the highest rate swept ({:?}) at which 90% of requests meet both. KV moves over \
          loopback at 4 bytes a token: its transfer time is not modelled.\n\n",
-        settings.prefills,
-        settings.decodes,
+        (settings.splits.iter())
+            .map(|(p, d)| format!("{p}:{d}"))
+            .collect::<Vec<_>>()
+            .join(", "),
         settings.preset,
         model.kv_capacity_tokens,
         settings.time_scale,
@@ -170,6 +172,18 @@ fn distinct<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
 /// TTFT p90 of each system (a group each), one bar per trace and rate.
 fn ttft_chart(rows: &[timed::TimedRow]) -> Result<String, String> {
     let systems = distinct(rows.iter().map(|r| r.system.as_str()));
+    let splits = distinct(rows.iter().map(|r| r.split.as_str()));
+    let label = |system: &str, split: &str| match splits.len() {
+        1 => system.to_owned(),
+        _ => format!("{system} {split}"),
+    };
+    let groups: Vec<(String, String)> = (systems.iter())
+        .flat_map(|system| {
+            splits
+                .iter()
+                .map(move |split| (system.clone(), split.clone()))
+        })
+        .collect();
     let runs = distinct(rows.iter().map(|r| r.trace.as_str()));
     let mut series = Vec::new();
     for trace in &runs {
@@ -180,10 +194,15 @@ fn ttft_chart(rows: &[timed::TimedRow]) -> Result<String, String> {
             }
         }
         for rate in rates {
-            let values = (systems.iter())
-                .map(|system| {
+            let values = (groups.iter())
+                .map(|(system, split)| {
                     (rows.iter())
-                        .find(|r| &r.system == system && &r.trace == trace && r.rate == rate)
+                        .find(|r| {
+                            &r.system == system
+                                && &r.split == split
+                                && &r.trace == trace
+                                && r.rate == rate
+                        })
                         .map_or(0.0, |r| r.ttft_p90_ms)
                 })
                 .collect();
@@ -193,7 +212,13 @@ fn ttft_chart(rows: &[timed::TimedRow]) -> Result<String, String> {
             });
         }
     }
-    grouped_bars("TTFT p90 by system (trace replay)", "ms", &systems, &series)
+    let categories: Vec<String> = groups.iter().map(|(s, p)| label(s, p)).collect();
+    grouped_bars(
+        "TTFT p90 by system (trace replay)",
+        "ms",
+        &categories,
+        &series,
+    )
 }
 
 /// Goodput of each system (a group each), one bar per trace.

@@ -36,10 +36,8 @@ pub struct TimedSettings {
     pub preset: Preset,
     /// How much faster than the GPU modelled the engines and arrivals run.
     pub time_scale: f64,
-    /// Prefill engines.
-    pub prefills: usize,
-    /// Decode engines.
-    pub decodes: usize,
+    /// The fleets' P:D splits (prefill engines, decode engines), every system on each.
+    pub splits: Vec<(usize, usize)>,
     /// Rate multipliers swept (1: the trace's own arrivals).
     pub rates: Vec<f64>,
     /// The TTFT target.
@@ -59,6 +57,8 @@ pub struct TimedRow {
     pub trace: String,
     /// The system.
     pub system: String,
+    /// The fleet's P:D split.
+    pub split: String,
     /// The rate multiplier.
     pub rate: f64,
     /// Requests per second offered, in the GPU's time.
@@ -107,6 +107,8 @@ pub struct GoodputRow {
     pub trace: String,
     /// The system.
     pub system: String,
+    /// The fleet's P:D split.
+    pub split: String,
     /// The highest rate swept meeting both targets for 90% of requests, requests per second
     /// of GPU time (0: none did).
     pub goodput_rps: f64,
@@ -130,42 +132,52 @@ pub async fn rows(
     }
     let (mut rows, mut goodput) = (Vec::new(), Vec::new());
     for trace in traces {
-        for system in &systems {
-            let mut best: Option<&TimedRow> = None;
-            let first = rows.len();
-            for &rate in &settings.rates {
-                let row = run(settings, trace, system, rate).await?;
-                eprintln!("{}", line(&row));
-                rows.push(row);
-            }
-            for row in &rows[first..] {
-                if row.attainment >= 0.9 && best.is_none_or(|b| row.offered_rps > b.offered_rps) {
-                    best = Some(row);
+        for &split in &settings.splits {
+            for system in &systems {
+                let first = rows.len();
+                for &rate in &settings.rates {
+                    let row = run(settings, trace, system, split, rate).await?;
+                    eprintln!("{}", line(&row));
+                    rows.push(row);
                 }
+                goodput.push(best(&rows[first..], trace, system, split));
             }
-            goodput.push(GoodputRow {
-                trace: trace.name.clone(),
-                system: system.name.to_owned(),
-                goodput_rps: best.map_or(0.0, |b| b.offered_rps),
-                rate: best.map(|b| b.rate),
-            });
         }
     }
     Ok((rows, goodput))
 }
 
-/// One system at one rate, on a fresh fleet.
+/// The goodput of one system on one split: the highest rate of `rows` (its sweep) at which 90%
+/// of requests met both targets.
+fn best(rows: &[TimedRow], trace: &Trace, system: &System, split: (usize, usize)) -> GoodputRow {
+    let met = rows.iter().filter(|row| row.attainment >= 0.9);
+    let best = met.max_by(|a, b| a.offered_rps.total_cmp(&b.offered_rps));
+    GoodputRow {
+        trace: trace.name.clone(),
+        system: system.name.to_owned(),
+        split: format!("{}:{}", split.0, split.1),
+        goodput_rps: best.map_or(0.0, |b| b.offered_rps),
+        rate: best.map(|b| b.rate),
+    }
+}
+
+/// One system on one split at one rate, on a fresh fleet.
 async fn run(
     settings: &TimedSettings,
     trace: &Trace,
     system: &System,
+    (prefills, decodes): (usize, usize),
     rate: f64,
 ) -> Result<TimedRow, String> {
-    let label = format!("{}-{}-{rate}x", trace.name, system.name).replace([' ', '/'], "_");
+    let label = format!(
+        "{}-{}-{prefills}p{decodes}d-{rate}x",
+        trace.name, system.name
+    )
+    .replace([' ', '/'], "_");
     let dir = settings.run_dir.join(format!("fleet-{label}"));
     let mut spec = ClusterSpec::demo(settings.bin_dir.clone(), dir.clone());
-    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; settings.prefills];
-    spec.decodes = settings.decodes;
+    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; prefills];
+    spec.decodes = decodes;
     spec.dialect = system.dialect;
     spec.kv_events = system.kv_events;
     let model = settings.preset.coefficients();
@@ -249,6 +261,7 @@ async fn run(
         settings,
         trace,
         system,
+        split: format!("{prefills}:{decodes}"),
         rate,
         offered_rps: outcomes.len() as f64 * rate / span,
         outcomes: &outcomes,
@@ -265,6 +278,7 @@ struct Summary<'a> {
     settings: &'a TimedSettings,
     trace: &'a Trace,
     system: &'a System,
+    split: String,
     rate: f64,
     offered_rps: f64,
     outcomes: &'a [Outcome],
@@ -320,6 +334,7 @@ fn summarize(run: Summary<'_>) -> TimedRow {
     TimedRow {
         trace: run.trace.name.clone(),
         system: run.system.name.to_owned(),
+        split: run.split,
         rate: run.rate,
         offered_rps: run.offered_rps,
         requests,
@@ -388,9 +403,10 @@ async fn prefill_stats(cluster: &Cluster) -> Result<Vec<(u64, u64, u64)>, String
 /// A row as a line of [`table`].
 pub fn line(row: &TimedRow) -> String {
     format!(
-        "| {} | {} | {} | {:.2} | {} | {} | {} | {} | {:.1}% | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1}% | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} |",
+        "| {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {:.1}% | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1}% | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} |",
         row.trace,
         row.system,
+        row.split,
         row.rate,
         row.offered_rps,
         row.requests,
@@ -416,11 +432,11 @@ pub fn line(row: &TimedRow) -> String {
 /// The rows as a Markdown table.
 pub fn table(rows: &[TimedRow]) -> String {
     let mut out = String::from(
-        "| trace | system | rate | offered req/s | requests | complete | refused | failed | \
+        "| trace | system | P:D | rate | offered req/s | requests | complete | refused | failed | \
          within targets | TTFT p50 ms | p90 | p99 | TPOT p50 ms | p90 | prefix hit rate | \
          prefill spread | lag p99 ms | lag max ms | sim CPU ms/req | sims' cores | front CPU \
          ms/req |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in rows {
         out.push_str(&line(row));
@@ -435,8 +451,8 @@ pub fn goodput_table(rows: &[GoodputRow]) -> String {
     for row in rows {
         let rate = row.rate.map_or("none".to_owned(), |r| format!("{r}x"));
         out.push_str(&format!(
-            "| {} | {} | {:.2} | {rate} |\n",
-            row.trace, row.system, row.goodput_rps
+            "| {} | {} | {} | {:.2} | {rate} |\n",
+            row.trace, row.system, row.split, row.goodput_rps
         ));
     }
     out
