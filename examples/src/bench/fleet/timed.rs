@@ -447,7 +447,8 @@ pub fn table(rows: &[TimedRow]) -> String {
 
 /// Goodput per system and trace as a Markdown table.
 pub fn goodput_table(rows: &[GoodputRow]) -> String {
-    let mut out = String::from("| trace | system | goodput req/s | at rate |\n|---|---|---|---|\n");
+    let mut out =
+        String::from("| trace | system | P:D | goodput req/s | at rate |\n|---|---|---|---|---|\n");
     for row in rows {
         let rate = row.rate.map_or("none".to_owned(), |r| format!("{r}x"));
         out.push_str(&format!(
