@@ -111,7 +111,8 @@ fn bad_timed_flags_stop_the_run_before_any_fleet() {
         ("--splits", "0:4", "each side of P:D is 1 to 256 engines"),
         ("--splits", "8", "`8` is not PREFILLS:DECODES"),
     ] {
-        let run = pd_bench(&["fleet", "--trace", trace, "--timed", flag, value]);
+        let given = format!("{flag}={value}");
+        let run = pd_bench(&["fleet", "--trace", trace, "--timed", &given]);
         let stderr = String::from_utf8_lossy(&run.stderr);
         assert!(!run.status.success(), "{flag} {value}");
         assert!(stderr.contains(says), "{flag} {value}: {stderr}");
