@@ -8,8 +8,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{one_pair, post, sim_engine};
-use pd_examples::cluster::{Cluster, Process};
+use common::{metric, one_pair, post, sim_engine};
+use pd_examples::cluster::Cluster;
 use serde_json::{json, Value};
 
 /// The preset every test here runs.
@@ -37,20 +37,6 @@ async fn timed(url: &str, body: Value) -> (Duration, Value) {
     let (status, answer) = post(url, body).await;
     assert_eq!(status, 200, "{answer}");
     (started.elapsed(), answer)
-}
-
-/// The value of `metric` on the engine's `/metrics`.
-async fn metric(engine: &Process, metric: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", engine.url))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    (text.lines())
-        .find(|line| line.starts_with(metric))
-        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {metric} in:\n{text}"))
 }
 
 /// `took` is the model's `ms`, give or take what HTTP and a debug build add.

@@ -7,23 +7,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{post, sim_engine};
-use pd_examples::cluster::Process;
+use common::{metric, post, sim_engine};
 use serde_json::json;
-
-/// The value of `metric` on the engine's `/metrics`.
-async fn metric(engine: &Process, metric: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", engine.url))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    (text.lines())
-        .find(|line| line.starts_with(metric))
-        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {metric} in:\n{text}"))
-}
 
 fn completion(tokens: u32) -> serde_json::Value {
     json!({"model": "sim-model", "prompt": "a prompt of some length", "max_tokens": tokens})

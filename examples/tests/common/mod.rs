@@ -155,3 +155,17 @@ pub fn stored(event: &KvEvent) -> &BlockStored {
 pub fn text(tag: &str, n: usize) -> String {
     tag.chars().cycle().take(n).collect()
 }
+
+/// The value of `metric` on the engine's `/metrics`.
+pub async fn metric(engine: &Process, metric: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", engine.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    (text.lines())
+        .find(|line| line.starts_with(metric))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {metric} in:\n{text}"))
+}
