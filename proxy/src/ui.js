@@ -146,6 +146,16 @@ follow((s) => {
     s.picks.length > 0
       ? table(["KV-aware pick", "reason", "requests"], s.picks.map((p) => [p.choice, p.reason, String(p.count)]), "")
       : null,
+    s.planner ? h("h2", {}, "Capacity planner") : null,
+    s.planner
+      ? table(["model", "role", "engines", "desired", "floor", "one engine, req/s", "why", "demand, req/s"],
+        s.planner.flatMap((m) => m.roles.map((r) => [
+          m.model || "(none)", r.role, String(r.current), String(r.desired),
+          r.floor === null ? "-" : String(r.floor),
+          r.engine_requests_per_second === null ? "-" : r.engine_requests_per_second.toFixed(2),
+          r.why, m.requests_per_second.toFixed(2)])),
+        "No request seen yet.")
+      : null,
     h("h2", {}, "Admission queue"),
     table(["priority", "waiting"], s.admission.priorities.map((p) => [String(p[0]), String(p[1])]),
       "Nothing waits."),

@@ -1,7 +1,7 @@
 //! The proxy's live page (`GET /ui`): the routing policy; every backend with its health, load
 //! (in flight here, and what its engine reports), drain state and dp ranks; the routing
 //! decisions by reason, precise_prefix's picks by KV hit and miss; the requests by outcome; the
-//! KV index's size when there is one; and the totals the page draws its charts of the last
+//! KV index's size when there is one; the capacity planner's plans when it is on; and the totals the page draws its charts of the last
 //! minutes from (requests, errors, the TTFT histogram). A snapshot each second over
 //! server-sent events (`GET /ui/events`), also readable as one JSON document (`GET /ui/state`).
 //! Read-only: it shows what `/ready`, `/admin/backends` and `/metrics` show.
@@ -62,6 +62,9 @@ struct Snapshot {
     /// Time to first byte, every request so far: (upper bound in seconds, requests at or
     /// under it), cumulative, the last bound `null` (+Inf).
     ttft: Vec<(Option<f64>, u64)>,
+    /// The capacity planner's latest plans, per model (none: the planner is off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    planner: Option<Vec<pd_router::planner::live::PlanSnapshot>>,
 }
 
 #[derive(Serialize)]
@@ -201,5 +204,6 @@ fn snapshot(state: &AppState) -> Snapshot {
         policy: state.router.policy_names(),
         picks,
         ttft,
+        planner: state.router.planner().map(|planner| planner.snapshot()),
     }
 }

@@ -22,6 +22,9 @@
 //! bounded waits, 429 when a request cannot get in); the [`latency`] each engine is predicted to
 //! give a request, for the requests that carry targets; the [`retry_budget`].
 //!
+//! **Capacity**: the [`planner`], the engines each model's roles should have to meet latency
+//! targets, from the demand seen and each engine's rate at the targets.
+//!
 //! Beside them: [`body`] (a request's JSON body, read without copying, and the fields P and D
 //! receive), [`validate`] (what is wrong with a body before any engine sees it), [`endpoint`] (a backend's URLs, parsed once), [`metrics`] (the fleet's, registered
 //! in the front door's registry) and [`sync`]; the [`tenants`] whose API keys say who sends a request,
@@ -45,6 +48,7 @@ pub mod members;
 pub mod metrics;
 pub mod models;
 pub mod placement;
+pub mod planner;
 pub mod prompt_tokens;
 pub mod retry_budget;
 mod router;

@@ -19,6 +19,7 @@ use crate::metrics::FleetMetrics;
 use crate::metrics::LatencyMetrics;
 use crate::models::lora::AdapterLoader;
 use crate::models::ModelsConfig;
+use crate::planner::LivePlanner;
 use crate::prompt_tokens::{PromptKind, PromptTokens};
 use crate::retry_budget::RetryBudget;
 use crate::routing::settings::DecodeOnlyRules;
@@ -67,6 +68,8 @@ pub struct Router {
     pub(crate) latency_metrics: LatencyMetrics,
     /// The P/D pairs of different engine versions seen.
     pub(crate) versions: MixedVersions,
+    /// The capacity planner (`--planner-*`), when on.
+    pub(crate) planner: Option<Arc<LivePlanner>>,
     retry_budget: RetryBudget,
     policies: Policies,
 }
@@ -76,6 +79,7 @@ pub struct Running {
     members: Arc<Members>,
     names: Vec<JoinHandle<()>>,
     dispatcher: JoinHandle<()>,
+    planner: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -89,6 +93,9 @@ impl Drop for Running {
             task.abort();
         }
         self.dispatcher.abort();
+        if let Some(planner) = &self.planner {
+            planner.abort();
+        }
         self.members.stop_all();
     }
 }
@@ -146,6 +153,15 @@ impl Router {
         );
         let latency_metrics = metrics.latency();
         let versions = MixedVersions::new(metrics.versions());
+        let planner = (config.planner).map(|planner| {
+            let stale_after = config.saturation.stale_after;
+            Arc::new(LivePlanner::new(
+                planner,
+                pool.clone(),
+                metrics.planner(),
+                stale_after,
+            ))
+        });
         let members = Arc::new(Members::new(
             pool.clone(),
             &config,
@@ -164,6 +180,7 @@ impl Router {
             admission,
             latency_metrics,
             versions,
+            planner,
             retry_budget,
             policies,
         })
@@ -194,6 +211,7 @@ impl Router {
             members: self.members.clone(),
             names: Vec::new(),
             dispatcher,
+            planner: (self.planner.clone()).map(|planner| tokio::spawn(planner.run())),
         };
         let dns = &self.config.dns;
         if dns.prefills.is_empty() && dns.decodes.is_empty() {
@@ -231,6 +249,11 @@ impl Router {
             .chain(&dns.decodes)
             .map(DnsTarget::label)
             .collect()
+    }
+
+    /// The capacity planner, when `--planner-*` turned it on.
+    pub fn planner(&self) -> Option<&Arc<LivePlanner>> {
+        self.planner.as_ref()
     }
 
     /// The backends.

@@ -102,6 +102,11 @@ impl Signals {
         *last = Some(Report { signals, at, batch });
     }
 
+    /// When the engine last reported, and the batch it was then known to run at most.
+    pub fn last_report(&self) -> Option<(Instant, Option<usize>)> {
+        lock(&self.0).map(|report| (report.at, report.batch))
+    }
+
     /// Whether the engine is saturated at `now` under `config`, with `in_flight` requests of
     /// this process on it, and why.
     pub fn saturated(

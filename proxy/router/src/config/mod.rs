@@ -7,6 +7,7 @@ mod targets;
 
 use std::time::Duration;
 
+use crate::planner::PlannerConfig;
 use clap::ValueEnum;
 use worker_client::ClientTls;
 
@@ -103,6 +104,9 @@ pub struct DiscoveryConfig {
 /// Why the flags cannot make a configuration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// A `--planner-*` flag is wrong or missing.
+    #[error("{0}")]
+    Planner(String),
     /// No prefill server was given.
     #[error("no prefill server: pass --prefill URL [BOOTSTRAP_PORT] at least once (or set {PREFILL_ENV})")]
     NoPrefill,
@@ -168,6 +172,8 @@ pub struct RouterConfig {
     pub models: ModelsConfig,
     /// The CA bundle and client certificate of calls to `https://` engines and registries.
     pub upstream_tls: ClientTls,
+    /// The capacity planner (none: off).
+    pub planner: Option<PlannerConfig>,
 }
 
 impl RouterConfig {
@@ -207,6 +213,7 @@ impl RouterConfig {
                 ..ModelsConfig::default()
             },
             upstream_tls: ClientTls::default(),
+            planner: None,
         }
     }
 }

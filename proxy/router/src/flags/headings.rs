@@ -1,6 +1,6 @@
 //! The headings the front doors' flags are grouped under in `--help`, each also a section of
 //! the `--config` file: `[listen]`, `[backends]`, `[routing]`, `[overload]`, `[limits]`,
-//! `[observability]`, `[admin]`. A flag's heading says which section it goes in.
+//! `[planner]`, `[observability]`, `[admin]`. A flag's heading says which section it goes in.
 
 /// Where the front door listens, and its TLS.
 pub const LISTEN: &str = "Listen and TLS";
@@ -10,6 +10,8 @@ pub const BACKENDS: &str = "Backends and discovery";
 pub const ROUTING: &str = "Routing";
 /// When engines are saturated: admission, priorities, the retry budget.
 pub const OVERLOAD: &str = "Overload";
+/// The capacity planner: latency targets and the pace of its decisions.
+pub const PLANNER: &str = "Capacity planner";
 /// Time limits and what a client may cost.
 pub const LIMITS: &str = "Timeouts and limits";
 /// Logs.
@@ -18,11 +20,12 @@ pub const OBSERVABILITY: &str = "Observability";
 pub const ADMIN: &str = "Admin and keys";
 
 /// Every heading and its section of the config file, in `--help`'s order.
-pub const SECTIONS: [(&str, &str); 7] = [
+pub const SECTIONS: [(&str, &str); 8] = [
     (LISTEN, "listen"),
     (BACKENDS, "backends"),
     (ROUTING, "routing"),
     (OVERLOAD, "overload"),
+    (PLANNER, "planner"),
     (LIMITS, "limits"),
     (OBSERVABILITY, "observability"),
     (ADMIN, "admin"),

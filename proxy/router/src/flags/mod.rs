@@ -28,6 +28,7 @@ use crate::config::{parse_prefill_env, PrefillEntry};
 use crate::config::{ConfigError, DiscoveryConfig, DnsConfig, HealthConfig, Mode, RouterConfig};
 pub use crate::kv_events::config::KvEventsArgs;
 pub use crate::models::settings::ModelsArgs;
+pub use crate::planner::settings::PlannerArgs;
 use crate::routing::settings::Policy;
 pub use crate::routing::settings::RoutingArgs;
 use crate::saturation::SaturationConfig;
@@ -98,6 +99,9 @@ pub struct FleetArgs {
     /// Admission under overload and the retry budget.
     #[command(flatten, next_help_heading = headings::OVERLOAD)]
     pub admission: AdmissionArgs,
+    /// The capacity planner.
+    #[command(flatten, next_help_heading = headings::PLANNER)]
+    pub planner: PlannerArgs,
     /// Seconds between two re-discoveries of each prefill's dp ranks and engine ids.
     #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_DISCOVERY_INTERVAL", default_value = "30", value_parser = parse_seconds)]
     pub discovery_interval: Duration,
@@ -193,6 +197,7 @@ impl FleetArgs {
         );
         let mut config = RouterConfig::new(prefills, decodes);
         config.admission = self.admission.config(objectives);
+        config.planner = self.planner.config()?;
         config.routing = routing;
         config.models = models;
         let precise = crate::follows_kv_events(&config);

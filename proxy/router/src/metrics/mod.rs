@@ -1,6 +1,6 @@
 //! The fleet's Prometheus metrics: each backend's calls, load and health, each prefill's
 //! discovery, the DNS names, the KV-event index, tokenization, adapter loads, the admission
-//! under overload and the latency predictions. They are
+//! under overload, the latency predictions and the capacity planner. They are
 //! registered in the registry of the process that runs the router, whose prefix names them
 //! (`pd_proxy_backend_requests_total` in pd-proxy, `pd_epp_...` in pd-epp), so one
 //! `GET /metrics` shows them beside the front door's own.
@@ -14,6 +14,7 @@ mod kv;
 mod latency;
 mod lora;
 mod outcome;
+mod planner;
 mod tokenize;
 mod versions;
 
@@ -23,6 +24,7 @@ pub use kv::KvMetrics;
 pub use latency::{LatencyKind, LatencyMetrics};
 pub use lora::{LoadOutcome, LoraMetrics};
 pub use outcome::CallOutcome;
+pub use planner::PlannerMetrics;
 pub use tokenize::TokenizeMetrics;
 pub use versions::VersionMetrics;
 
@@ -79,6 +81,7 @@ impl DiscoveryMetrics {
 pub struct FleetMetrics {
     admission: AdmissionMetrics,
     latency: LatencyMetrics,
+    planner: PlannerMetrics,
     kv: KvMetrics,
     tokenize: TokenizeMetrics,
     lora: LoraMetrics,
@@ -190,6 +193,7 @@ impl FleetMetrics {
         FleetMetrics {
             admission: AdmissionMetrics::new(registry),
             latency: LatencyMetrics::new(registry),
+            planner: PlannerMetrics::new(registry),
             kv,
             tokenize,
             lora,
@@ -215,6 +219,11 @@ impl FleetMetrics {
     /// The latency predictions' handles.
     pub fn latency(&self) -> LatencyMetrics {
         self.latency.clone()
+    }
+
+    /// The capacity planner's handles.
+    pub fn planner(&self) -> PlannerMetrics {
+        self.planner.clone()
     }
 
     /// The KV-event index's handles.

@@ -11,6 +11,7 @@ use crate::backend::Backend;
 use crate::latency::model::{tpot_features, ttft_features, TpotFeatures, TtftFeatures};
 use crate::latency::Kind;
 use crate::metrics::LatencyMetrics;
+use crate::planner::LivePlanner;
 use crate::sync::lock;
 
 /// What a placed request's latency depends on at one engine.
@@ -26,8 +27,11 @@ pub struct Forecast {
     placed_at: Instant,
     ttft: Estimate,
     tpot: Estimate,
+    uncached_tokens: usize,
     targets: Targets,
     metrics: LatencyMetrics,
+    /// The capacity planner the answer's length is told to, and the request's model.
+    planner: Option<(Arc<LivePlanner>, Option<Arc<str>>)>,
 }
 
 impl Forecast {
@@ -50,9 +54,21 @@ impl Forecast {
                 engine: decode.clone(),
                 features: tpot_features(decode.load()).to_vec(),
             },
+            uncached_tokens,
             targets,
             metrics,
+            planner: None,
         }
+    }
+
+    /// The prompt's tokens the engine that computes it does not hold.
+    pub fn uncached_tokens(&self) -> usize {
+        self.uncached_tokens
+    }
+
+    /// Tells `planner` the answer's length when it ends (a request for `model`).
+    pub(crate) fn tell(&mut self, planner: Arc<LivePlanner>, model: Option<&str>) {
+        self.planner = Some((planner, model.map(Arc::from)));
     }
 
     /// The predicted TTFT, when the engine's model has learnt enough.
@@ -158,13 +174,17 @@ impl Watch {
         self.events += count_events(chunk);
     }
 
-    /// The answer ended well: its TTFT and, over three events or more, its TPOT are learnt.
+    /// The answer ended well: its TTFT and, over three events or more, its TPOT are learnt,
+    /// and its length told to the capacity planner.
     pub fn ended(self) {
         let Some(first) = self.first else { return };
         self.forecast
             .learn(Kind::Ttft, first.saturating_duration_since(self.started));
         // The last event is `[DONE]`; the first carries the first token.
         let tokens = self.events.saturating_sub(1);
+        if let Some((planner, model)) = &self.forecast.planner {
+            planner.answered(model.as_deref(), tokens);
+        }
         if tokens >= 3 {
             let pace = first.elapsed().as_secs_f64() / (tokens - 1) as f64;
             self.forecast

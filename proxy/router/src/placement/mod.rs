@@ -274,12 +274,20 @@ impl Router {
     ) -> Result<Placement, Unplaced> {
         self.versions.check(prefill.as_ref(), &decode);
         let targets = facts.class.targets;
-        let forecast = self.forecast(facts.request, prefill.as_ref(), &decode, targets);
+        let mut forecast = self.forecast(facts.request, prefill.as_ref(), &decode, targets);
         if facts.class.sheddable() && forecast.misses_targets() {
             return Err(Unplaced {
                 decision: Some(decision),
                 why: Unplaceable::TargetsUnmet,
             });
+        }
+        if let Some(planner) = &self.planner {
+            let request = facts.request;
+            let prompt =
+                (request.tokens()).map_or_else(|| request.prompt_tokens_estimate(), <[u32]>::len);
+            let uncached = prefill.is_some().then(|| forecast.uncached_tokens());
+            planner.arrived(facts.model, prompt, uncached);
+            forecast.tell(planner.clone(), facts.model);
         }
         Ok(Placement {
             decision,
