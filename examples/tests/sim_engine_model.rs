@@ -55,9 +55,12 @@ async fn prefills_and_decodes_take_the_model_s_time_and_the_time_scale_divides_i
     let long = prompt(8000, 1);
     let (took, _) = timed(&url, completion(&long, 1)).await;
     assert_near("a prefill of 8000 tokens", took, prefill_ms(8000.0));
-    // The prefix cache lives in the KV cache: the same prompt again computes almost nothing.
+    // The prefix cache lives in the KV cache: the same prompt again finds all its whole blocks
+    // there and computes only the rest (the engine's count says so; the time only roughly,
+    // since the other tests share the cores).
     let (again, _) = timed(&url, completion(&long, 1)).await;
-    assert!(again < took / 4, "{again:?} against {took:?}");
+    assert!(again < took / 2, "{again:?} against {took:?}");
+    assert!(metric(&engine, "vllm:prefix_cache_hits_total").await >= 7_680.0);
     // 200 tokens alone: a step of 4.8 ms + 0.05 ms + the context's KV read, each.
     let (took, answer) = timed(&url, completion("a short prompt", 200)).await;
     assert_eq!(answer["usage"]["completion_tokens"], 200, "{answer}");
