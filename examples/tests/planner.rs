@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{binary, one_pair};
+use common::{binary, metric, one_pair};
 use pd_examples::cluster::{Cluster, PrefillShape};
 use serde_json::{json, Value};
 
@@ -78,19 +78,6 @@ async fn plan(proxy: &str, role: &str) -> Value {
     found
 }
 
-/// The value of the proxy's metric line that starts with `series`.
-async fn metric(proxy: &str, series: &str) -> Option<f64> {
-    let text = reqwest::get(format!("{proxy}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    (text.lines())
-        .find(|line| line.starts_with(series))
-        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_planner_sizes_the_roles_on_the_load_and_holds_on_silent_metrics() {
     let (mut spec, _run_dir) = one_pair("planner-");
@@ -124,7 +111,7 @@ async fn the_planner_sizes_the_roles_on_the_load_and_holds_on_silent_metrics() {
     let decode = plan(&proxy, "decode").await;
     assert_eq!(decode["held"], false, "{decode}");
     let desired = r#"pd_proxy_planner_desired_engines{model="sim-model",role="prefill"}"#;
-    assert_eq!(metric(&proxy, desired).await, Some(2.0));
+    assert_eq!(metric(&cluster.proxy, desired).await, 2.0);
 
     // Heavy: 20 requests a second of 8,000 tokens (0.23 s each): several prefills' worth.
     // Read while it lasts: once it is over, its window empties.
@@ -150,7 +137,7 @@ async fn the_planner_sizes_the_roles_on_the_load_and_holds_on_silent_metrics() {
     assert_eq!(decode["held"], true, "{decode}");
     assert_eq!(decode["why"], "stale_metrics", "{decode}");
     let held = r#"pd_proxy_planner_held{model="sim-model",reason="stale_metrics",role="decode"}"#;
-    assert_eq!(metric(&proxy, held).await, Some(1.0));
+    assert_eq!(metric(&cluster.proxy, held).await, 1.0);
 }
 
 #[test]

@@ -121,11 +121,6 @@ pub struct RoleState {
 }
 
 impl RoleState {
-    /// The engines desired last, if any decision was made.
-    pub fn last(&self) -> Option<usize> {
-        self.last
-    }
-
     /// Holds the role where it is, for `hold`: the last decision, or the engines there are.
     pub fn hold(&mut self, current: usize, hold: Hold) -> Decision {
         self.safe_since = None;
@@ -258,6 +253,5 @@ mod tests {
         assert_eq!(held.why, Why::Held(Hold::StaleMetrics));
         role.decide(facts(3, 9.0), BOUNDS, Instant::now());
         assert_eq!(role.hold(3, Hold::NoAnswers).desired, 5);
-        assert_eq!(role.last(), Some(5));
     }
 }
