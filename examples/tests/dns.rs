@@ -244,7 +244,9 @@ async fn the_proxy_follows_its_backends_through_dns() {
         decodes(&url).await == second
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The load goes on after the change long enough to count (the change can be seen within
+    // a few requests: CI once saw it after 10).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     let (sent, failed, last) = load.finish().await;
     assert!(sent > 10, "only {sent} requests");
     assert_eq!(failed, 0, "{failed} of {sent} failed, the last: {last:?}");
