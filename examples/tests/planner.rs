@@ -5,60 +5,11 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{binary, metric, one_pair};
+use common::{binary, load, metric, one_pair, planner_flags};
 use pd_examples::cluster::{Cluster, PrefillShape};
-use serde_json::{json, Value};
-
-/// The proxy's flags: targets the modelled engines meet alone, decisions every 0.3 s over a
-/// window of 3 s, metrics read every 0.2 s.
-fn planner_flags() -> Vec<String> {
-    [
-        "--planner-ttft-target",
-        "0.5",
-        "--planner-tpot-target",
-        "0.05",
-        "--planner-window",
-        "3",
-        "--planner-interval",
-        "0.3",
-        "--engine-metrics-interval",
-        "0.2",
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
-/// `rate` streamed completions a second of `prompt_tokens` each, for `seconds`; every
-/// answer must be a 200.
-async fn load(url: &str, rate: f64, seconds: f64, prompt_tokens: usize) {
-    let client = reqwest::Client::new();
-    let started = Instant::now();
-    let mut sent = Vec::new();
-    let mut i = 0u32;
-    while started.elapsed().as_secs_f64() < seconds {
-        let at = started + Duration::from_secs_f64(f64::from(i) / rate);
-        tokio::time::sleep_until(at.into()).await;
-        // Its own first bytes: no prompt shares a cached block with another.
-        let mut prompt = format!("{i:06}-{rate}-");
-        prompt.extend((prompt.len()..prompt_tokens).map(|k| char::from(b'a' + (k % 26) as u8)));
-        let body = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 12,
-            "ignore_eos": true, "stream": true});
-        let request = client.post(format!("{url}/v1/completions")).json(&body);
-        sent.push(tokio::spawn(async move {
-            let response = request.send().await.unwrap();
-            let status = response.status();
-            let text = response.text().await.unwrap();
-            assert_eq!(status, 200, "{text}");
-            assert!(text.contains("[DONE]"), "{text}");
-        }));
-        i += 1;
-    }
-    for request in sent {
-        request.await.unwrap();
-    }
-}
+use serde_json::Value;
 
 /// The live page's plan of `role` for the sims' model.
 async fn plan(proxy: &str, role: &str) -> Value {
@@ -132,12 +83,14 @@ async fn the_planner_sizes_the_roles_on_the_load_and_holds_on_silent_metrics() {
     // A decode frozen: its metrics fall silent, the decodes' plan holds and says why.
     cluster.decodes[0].freeze(true);
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // Both read while it is frozen: once it answers again the hold ends at the next decision.
     let decode = plan(&proxy, "decode").await;
+    let held = r#"pd_proxy_planner_held{model="sim-model",reason="stale_metrics",role="decode"}"#;
+    let held = metric(&cluster.proxy, held).await;
     cluster.decodes[0].freeze(false);
     assert_eq!(decode["held"], true, "{decode}");
     assert_eq!(decode["why"], "stale_metrics", "{decode}");
-    let held = r#"pd_proxy_planner_held{model="sim-model",reason="stale_metrics",role="decode"}"#;
-    assert_eq!(metric(&cluster.proxy, held).await, 1.0);
+    assert_eq!(held, 1.0);
 }
 
 #[test]

@@ -8,10 +8,11 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use pd_examples::cluster::{Cluster, ClusterSpec, PrefillShape};
+use pd_examples::prometheus::{tools, Job, Prometheus};
 use serde_json::{json, Value};
 
 fn repo() -> PathBuf {
@@ -19,20 +20,6 @@ fn repo() -> PathBuf {
         .parent()
         .unwrap()
         .to_path_buf()
-}
-
-/// Runs `examples/prometheus/tools.sh`, which makes sure `prometheus` and `promtool` are here.
-fn tools() {
-    let script = repo().join("examples/prometheus/tools.sh");
-    let output = Command::new(&script)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        output.status.success(),
-        "examples/prometheus/tools.sh failed: prometheus and promtool are needed (Debian's \
-         prometheus package):\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 fn promtool(args: &[&str], dir: &Path) {
@@ -55,95 +42,6 @@ fn promtool_checks_and_unit_tests_the_rules() {
     let dir = repo().join("docs/prometheus");
     promtool(&["check", "rules", "pd-bootstrap-rules.yml"], &dir);
     promtool(&["test", "rules", "pd-bootstrap-rules.test.yml"], &dir);
-}
-
-/// A `prometheus` process, killed when dropped.
-struct Prometheus {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn host_port(url: &str) -> String {
-    url.trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned()
-}
-
-/// Starts Prometheus scraping the proxy and the bootstrap servers every second, with the rules.
-fn start_prometheus(proxy: &str, bootstraps: &[String]) -> Prometheus {
-    let dir = tempfile::Builder::new().prefix("prom-").tempdir().unwrap();
-    let quoted = |urls: &[String]| {
-        urls.iter()
-            .map(|u| format!("'{}'", host_port(u)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let rules = repo().join("docs/prometheus/pd-bootstrap-rules.yml");
-    let config = format!(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-         rule_files:\n  - '{}'\n\
-         scrape_configs:\n  - job_name: pd-proxy\n    static_configs:\n      - targets: [{}]\n  \
-         - job_name: pd-bootstrap\n    static_configs:\n      - targets: [{}]\n",
-        rules.display(),
-        quoted(&[proxy.to_owned()]),
-        quoted(bootstraps),
-    );
-    let config_path = dir.path().join("prometheus.yml");
-    std::fs::write(&config_path, config).unwrap();
-    let port = free_port();
-    let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
-    let child = Command::new("prometheus")
-        .arg(format!("--config.file={}", config_path.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("prometheus starts (examples/prometheus/tools.sh installs it)");
-    Prometheus {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        _dir: dir,
-    }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
-}
-
-async fn query(prometheus: &str, expr: &str) -> Value {
-    client()
-        .get(format!("{prometheus}/api/v1/query"))
-        .query(&[("query", expr)])
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 /// Every `expr` of a Grafana dashboard, its variables replaced: `$__rate_interval` by 30s, the
@@ -265,24 +163,21 @@ async fn dashboards_and_rules_work_on_a_real_prometheus() {
     let proxy = cluster.proxy.url.clone();
     let bootstraps: Vec<String> = cluster.bootstraps.iter().map(|b| b.url.clone()).collect();
     let models: Vec<String> = cluster.models().iter().map(|m| m.name.clone()).collect();
-    let prometheus = start_prometheus(&proxy, &bootstraps);
-    let prom = prometheus.url.clone();
+    let rules = repo().join("docs/prometheus/pd-bootstrap-rules.yml");
+    let jobs = [
+        Job {
+            name: "pd-proxy",
+            targets: std::slice::from_ref(&proxy),
+        },
+        Job {
+            name: "pd-bootstrap",
+            targets: &bootstraps,
+        },
+    ];
+    let prometheus = Prometheus::start(&jobs, Some(&rules));
 
     // Every target up, then traffic, then a few more scrapes.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let targets = 1 + bootstraps.len();
-    loop {
-        let up = match client().get(format!("{prom}/-/ready")).send().await {
-            Ok(r) if r.status().is_success() => query(&prom, "sum(up)").await,
-            _ => Value::Null,
-        };
-        let value = up["data"]["result"][0]["value"][1].as_str().unwrap_or("0");
-        if value == targets.to_string() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "targets not all up: {up}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    prometheus.wait_up(1 + bootstraps.len()).await;
     traffic(&proxy, &models, &bootstraps[0]).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
 
@@ -301,7 +196,7 @@ async fn dashboards_and_rules_work_on_a_real_prometheus() {
     loop {
         let mut still = Vec::new();
         for expr in &pending {
-            let answer = query(&prom, expr).await;
+            let answer = prometheus.query(expr).await;
             assert_eq!(answer["status"], "success", "{expr}: {answer}");
             let empty = answer["data"]["result"]
                 .as_array()
@@ -327,14 +222,7 @@ async fn dashboards_and_rules_work_on_a_real_prometheus() {
     let expected = rule_file.unwrap().matches("- alert:").count();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let rules: Value = client()
-            .get(format!("{prom}/api/v1/rules"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let rules = prometheus.get("/api/v1/rules").await;
         assert_eq!(rules["status"], "success", "{rules}");
         let groups = rules["data"]["groups"].as_array().unwrap();
         let names: BTreeSet<&str> = groups.iter().map(|g| g["name"].as_str().unwrap()).collect();

@@ -5,14 +5,14 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use pd_examples::cluster::{
     free_port, spawn_with_env, wait_for, ClusterSpec, PrefillShape, Process,
 };
 use pd_protocol::kv_events::{BlockStored, EventBatch, KvEvent};
-use serde_json::Value;
+use serde_json::{json, Value};
 use zeromq::{Socket, SocketRecv, SubSocket};
 
 /// Events on, every socket on a free port of `--host`, topic `kv`.
@@ -168,4 +168,53 @@ pub async fn metric(engine: &Process, metric: &str) -> f64 {
         .find(|line| line.starts_with(metric))
         .and_then(|line| line.rsplit(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("no {metric} in:\n{text}"))
+}
+
+/// The proxy's flags: targets the modelled engines meet alone, decisions every 0.3 s over a
+/// window of 3 s, metrics read every 0.2 s.
+pub fn planner_flags() -> Vec<String> {
+    [
+        "--planner-ttft-target",
+        "0.5",
+        "--planner-tpot-target",
+        "0.05",
+        "--planner-window",
+        "3",
+        "--planner-interval",
+        "0.3",
+        "--engine-metrics-interval",
+        "0.2",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// `rate` streamed completions a second of `prompt_tokens` each, for `seconds`; every
+/// answer must be a 200.
+pub async fn load(url: &str, rate: f64, seconds: f64, prompt_tokens: usize) {
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let mut sent = Vec::new();
+    let mut i = 0u32;
+    while started.elapsed().as_secs_f64() < seconds {
+        let at = started + Duration::from_secs_f64(f64::from(i) / rate);
+        tokio::time::sleep_until(at.into()).await;
+        // Its own first bytes: no prompt shares a cached block with another.
+        let mut prompt = format!("{i:06}-{rate}-");
+        prompt.extend((prompt.len()..prompt_tokens).map(|k| char::from(b'a' + (k % 26) as u8)));
+        let body = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 12,
+            "ignore_eos": true, "stream": true});
+        let request = client.post(format!("{url}/v1/completions")).json(&body);
+        sent.push(tokio::spawn(async move {
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            let text = response.text().await.unwrap();
+            assert_eq!(status, 200, "{text}");
+            assert!(text.contains("[DONE]"), "{text}");
+        }));
+        i += 1;
+    }
+    for request in sent {
+        request.await.unwrap();
+    }
 }
