@@ -190,11 +190,16 @@ fn budgets_and_autoscalers(docs: &[Value], problems: &mut Vec<String>) {
             problems.push(format!("{} selects no pod", id(budget)));
         }
     }
-    for scaler in of_kind(docs, "HorizontalPodAutoscaler") {
+    let scalers = of_kind(docs, "HorizontalPodAutoscaler").chain(of_kind(docs, "ScaledObject"));
+    for scaler in scalers {
         let target = &scaler["spec"]["scaleTargetRef"];
+        // KEDA's default kind is a Deployment.
+        let kind = target
+            .get("kind")
+            .map_or("Deployment", |k| k.as_str().unwrap_or(""));
         if !docs
             .iter()
-            .any(|d| d["kind"] == target["kind"] && d["metadata"]["name"] == target["name"])
+            .any(|d| d["kind"] == kind && d["metadata"]["name"] == target["name"])
         {
             problems.push(format!("{} scales a missing {target}", id(scaler)));
         }

@@ -7,7 +7,10 @@
 //! when missing; `cargo test --workspace` builds them), kubectl, python3 with venv, and PyPI the
 //! first time: `examples/kubernetes/tools.sh` (run from here) installs what is missing.
 
+mod autoscaling;
 mod checks;
+#[path = "../common/mod.rs"]
+mod common;
 mod manifest;
 mod render;
 
@@ -30,6 +33,7 @@ const CUSTOM_KINDS: &[(&str, &str)] = &[
     ("ServiceMonitor", "schemas/servicemonitor.json"),
     ("InferencePool", "schemas/inferencepool.json"),
     ("HTTPRoute", "schemas/httproute.json"),
+    ("ScaledObject", "schemas/scaledobject.json"),
 ];
 
 /// Validates one document against a JSON schema (argv[1]) read as JSON on stdin; prints why not.
@@ -81,9 +85,10 @@ fn every_kustomization_renders_and_validates_strictly() {
             }
         }
     }
-    // Every ServiceMonitor, and the gateway overlay's InferencePool and HTTPRoute.
+    // Every ServiceMonitor, the gateway overlay's InferencePool and HTTPRoute, and the
+    // autoscaled overlay's ScaledObjects.
     assert!(
-        custom_validated > 2,
+        custom_validated > 4,
         "{custom_validated} custom documents validated"
     );
 }
@@ -116,6 +121,19 @@ fn the_validators_refuse_what_kubernetes_would() {
         "endpointPickerRef": {"name": "epp", "failureMode": "FailSoft"}}});
     let verdict = schema_validate(CUSTOM_KINDS[1].1, &pool);
     for wrong in ["targetPortz", "70000", "FailSoft", "port"] {
+        assert!(verdict.contains(wrong), "{wrong} passed: {verdict}");
+    }
+    // A ScaledObject with a fallback behaviour KEDA does not have, a misspelled metric type
+    // field, a threshold given as a number, and a scale-down policy of zero pods.
+    let scaler = json!({"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+        "metadata": {"name": "s"}, "spec": {"scaleTargetRef": {"name": "decode"},
+        "fallback": {"failureThreshold": 3, "replicas": 1, "behavior": "keepCurrent"},
+        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown":
+            {"policies": [{"type": "Pods", "value": 0, "periodSeconds": 60}]}}}},
+        "triggers": [{"type": "prometheus", "metrictype": "AverageValue",
+            "metadata": {"query": "up", "threshold": 1}}]}});
+    let verdict = schema_validate(CUSTOM_KINDS[3].1, &scaler);
+    for wrong in ["keepCurrent", "metrictype", "threshold", "value"] {
         assert!(verdict.contains(wrong), "{wrong} passed: {verdict}");
     }
 }
@@ -513,4 +531,53 @@ fn the_gateway_overlay_routes_through_the_picker_to_the_sidecars() {
         of_kind(docs, "Deployment").all(|d| str_at(d, "/metadata/name") != "pd-proxy"),
         "the standalone proxy is gone"
     );
+}
+
+#[test]
+fn the_engine_autoscalers_agree_with_the_planner_and_their_engines() {
+    let mut problems = Vec::new();
+    for rendered in all() {
+        let (count, found) = autoscaling::problems(&rendered.docs);
+        problems.extend(found.into_iter().map(|p| format!("{}: {p}", rendered.name)));
+        // One ScaledObject a role where the overlay asks for them, none elsewhere.
+        let expected = if rendered.name == "overlays/vllm-autoscaled" {
+            2
+        } else {
+            0
+        };
+        assert_eq!(count, expected, "{}", rendered.name);
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_autoscaler_check_catches_drift_from_the_planner_and_the_engines() {
+    let rendered = all()
+        .iter()
+        .find(|r| r.name == "overlays/vllm-autoscaled")
+        .unwrap();
+    let mut docs = rendered.docs.clone();
+    let at = |docs: &[Value], wanted: &str| docs.iter().position(|d| id(d) == wanted).unwrap();
+    let scaler = at(&docs, "ScaledObject/decode");
+    let spec = &mut docs[scaler]["spec"];
+    spec["maxReplicaCount"] = json!(16);
+    let query = spec["triggers"][0]["metadata"]["query"].as_str().unwrap();
+    let query = query.replacen("role=\"decode\"", "role=\"prefill\"", 1);
+    spec["triggers"][0]["metadata"]["query"] = json!(query);
+    spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["policies"] =
+        json!([{"type": "Percent", "value": 100, "periodSeconds": 15}]);
+    let decode = at(&docs, "Deployment/decode");
+    docs[decode]["spec"]["replicas"] = json!(2);
+    let (_, problems) = autoscaling::problems(&docs);
+    for expected in [
+        "maxReplicaCount Some(\"16\") differs from the proxy's --planner-max-engines",
+        "its query's role",
+        "removes more than one engine per 60 s",
+        "Deployment/decode sets replicas",
+    ] {
+        assert!(
+            problems.iter().any(|p| p.contains(expected)),
+            "{expected} not caught: {problems:?}"
+        );
+    }
 }

@@ -18,6 +18,7 @@ const KUSTOMIZATIONS: &[&str] = &[
     "overlays/vllm-multinode",
     "overlays/vllm-multinode-etcd",
     "overlays/gateway-api",
+    "overlays/vllm-autoscaled",
     "dashboards",
 ];
 
