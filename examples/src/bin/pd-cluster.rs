@@ -115,6 +115,13 @@ struct Args {
     /// the decodes, and the proxy gets `dns://` names instead of URLs. Simulated engines only.
     #[arg(long)]
     dns: bool,
+    /// An elastic fleet: the prefills serve both roles (vLLM's kv_both, simulated), the proxy
+    /// splits them between prefill and decode duty (`--dual`), and with `--proxy-arg`s of the
+    /// capacity planner (`--planner-ttft-target`, `--planner-tpot-target`) the split follows
+    /// the load. Four such engines (dp=1, tp=1) and no decode-only one. Simulated vLLM
+    /// engines, found by URL.
+    #[arg(long)]
+    dual: bool,
     /// Put a gateway in front instead of pd-proxy: `envoy` runs Envoy as the front door with
     /// pd-epp as its endpoint picker (the Gateway API Inference Extension's protocol) and a
     /// pd-proxy sidecar beside each decode for P/D. Needs --envoy (local-cluster.sh installs
@@ -263,6 +270,11 @@ async fn main() -> std::process::ExitCode {
     spec.kv_events = !args.no_kv_events;
     spec.models = usize::from(args.models);
     spec.dns = args.dns;
+    spec.dual = args.dual;
+    if args.dual {
+        spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; 4];
+        spec.decodes = 0;
+    }
     if args.tls {
         match ClusterTls::make(&run_dir) {
             Ok(tls) => spec.tls = Some(tls),

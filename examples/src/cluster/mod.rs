@@ -171,6 +171,10 @@ pub struct ClusterSpec {
     /// cluster starts: [`dns`]), as on Kubernetes, instead of by their URLs. Simulated engines
     /// only.
     pub dns: bool,
+    /// The prefills serve both roles (vLLM's `kv_both`): started as such and given to the
+    /// proxy with `--dual`, which splits them between prefill and decode duty; the decodes, if
+    /// any, stay decode-only. Simulated engines, found by URL, vLLM's wire.
+    pub dual: bool,
     /// Behind a gateway ([`gateway`]): Envoy as the front door with pd-epp as its endpoint
     /// picker and a pd-proxy sidecar beside each decode, in place of the proxy (none: pd-proxy).
     pub gateway: Option<GatewaySpec>,
@@ -232,6 +236,7 @@ impl ClusterSpec {
             proxies: 1,
             models: 1,
             dns: false,
+            dual: false,
             gateway: None,
             tls: None,
         }
@@ -297,6 +302,11 @@ impl Cluster {
         if spec.tls.is_some() && spec.python_registrar.is_some() {
             return Err(ClusterError::Unsupported(
                 "with TLS the engines register themselves, not through Python registrars",
+            ));
+        }
+        if spec.dual && (spec.vllm.is_some() || spec.dns || spec.dialect != Dialect::Vllm) {
+            return Err(ClusterError::Unsupported(
+                "engines of both roles are simulated vLLM engines, found by URL",
             ));
         }
         if spec.vllm.is_some() && spec.dns {

@@ -73,7 +73,8 @@ pub(super) fn fleet_args(
                         .unwrap_or_default()
                         .to_owned(),
                 };
-                args.extend([s(&"--prefill"), prefill.url.clone(), bootstrap_port]);
+                let flag = if spec.dual { "--dual" } else { "--prefill" };
+                args.extend([s(&flag), prefill.url.clone(), bootstrap_port]);
             }
             let all: Vec<&Process> = engines.decodes.iter().collect();
             for decode in decodes.unwrap_or(&all) {

@@ -111,7 +111,7 @@ pub(super) async fn start(
         for shape in &spec.prefills {
             let i = prefills.len();
             let port = ports.take()?;
-            let mut args = sim_args("prefill", port);
+            let mut args = sim_args(if spec.dual { "both" } else { "prefill" }, port);
             args.extend(model_args.iter().cloned());
             args.extend(kv_events(ports, shape.dp)?);
             if spec.dialect == Dialect::Vllm {

@@ -19,6 +19,10 @@ pub enum Role {
     Prefill,
     /// Pulls KV from prefillers and generates tokens.
     Decode,
+    /// Both, request by request (vLLM's `"kv_role": "kv_both"`): registers and exports its
+    /// prompts' KV like a prefill, and pulls others' like a decode; each request's
+    /// `kv_transfer_params` say which it is. vLLM dialect only.
+    Both,
 }
 
 /// How an injected failure shows (`--fail-mode`).
@@ -69,7 +73,7 @@ impl std::fmt::Display for Dialect {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "sim-engine", version, about, args_override_self = true)]
 pub struct SimArgs {
-    /// Prefill or decode.
+    /// Prefill, decode, or both (vLLM's kv_both).
     #[arg(long, env = "SIM_ROLE", value_enum)]
     pub role: Role,
     /// The engine played: vLLM (Mooncake connector) or SGLang.

@@ -123,12 +123,17 @@ pub struct SimEngine {
 }
 
 impl SimEngine {
-    /// Binds the API, and for the prefill role binds a transfer listener per (dp, tp, pp)
-    /// worker and registers each with the bootstrap server.
+    /// Binds the API, and for the prefill role (or both) binds a transfer listener per (dp,
+    /// tp, pp) worker and registers each with the bootstrap server.
     pub async fn start(mut args: SimArgs) -> Result<Self, SimError> {
         if args.dialect == Dialect::Sglang && args.lease_ttl.is_some() {
             return Err(SimError::Flags(
                 "--lease-ttl is vLLM's: SGLang's wire has no leases",
+            ));
+        }
+        if args.dialect == Dialect::Sglang && args.role == Role::Both {
+            return Err(SimError::Flags(
+                "--role both is vLLM's kv_both: an SGLang engine switches its whole role",
             ));
         }
         let model = args.model_args.coefficients().map_err(SimError::Setup)?;
@@ -209,7 +214,7 @@ impl SimEngine {
             steps: timing::step_loops(&args, model),
             args,
         };
-        if engine.is_prefill() {
+        if engine.exports_kv() {
             engine.start_exporters().await?;
             if engine.args.registration == Registration::Engine {
                 engine.register().await?;
@@ -249,7 +254,7 @@ impl SimEngine {
             ..ServeLimits::default()
         };
         let served = serve(self.listener, app, shutdown, limits).await;
-        if engine.is_prefill()
+        if engine.exports_kv()
             && engine.args.dialect == Dialect::Vllm
             && engine.args.registration == Registration::Engine
         {
@@ -260,8 +265,14 @@ impl SimEngine {
 }
 
 impl Engine {
-    fn is_prefill(&self) -> bool {
-        self.args.role == Role::Prefill
+    /// Whether it computes and exports prompts' KV for decodes (a prefill, or both roles).
+    fn exports_kv(&self) -> bool {
+        matches!(self.args.role, Role::Prefill | Role::Both)
+    }
+
+    /// Whether it pulls prompts' KV from prefills (a decode, or both roles).
+    fn imports_kv(&self) -> bool {
+        matches!(self.args.role, Role::Decode | Role::Both)
     }
 
     /// Binds a transfer listener for every (dp, tp, pp) worker this prefill simulates.

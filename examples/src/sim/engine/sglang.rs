@@ -138,7 +138,7 @@ impl Engine {
             Err(failure) => return failure.into_response(),
         };
         prompt.dp = (room % u64::from(self.args.dp_size)) as u32;
-        if self.is_prefill() {
+        if self.exports_kv() {
             let pace = match self.compute_and_publish(&room.to_string(), &prompt).await {
                 Ok(pace) => pace,
                 Err(failure) => return failure.into_response(),

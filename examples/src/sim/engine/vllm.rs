@@ -54,10 +54,10 @@ impl Engine {
             },
         };
         match kv {
-            Some(kv) if kv.do_remote_decode && self.is_prefill() => {
+            Some(kv) if kv.do_remote_decode && self.exports_kv() => {
                 self.prefill_for_vllm(api, prompt, kv).await
             }
-            Some(kv) if kv.do_remote_prefill && !self.is_prefill() => {
+            Some(kv) if kv.do_remote_prefill && self.imports_kv() => {
                 match self.within_kv_wait(self.pull_for_vllm(&prompt, &kv)).await {
                     Ok(()) => {
                         let pace = self.decode_pace(&prompt);
