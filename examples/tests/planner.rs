@@ -48,7 +48,7 @@ async fn the_planner_sizes_the_roles_on_the_load_and_holds_on_silent_metrics() {
 
     // Light: 4 requests a second of 2,000 tokens (a 0.05 s prefill): one prefill would do,
     // but a scale-down waits its window (300 s), so two stay desired.
-    load(&proxy, 4.0, 4.0, 2_000).await;
+    load(&proxy, 4.0, 4.0, 2_000, 12).await;
     let prefill = plan(&proxy, "prefill").await;
     assert_eq!(prefill["held"], false, "{prefill}");
     assert_eq!(prefill["current"], 2, "{prefill}");
@@ -68,7 +68,7 @@ async fn the_planner_sizes_the_roles_on_the_load_and_holds_on_silent_metrics() {
     // Read while it lasts: once it is over, its window empties.
     let heavy = tokio::spawn({
         let proxy = proxy.clone();
-        async move { load(&proxy, 20.0, 3.0, 8_000).await }
+        async move { load(&proxy, 20.0, 3.0, 8_000, 12).await }
     });
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let prefill = plan(&proxy, "prefill").await;

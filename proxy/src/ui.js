@@ -156,6 +156,12 @@ follow((s) => {
           r.why, m.requests_per_second.toFixed(2)])),
         "No request seen yet.")
       : null,
+    s.duals ? h("h2", {}, "Engines of both roles") : null,
+    s.duals
+      ? table(["engine", "duty", "for, s", "prefills in flight", "decodes in flight"],
+        s.duals.map((d) => [d.url, d.duty, d.for_seconds.toFixed(0), String(d.prefill_in_flight),
+          String(d.decode_in_flight)]), "")
+      : null,
     h("h2", {}, "Admission queue"),
     table(["priority", "waiting"], s.admission.priorities.map((p) => [String(p[0]), String(p[1])]),
       "Nothing waits."),

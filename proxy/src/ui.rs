@@ -1,7 +1,7 @@
 //! The proxy's live page (`GET /ui`): the routing policy; every backend with its health, load
 //! (in flight here, and what its engine reports), drain state and dp ranks; the routing
 //! decisions by reason, precise_prefix's picks by KV hit and miss; the requests by outcome; the
-//! KV index's size when there is one; the capacity planner's plans when it is on; and the totals the page draws its charts of the last
+//! KV index's size when there is one; the capacity planner's plans when it is on; the duty of each engine of both roles; and the totals the page draws its charts of the last
 //! minutes from (requests, errors, the TTFT histogram). A snapshot each second over
 //! server-sent events (`GET /ui/events`), also readable as one JSON document (`GET /ui/state`).
 //! Read-only: it shows what `/ready`, `/admin/backends` and `/metrics` show.
@@ -65,6 +65,9 @@ struct Snapshot {
     /// The capacity planner's latest plans, per model (none: the planner is off).
     #[serde(skip_serializing_if = "Option::is_none")]
     planner: Option<Vec<pd_router::planner::live::PlanSnapshot>>,
+    /// The engines of both roles (`--dual`), each with its duty (none: there are none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duals: Option<Vec<pd_router::duty::DualSnapshot>>,
 }
 
 #[derive(Serialize)]
@@ -205,5 +208,6 @@ fn snapshot(state: &AppState) -> Snapshot {
         picks,
         ttft,
         planner: state.router.planner().map(|planner| planner.snapshot()),
+        duals: state.router.duties().map(|duties| duties.snapshot()),
     }
 }

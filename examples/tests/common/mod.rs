@@ -189,9 +189,10 @@ pub fn planner_flags() -> Vec<String> {
     .to_vec()
 }
 
-/// `rate` streamed completions a second of `prompt_tokens` each, for `seconds`; every
-/// answer must be a 200.
-pub async fn load(url: &str, rate: f64, seconds: f64, prompt_tokens: usize) {
+/// `rate` streamed completions a second of `prompt_tokens` each, asking `answer_tokens`, for
+/// `seconds`; every answer must be a 200, whole, and never have its P and D on one engine (as
+/// its `x-pd-route` tells).
+pub async fn load(url: &str, rate: f64, seconds: f64, prompt_tokens: usize, answer_tokens: usize) {
     let client = reqwest::Client::new();
     let started = Instant::now();
     let mut sent = Vec::new();
@@ -202,12 +203,25 @@ pub async fn load(url: &str, rate: f64, seconds: f64, prompt_tokens: usize) {
         // Its own first bytes: no prompt shares a cached block with another.
         let mut prompt = format!("{i:06}-{rate}-");
         prompt.extend((prompt.len()..prompt_tokens).map(|k| char::from(b'a' + (k % 26) as u8)));
-        let body = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 12,
+        let body = json!({"model": "sim-model", "prompt": prompt, "max_tokens": answer_tokens,
             "ignore_eos": true, "stream": true});
-        let request = client.post(format!("{url}/v1/completions")).json(&body);
+        let request =
+            (client.post(format!("{url}/v1/completions")).json(&body)).header("x-pd-route", "1");
         sent.push(tokio::spawn(async move {
             let response = request.send().await.unwrap();
             let status = response.status();
+            let route = response.headers().get("x-pd-route").cloned();
+            let route = route
+                .map(|r| r.to_str().unwrap().to_owned())
+                .unwrap_or_default();
+            let field = |name: &str| {
+                (route.split("; "))
+                    .find_map(|f| f.strip_prefix(name))
+                    .map(str::to_owned)
+            };
+            if let (Some(prefill), Some(decode)) = (field("prefill="), field("decode=")) {
+                assert_ne!(prefill, decode, "one engine as P and D: {route}");
+            }
             let text = response.text().await.unwrap();
             assert_eq!(status, 200, "{text}");
             assert!(text.contains("[DONE]"), "{text}");

@@ -260,7 +260,7 @@ async fn the_autoscalers_queries_give_the_planners_engines_on_a_real_prometheus(
     // Read while it lasts: once it is over, the real proxy's window empties.
     let light = tokio::spawn({
         let proxy = cluster.proxy.url.clone();
-        async move { load(&proxy, 4.0, 7.0, 2_000).await }
+        async move { load(&proxy, 4.0, 7.0, 2_000, 12).await }
     });
     tokio::time::sleep(Duration::from_secs(4)).await;
     let deadline = Instant::now() + Duration::from_secs(3);

@@ -306,3 +306,41 @@ async fn the_proxy_page_shows_backends_routing_and_drains() {
     browser.finish("proxy").await;
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_page_shows_the_duty_of_each_engine_of_both_roles() {
+    let run_dir = tempfile::tempdir().unwrap();
+    let mut spec = ClusterSpec::demo(bin_dir(), run_dir.path().to_path_buf());
+    spec.dual = true;
+    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; 2];
+    spec.decodes = 0;
+    let cluster = Cluster::start(&spec).await.expect("the cluster starts");
+    let url = cluster.proxy.url.clone();
+    let body = json!({"model": "sim-model", "prompt": "shown on the page", "max_tokens": 2});
+    post(format!("{url}/v1/completions"), body).await;
+    let browser = Browser::start().await;
+    browser.open_live_page(&url).await;
+    // The table after its heading: a row per engine, each on one duty.
+    let table = "(() => { const title = [...document.querySelectorAll('h2')]\
+                 .find((h) => h.innerText === 'Engines of both roles'); \
+                 const rows = title ? [...title.nextElementSibling.querySelectorAll('tbody tr')] : []; \
+                 return rows.length === 2 && rows.every((r) => \
+                 ['prefill', 'decode'].includes(r.cells[1].innerText)); })()";
+    browser
+        .until(
+            "the duties",
+            "document.body.innerText.includes('Engines of both roles')",
+            Duration::from_secs(3),
+        )
+        .await;
+    browser
+        .until("a row per engine", table, Duration::from_secs(2))
+        .await;
+    let text = browser.text_of("main", Duration::from_secs(1)).await;
+    assert!(
+        !text.contains("null") && !text.contains("undefined"),
+        "{text}"
+    );
+    browser.finish("proxy-duals").await;
+    cluster.shutdown().await;
+}

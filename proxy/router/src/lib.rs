@@ -23,7 +23,8 @@
 //! give a request, for the requests that carry targets; the [`retry_budget`].
 //!
 //! **Capacity**: the [`planner`], the engines each model's roles should have to meet latency
-//! targets, from the demand seen and each engine's rate at the targets.
+//! targets, from the demand seen and each engine's rate at the targets; and the [`duty`] of
+//! engines that serve both roles (`--dual`), split between prefill and decode by its plans.
 //!
 //! Beside them: [`body`] (a request's JSON body, read without copying, and the fields P and D
 //! receive), [`validate`] (what is wrong with a body before any engine sees it), [`endpoint`] (a backend's URLs, parsed once), [`metrics`] (the fleet's, registered
@@ -36,6 +37,7 @@ pub mod body;
 pub mod config;
 pub mod discovery;
 pub mod dns;
+pub mod duty;
 pub mod endpoint;
 pub mod engine_load;
 pub mod engine_version;

@@ -13,6 +13,7 @@ use crate::admission::{Admission, Admitted, RequestClass, Shed};
 use crate::backend::{Backend, Pair, Pool, Role};
 use crate::body::Body;
 use crate::config::{DnsTarget, RouterConfig};
+use crate::duty::DutyController;
 use crate::kv_events::{KvEventsConfig, KvTracker};
 use crate::members::Members;
 use crate::metrics::FleetMetrics;
@@ -70,6 +71,8 @@ pub struct Router {
     pub(crate) versions: MixedVersions,
     /// The capacity planner (`--planner-*`), when on.
     pub(crate) planner: Option<Arc<LivePlanner>>,
+    /// The duties of the engines of both roles (`--dual`), when there are any.
+    pub(crate) duties: Option<Arc<DutyController>>,
     retry_budget: RetryBudget,
     policies: Policies,
 }
@@ -80,6 +83,7 @@ pub struct Running {
     names: Vec<JoinHandle<()>>,
     dispatcher: JoinHandle<()>,
     planner: Option<JoinHandle<()>>,
+    duties: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -93,6 +97,9 @@ impl Drop for Running {
             task.abort();
         }
         self.dispatcher.abort();
+        if let Some(duties) = &self.duties {
+            duties.abort();
+        }
         if let Some(planner) = &self.planner {
             planner.abort();
         }
@@ -162,6 +169,15 @@ impl Router {
                 stale_after,
             ))
         });
+        let duties = (!config.duals.is_empty()).then(|| {
+            Arc::new(DutyController::new(
+                pool.clone(),
+                planner.clone(),
+                config.duty,
+                client.clone(),
+                metrics.duty(),
+            ))
+        });
         let members = Arc::new(Members::new(
             pool.clone(),
             &config,
@@ -181,6 +197,7 @@ impl Router {
             latency_metrics,
             versions,
             planner,
+            duties,
             retry_budget,
             policies,
         })
@@ -212,6 +229,7 @@ impl Router {
             names: Vec::new(),
             dispatcher,
             planner: (self.planner.clone()).map(|planner| tokio::spawn(planner.run())),
+            duties: (self.duties.clone()).map(|duties| tokio::spawn(duties.run())),
         };
         let dns = &self.config.dns;
         if dns.prefills.is_empty() && dns.decodes.is_empty() {
@@ -256,6 +274,11 @@ impl Router {
         self.planner.as_ref()
     }
 
+    /// The duties of the engines of both roles, when `--dual` gave any.
+    pub fn duties(&self) -> Option<&Arc<DutyController>> {
+        self.duties.as_ref()
+    }
+
     /// The backends.
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
@@ -298,7 +321,8 @@ impl Router {
     /// Whether the fleet has no prefills at all (none given, no name to find them by): its
     /// engines serve whole requests, and every request goes to one alone.
     pub fn is_aggregated(&self) -> bool {
-        self.config.prefills.is_empty() && self.config.dns.prefills.is_empty()
+        let config = &self.config;
+        config.prefills.is_empty() && config.dns.prefills.is_empty() && config.duals.is_empty()
     }
 
     /// Whether every engine of `side` that could take a request now (healthy, not drained) is

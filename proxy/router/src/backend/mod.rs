@@ -103,6 +103,9 @@ pub struct Backend {
     awaiting_prefill: AtomicUsize,
     /// Drained by an operator at this proxy (`POST /admin/drain`).
     drained: AtomicBool,
+    /// Whether its role is its engine's duty now (always, but for an engine serving both
+    /// roles: [`crate::duty`]).
+    on_duty: AtomicBool,
     /// Requests running and waiting as the engine reports them ([`UNKNOWN`]: not known).
     engine_load: AtomicUsize,
     /// What the engine last reported of its scheduler and cache, and when.
@@ -153,6 +156,7 @@ impl Backend {
             outstanding: AtomicUsize::new(0),
             awaiting_prefill: AtomicUsize::new(0),
             drained: AtomicBool::new(false),
+            on_duty: AtomicBool::new(true),
             engine_load: AtomicUsize::new(UNKNOWN),
             signals: Signals::default(),
             saturated: std::sync::atomic::AtomicU8::new(0),
@@ -246,6 +250,17 @@ impl Backend {
         self.drained.load(Ordering::Relaxed)
     }
 
+    /// Whether its role is its engine's duty now (see [`crate::duty`]).
+    pub fn is_on_duty(&self) -> bool {
+        self.on_duty.load(Ordering::Relaxed)
+    }
+
+    /// Puts its role on its engine's duty, or off it: off duty, no new request picks it in
+    /// this role and the calls in flight finish.
+    pub(crate) fn set_on_duty(&self, on_duty: bool) {
+        self.on_duty.store(on_duty, Ordering::Relaxed);
+    }
+
     /// Drains it at this proxy, or lifts that.
     pub fn set_drained(&self, drained: bool) {
         if self.drained.swap(drained, Ordering::Relaxed) != drained {
@@ -323,10 +338,10 @@ impl Backend {
         model.is_none_or(|model| self.lists(model) != Some(false))
     }
 
-    /// Whether a decode may take a request for `model` (when known): healthy, not drained, and
-    /// serving it.
+    /// Whether it may take a request for `model` (when known): healthy, not drained, on its
+    /// engine's duty, and serving it.
     pub fn takes_requests(&self, model: Option<&str>) -> bool {
-        self.is_healthy() && !self.is_drained() && self.serves(model)
+        self.is_healthy() && !self.is_drained() && self.is_on_duty() && self.serves(model)
     }
 
     /// Calls through this proxy not yet finished.

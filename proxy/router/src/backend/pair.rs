@@ -57,11 +57,12 @@ impl Pair {
         pair_id(self.backend.id(), self.dp_rank)
     }
 
-    /// Whether requests may be sent to this dp rank: its prefill is healthy and drained
-    /// neither at this proxy nor in the registry.
+    /// Whether requests may be sent to this dp rank: its prefill is healthy, on prefill duty
+    /// and drained neither at this proxy nor in the registry.
     pub fn takes_requests(&self) -> bool {
         self.backend.is_healthy()
             && !self.backend.is_drained()
+            && self.backend.is_on_duty()
             && !self.draining.load(Ordering::Relaxed)
     }
 

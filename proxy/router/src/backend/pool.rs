@@ -10,6 +10,7 @@ use reqwest::header::HeaderValue;
 
 use super::{Backend, DiscoveredRank, Pair, Prefill, Role};
 use crate::config::{PrefillTarget, RouterConfig};
+use crate::duty::{Dual, Duty};
 use crate::metrics::FleetMetrics;
 use crate::sync::lock;
 
@@ -18,6 +19,8 @@ pub struct Pool {
     prefills: RwLock<Arc<[Arc<Prefill>]>>,
     decodes: RwLock<Arc<[Arc<Backend>]>>,
     pairs: RwLock<Arc<[Arc<Pair>]>>,
+    /// The engines of both roles (`--dual`), each also among the prefills and the decodes.
+    duals: Arc<[Arc<Dual>]>,
     departed: Mutex<Departed>,
 }
 
@@ -70,20 +73,42 @@ impl Pool {
         self.decodes_saturated(model) || (with_prefills && self.prefills_saturated(model))
     }
 
-    /// The backends of `config`'s flags, with no dp rank discovered yet.
+    /// The backends of `config`'s flags, with no dp rank discovered yet; the first
+    /// `--dual-prefills` engines of both roles (half, rounded up, by default) on prefill duty.
     pub fn new(config: &RouterConfig, metrics: &FleetMetrics) -> Self {
-        let prefills: Vec<Arc<Prefill>> = (config.prefills.iter())
+        let mut prefills: Vec<Arc<Prefill>> = (config.prefills.iter())
             .map(|target| Arc::new(Prefill::new(target, metrics)))
             .collect();
-        let decodes: Vec<Arc<Backend>> = (config.decodes.iter())
+        let mut decodes: Vec<Arc<Backend>> = (config.decodes.iter())
             .map(|url| Arc::new(Backend::new(Role::Decode, url, metrics)))
+            .collect();
+        let on_prefill = (config.duty.initial_prefills).unwrap_or(config.duals.len().div_ceil(2));
+        let duals: Vec<Arc<Dual>> = (config.duals.iter().enumerate())
+            .map(|(at, target)| {
+                let prefill = Arc::new(Prefill::new(target, metrics));
+                let decode = Arc::new(Backend::new(Role::Decode, &target.url, metrics));
+                prefills.push(prefill.clone());
+                decodes.push(decode.clone());
+                let duty = if at < on_prefill {
+                    Duty::Prefill
+                } else {
+                    Duty::Decode
+                };
+                Arc::new(Dual::new(prefill, decode, duty))
+            })
             .collect();
         Pool {
             prefills: RwLock::new(Arc::from(prefills)),
             decodes: RwLock::new(Arc::from(decodes)),
             pairs: RwLock::new(Arc::from(Vec::new())),
+            duals: Arc::from(duals),
             departed: Mutex::default(),
         }
+    }
+
+    /// The engines of both roles (`--dual`).
+    pub fn duals(&self) -> Arc<[Arc<Dual>]> {
+        self.duals.clone()
     }
 
     /// The prefills, in the order they joined.

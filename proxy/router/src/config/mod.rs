@@ -7,6 +7,7 @@ mod targets;
 
 use std::time::Duration;
 
+use crate::duty::DutyConfig;
 use crate::planner::PlannerConfig;
 use clap::ValueEnum;
 use worker_client::ClientTls;
@@ -107,6 +108,9 @@ pub enum ConfigError {
     /// A `--planner-*` flag is wrong or missing.
     #[error("{0}")]
     Planner(String),
+    /// `--dual` engines that cannot work as given.
+    #[error("{0}")]
+    Dual(String),
     /// No prefill server was given.
     #[error("no prefill server: pass --prefill URL [BOOTSTRAP_PORT] at least once (or set {PREFILL_ENV})")]
     NoPrefill,
@@ -174,6 +178,11 @@ pub struct RouterConfig {
     pub upstream_tls: ClientTls,
     /// The capacity planner (none: off).
     pub planner: Option<PlannerConfig>,
+    /// Engines that serve both roles (`--dual`: vLLM `kv_both`), each with its bootstrap
+    /// server.
+    pub duals: Vec<PrefillTarget>,
+    /// How their duties are set.
+    pub duty: DutyConfig,
 }
 
 impl RouterConfig {
@@ -214,6 +223,8 @@ impl RouterConfig {
             },
             upstream_tls: ClientTls::default(),
             planner: None,
+            duals: Vec::new(),
+            duty: DutyConfig::default(),
         }
     }
 }

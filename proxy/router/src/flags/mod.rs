@@ -24,8 +24,9 @@ pub use self::file::{ConfigFile, FileError, FileModels};
 pub use self::parse::{check_args, parse_args};
 pub use crate::admission::settings::AdmissionArgs;
 use crate::config::{base_url, parse_backend_url, parse_dns, parse_prefill_entry};
-use crate::config::{parse_prefill_env, PrefillEntry};
+use crate::config::{parse_prefill_env, PrefillEntry, PrefillTarget};
 use crate::config::{ConfigError, DiscoveryConfig, DnsConfig, HealthConfig, Mode, RouterConfig};
+pub use crate::duty::settings::DutyArgs;
 pub use crate::kv_events::config::KvEventsArgs;
 pub use crate::models::settings::ModelsArgs;
 pub use crate::planner::settings::PlannerArgs;
@@ -45,6 +46,14 @@ pub struct FleetArgs {
     /// The `--prefill` values grouped by occurrence (filled by [`parse_args`]).
     #[arg(skip)]
     pub prefill_groups: Vec<Vec<String>>,
+    /// An engine that serves both roles (vLLM with `"kv_role": "kv_both"`, concurrent mode):
+    /// its URL and its bootstrap server, as for --prefill. Each is on prefill or decode duty
+    /// at a time, the split following the capacity planner. Repeatable.
+    #[arg(help_heading = headings::BACKENDS, long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append)]
+    pub dual: Vec<String>,
+    /// The `--dual` values grouped by occurrence (filled by [`parse_args`]).
+    #[arg(skip)]
+    pub dual_groups: Vec<Vec<String>>,
     /// A decode server's URL. Repeatable (or comma-separated).
     #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_DECODE", value_delimiter = ',')]
     pub decode: Vec<String>,
@@ -102,6 +111,9 @@ pub struct FleetArgs {
     /// The capacity planner.
     #[command(flatten, next_help_heading = headings::PLANNER)]
     pub planner: PlannerArgs,
+    /// The duties of `--dual` engines.
+    #[command(flatten, next_help_heading = headings::PLANNER)]
+    pub duty: DutyArgs,
     /// Seconds between two re-discoveries of each prefill's dp ranks and engine ids.
     #[arg(help_heading = headings::BACKENDS, long, env = "PD_PROXY_DISCOVERY_INTERVAL", default_value = "30", value_parser = parse_seconds)]
     pub discovery_interval: Duration,
@@ -135,6 +147,24 @@ pub struct FleetArgs {
     /// The models' tables of `--config`.
     #[arg(skip)]
     pub file_models: FileModels,
+}
+
+impl FleetArgs {
+    /// The `--dual` engines: each a URL and its bootstrap server, never a `dns://` name.
+    fn duals(&self, default_port: Option<u16>) -> Result<Vec<PrefillTarget>, ConfigError> {
+        (self.dual_groups.iter())
+            .map(|values| {
+                let port = values.get(1).map(String::as_str);
+                match parse_prefill_entry(&values[0], port, default_port)? {
+                    PrefillEntry::Server(target) => Ok(target),
+                    PrefillEntry::Dns(_) => Err(ConfigError::Dual(format!(
+                        "--dual {}: engines of both roles are given by URL, not dns://",
+                        values[0]
+                    ))),
+                }
+            })
+            .collect()
+    }
 }
 
 /// Seconds, where 0 means never.
@@ -174,7 +204,8 @@ impl FleetArgs {
                 PrefillEntry::Dns(target) => dns_prefills.push(target),
             }
         }
-        if prefills_needed && prefills.is_empty() && dns_prefills.is_empty() {
+        let duals = self.duals(default_port)?;
+        if prefills_needed && prefills.is_empty() && dns_prefills.is_empty() && duals.is_empty() {
             return Err(ConfigError::NoPrefill);
         }
         let (mut decodes, mut dns_decodes) = (Vec::new(), Vec::new());
@@ -184,8 +215,26 @@ impl FleetArgs {
                 None => decodes.push(base_url(&parse_backend_url("--decode", text)?)),
             }
         }
-        if decodes.is_empty() && dns_decodes.is_empty() {
+        if decodes.is_empty() && dns_decodes.is_empty() && duals.is_empty() {
             return Err(ConfigError::NoDecode);
+        }
+        let fixed = prefills.len() + dns_prefills.len() + decodes.len() + dns_decodes.len();
+        if !duals.is_empty() && duals.len() + fixed < 2 {
+            return Err(ConfigError::Dual(
+                "one --dual engine alone cannot be its own prefill and decode: give another --dual, --prefill or --decode".into(),
+            ));
+        }
+        if !duals.is_empty() && self.mode != Mode::Concurrent {
+            return Err(ConfigError::Dual(format!(
+                "--dual needs --mode concurrent (vLLM's Mooncake connector with kv_both), not {:?}",
+                self.mode
+            )));
+        }
+        if let Some(on_prefill) = self.duty.dual_prefills.filter(|n| *n > duals.len()) {
+            return Err(ConfigError::Dual(format!(
+                "--dual-prefills {on_prefill} is more than the {} --dual engines",
+                duals.len()
+            )));
         }
         let routing = self.routing.config(self.policy);
         let objectives = self.file_models.objectives.clone();
@@ -198,6 +247,8 @@ impl FleetArgs {
         let mut config = RouterConfig::new(prefills, decodes);
         config.admission = self.admission.config(objectives);
         config.planner = self.planner.config()?;
+        config.duals = duals;
+        config.duty = self.duty.config();
         config.routing = routing;
         config.models = models;
         let precise = crate::follows_kv_events(&config);

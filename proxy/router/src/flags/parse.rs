@@ -90,13 +90,17 @@ fn args_of<A: FromArgMatches>(
     let mut args = A::from_arg_matches(&parsed.matches)?;
     let fleet = fleet(&mut args);
     fleet.file_models = parsed.models.clone();
-    fleet.prefill_groups = (parsed.matches.get_occurrences::<String>("prefill"))
-        .map(|occurrences| {
-            occurrences
-                .map(|values| values.cloned().collect())
-                .collect()
-        })
-        .unwrap_or_default();
+    let groups = |name: &str| {
+        (parsed.matches.get_occurrences::<String>(name))
+            .map(|occurrences| {
+                occurrences
+                    .map(|values| values.cloned().collect())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    fleet.prefill_groups = groups("prefill");
+    fleet.dual_groups = groups("dual");
     Ok(args)
 }
 

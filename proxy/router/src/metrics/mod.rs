@@ -10,6 +10,7 @@
 
 mod admission;
 mod dns;
+mod duty;
 mod kv;
 mod latency;
 mod lora;
@@ -20,6 +21,7 @@ mod versions;
 
 pub use admission::AdmissionMetrics;
 pub use dns::DnsMetrics;
+pub use duty::DutyMetrics;
 pub use kv::KvMetrics;
 pub use latency::{LatencyKind, LatencyMetrics};
 pub use lora::{LoadOutcome, LoraMetrics};
@@ -82,6 +84,7 @@ pub struct FleetMetrics {
     admission: AdmissionMetrics,
     latency: LatencyMetrics,
     planner: PlannerMetrics,
+    duty: DutyMetrics,
     kv: KvMetrics,
     tokenize: TokenizeMetrics,
     lora: LoraMetrics,
@@ -194,6 +197,7 @@ impl FleetMetrics {
             admission: AdmissionMetrics::new(registry),
             latency: LatencyMetrics::new(registry),
             planner: PlannerMetrics::new(registry),
+            duty: DutyMetrics::new(registry),
             kv,
             tokenize,
             lora,
@@ -224,6 +228,11 @@ impl FleetMetrics {
     /// The capacity planner's handles.
     pub fn planner(&self) -> PlannerMetrics {
         self.planner.clone()
+    }
+
+    /// The duties' handles (`--dual`).
+    pub fn duty(&self) -> DutyMetrics {
+        self.duty.clone()
     }
 
     /// The KV-event index's handles.

@@ -341,7 +341,7 @@ impl Router {
             return Ok(());
         }
         let decodes = &self.pool.decodes();
-        let ready = |backend: &Backend| backend.is_healthy() && !backend.is_drained();
+        let ready = |backend: &Backend| backend.takes_requests(None);
         let pair_has = pairs
             .iter()
             .any(|pair| pair.takes_requests() && pair.backend.lists(model) == Some(true));

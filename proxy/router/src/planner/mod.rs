@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 pub use decide::{Bounds, Decision, Hold, Why};
 pub use demand::DemandRates;
-pub use live::LivePlanner;
+pub use live::{LivePlanner, PlanSnapshot, RoleSnapshot};
 
 use crate::latency::model::EngineLatency;
 use crate::sync::lock;
