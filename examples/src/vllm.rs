@@ -55,13 +55,16 @@ impl std::fmt::Display for Connector {
     }
 }
 
-/// Whether an engine prefills or decodes.
+/// Whether an engine prefills, decodes, or both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineRole {
     /// The prefill (P) engine: `kv_producer`.
     Prefill,
     /// The decode (D) engine: `kv_consumer`.
     Decode,
+    /// Either, request by request: `kv_both`, registered with its bootstrap server as a
+    /// prefill is (pd-proxy's `--dual`).
+    Both,
 }
 
 /// What every real engine of a cluster runs: the interpreter, the model, the connector.
@@ -178,6 +181,7 @@ impl VllmEngines {
                     "kv_role": match role {
                         EngineRole::Prefill => "kv_producer",
                         EngineRole::Decode => "kv_consumer",
+                        EngineRole::Both => "kv_both",
                     },
                     "kv_connector_extra_config": extra,
                 });

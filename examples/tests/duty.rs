@@ -187,9 +187,15 @@ fn dual_flags_that_cannot_work_stop_the_proxy_naming_them() {
 async fn pd_epp_splits_engines_of_both_roles_too() {
     let dir = tempfile::tempdir().unwrap();
     let (grpc, admin) = (free_port(), free_port());
-    let mut args: Vec<String> = ["--host", "127.0.0.1", "--dual-prefills", "1"]
-        .map(String::from)
-        .to_vec();
+    let flags = [
+        "--host",
+        "127.0.0.1",
+        "--dual-prefills",
+        "1",
+        "--admin-key",
+        "admin",
+    ];
+    let mut args: Vec<String> = flags.map(String::from).to_vec();
     args.extend(["--port".into(), grpc.to_string()]);
     args.extend(["--admin-port".into(), admin.to_string()]);
     for engine in [
@@ -213,4 +219,103 @@ async fn pd_epp_splits_engines_of_both_roles_too() {
     assert_eq!(split("decode").await, 2.0);
     let duty = r#"pd_epp_engine_duty{backend="http://127.0.0.1:9",duty="prefill"}"#;
     assert_eq!(metric(&epp, duty).await, 1.0);
+    // Its operator's route: these engines answer nothing, so a swap's warm-up fails and no
+    // duty changes; an engine it does not have is named.
+    let swap =
+        serde_json::json!({"http://127.0.0.1:9": "decode", "http://127.0.0.1:10": "prefill"});
+    let (status, answer) = set_duties(&epp.url, swap).await;
+    assert_eq!(status, 502, "{answer}");
+    assert!(answer.to_string().contains("warm-up"), "{answer}");
+    assert_eq!(metric(&epp, duty).await, 1.0);
+    let unknown = serde_json::json!({"http://127.0.0.1:12": "decode"});
+    assert_eq!(set_duties(&epp.url, unknown).await.0, 404);
+}
+
+/// POSTs `duties` to the proxy's `/admin/duties` with the admin key: the status and answer.
+async fn set_duties(proxy: &str, duties: Value) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{proxy}/admin/duties"))
+        .bearer_auth("admin")
+        .json(&serde_json::json!({ "duties": duties }))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operator_swaps_two_engines_duties_under_load() {
+    let (mut spec, _run_dir) = one_pair("duty-swap-");
+    spec.dual = true;
+    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; 2];
+    spec.decodes = 0;
+    spec.proxy_args = ["--admin-key", "admin", "--metrics-open"]
+        .map(String::from)
+        .to_vec();
+    let cluster = Cluster::start(&spec).await.expect("the cluster starts");
+    let proxy = cluster.proxy.url.clone();
+    let (a, b) = (
+        cluster.prefills[0].url.clone(),
+        cluster.prefills[1].url.clone(),
+    );
+    // A steady load the whole time: every answer whole, none with P and D on one engine.
+    let steady = tokio::spawn({
+        let proxy = proxy.clone();
+        async move { load(&proxy, 20.0, 4.0, 200, 8).await }
+    });
+    let mut swaps = Vec::new();
+    for round in 0..4 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let (to_a, to_b) = match round % 2 {
+            0 => ("decode", "prefill"),
+            _ => ("prefill", "decode"),
+        };
+        let (status, answer) = set_duties(&proxy, serde_json::json!({&a: to_a, &b: to_b})).await;
+        assert_eq!(status, 200, "{answer}");
+        let duty_of = |url: &str| {
+            let duals = answer["duals"].as_array().unwrap();
+            let dual = duals.iter().find(|d| d["url"] == url).unwrap();
+            dual["duty"].as_str().unwrap().to_owned()
+        };
+        assert_eq!((duty_of(&a), duty_of(&b)), (to_a.into(), to_b.into()));
+        swaps.push(round);
+    }
+    steady.await.unwrap();
+    assert_eq!(swaps.len(), 4);
+    let warmed = r#"pd_proxy_duty_warmups_total{outcome="ok"}"#;
+    assert_eq!(
+        metric(&cluster.proxy, warmed).await,
+        8.0,
+        "a warm-up per engine moved"
+    );
+
+    // Refusals that change nothing: an engine that is not one of both roles, a split with no
+    // prefill, a body without `duties`.
+    let (status, answer) =
+        set_duties(&proxy, serde_json::json!({"http://127.0.0.1:9": "decode"})).await;
+    assert_eq!(status, 404, "{answer}");
+    assert!(
+        answer.to_string().contains("not an engine of both roles"),
+        "{answer}"
+    );
+    let (status, answer) =
+        set_duties(&proxy, serde_json::json!({&a: "decode", &b: "decode"})).await;
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer
+            .to_string()
+            .contains("no engine would be left on prefill"),
+        "{answer}"
+    );
+    let bad = reqwest::Client::new()
+        .post(format!("{proxy}/admin/duties"))
+        .bearer_auth("admin")
+        .json(&serde_json::json!({"duty": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    assert_eq!(on_duty(&cluster.proxy, "prefill").await, 1.0);
+    cluster.shutdown().await;
 }

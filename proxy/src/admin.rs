@@ -1,8 +1,9 @@
 //! The operator's routes: `GET /admin/backends` shows every backend (health, drain marks,
 //! requests in flight through this proxy, idle or not) and `POST /admin/drain` drains a backend
 //! at this proxy or lifts that (with `--admin-key`), and `GET /admin/kv-index` shows the index of
-//! the engines' KV cache events (with `--admin-key` and `--kv-events`), and
-//! `POST /admin/kv-index/match` how much of a given prompt each engine holds. A rollout drains an engine (here, or for a
+//! the engines' KV cache events (with `--admin-key` and `--kv-events`),
+//! `POST /admin/kv-index/match` how much of a given prompt each engine holds, and
+//! `POST /admin/duties` puts engines of both roles (`--dual`) on the duties named. A rollout drains an engine (here, or for a
 //! prefill in its bootstrap server's registry, which reaches every proxy), waits until every
 //! proxy shows it idle, restarts it, and lifts the mark.
 
@@ -17,6 +18,7 @@ use serde::Serialize;
 use crate::error::ApiError;
 use crate::state::AppState;
 use pd_router::backend::states::{find, state_of, states};
+use pd_router::duty::DutiesRequest;
 use pd_router::prompt_tokens::PromptKind;
 use pd_router::routing::RequestInfo;
 
@@ -51,6 +53,34 @@ pub(crate) async fn drain(
     })?;
     backend.set_drained(request.draining);
     Ok(Json(state_of(&backend, Vec::new(), false)))
+}
+
+/// `POST /admin/duties` (with `--admin-key`): puts engines of both roles (`--dual`) on the
+/// duties named, all at once, once their new directions are warmed up; answers every dual's
+/// duty.
+pub(crate) async fn duties(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<DutiesRequest>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    admitted(&state, &headers, "setting duties")?;
+    let Json(request) = body.map_err(|rejection| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            rejection.body_text(),
+        )
+    })?;
+    let Some(duties) = state.router.duties() else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            "no engine of both roles: start pd-proxy with --dual URL BOOTSTRAP_PORT",
+        ));
+    };
+    let duals = (duties.assign(&request.duties).await)
+        .map_err(|err| ApiError::new(err.status(), "invalid_request_error", err.to_string()))?;
+    Ok(Json(serde_json::json!({ "duals": duals })))
 }
 
 /// Whether `headers` carry the admin key (`what` names the action in the refusal).

@@ -76,6 +76,7 @@ fn operator() -> Router<AppState> {
         .route("/metrics", get(metrics))
         .route("/admin/backends", get(admin::backends))
         .route("/admin/drain", post(admin::drain))
+        .route("/admin/duties", post(admin::duties))
         .route("/admin/kv-index", get(admin::kv_index))
         .route("/admin/kv-index/match", post(admin::kv_match))
         .merge(ui::routes())

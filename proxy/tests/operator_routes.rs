@@ -12,10 +12,11 @@ use reqwest::Method;
 use tokio::process::Child;
 
 /// Every operator's route (one per handler), and a path no route serves: closed by default.
-const OPERATOR: [(&str, &str); 9] = [
+const OPERATOR: [(&str, &str); 10] = [
     ("GET", "/metrics"),
     ("GET", "/admin/backends"),
     ("POST", "/admin/drain"),
+    ("POST", "/admin/duties"),
     ("GET", "/admin/kv-index"),
     ("POST", "/admin/kv-index/match"),
     ("GET", "/ui"),

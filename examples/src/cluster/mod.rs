@@ -173,7 +173,8 @@ pub struct ClusterSpec {
     pub dns: bool,
     /// The prefills serve both roles (vLLM's `kv_both`): started as such and given to the
     /// proxy with `--dual`, which splits them between prefill and decode duty; the decodes, if
-    /// any, stay decode-only. Simulated engines, found by URL, vLLM's wire.
+    /// any, stay decode-only. vLLM's wire (simulated, or real with the Mooncake connector),
+    /// found by URL.
     pub dual: bool,
     /// Behind a gateway ([`gateway`]): Envoy as the front door with pd-epp as its endpoint
     /// picker and a pd-proxy sidecar beside each decode, in place of the proxy (none: pd-proxy).
@@ -304,9 +305,10 @@ impl Cluster {
                 "with TLS the engines register themselves, not through Python registrars",
             ));
         }
-        if spec.dual && (spec.vllm.is_some() || spec.dns || spec.dialect != Dialect::Vllm) {
+        let mooncake = (spec.vllm.as_ref()).is_none_or(|v| v.connector == Connector::Mooncake);
+        if spec.dual && (spec.dns || spec.dialect != Dialect::Vllm || !mooncake) {
             return Err(ClusterError::Unsupported(
-                "engines of both roles are simulated vLLM engines, found by URL",
+                "engines of both roles play vLLM with the Mooncake connector, found by URL",
             ));
         }
         if spec.vllm.is_some() && spec.dns {

@@ -1,5 +1,6 @@
-//! The real engines of a cluster: one vLLM prefill (registering with the bootstrap server when
-//! its connector is Mooncake) and `spec.decodes` vLLM decodes, started at once.
+//! The real engines of a cluster: a vLLM prefill per bootstrap server (registering with it when
+//! its connector is Mooncake; of both roles, `kv_both`, with `spec.dual`) and `spec.decodes`
+//! vLLM decodes, started at once.
 
 use futures_util::future::try_join_all;
 
@@ -25,15 +26,11 @@ pub(super) async fn start(
         let name = format!("prefill-{i}");
         let registry = Some(bootstrap.url.as_str());
         let gpu = vllm.gpu_of(prefills.len());
-        let engine = vllm.spawn(
-            &spec.run_dir,
-            &name,
-            EngineRole::Prefill,
-            port,
-            registry,
-            free_port(),
-            gpu,
-        )?;
+        let role = match spec.dual {
+            true => EngineRole::Both,
+            false => EngineRole::Prefill,
+        };
+        let engine = vllm.spawn(&spec.run_dir, &name, role, port, registry, free_port(), gpu)?;
         prefills.push(engine);
     }
     let mut decodes = Vec::new();

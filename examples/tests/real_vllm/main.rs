@@ -12,6 +12,7 @@
 //! time (the adapter check, named to sort first, runs beside the first). A failure names the
 //! engine and shows the tail of its log.
 
+mod dual;
 mod first_token;
 mod gateway;
 mod instances;

@@ -3,7 +3,8 @@
 //! `--admin-key`, pd-proxy's operator routes: `GET /admin/backends` and `POST /admin/drain`
 //! (`{"url": ENGINE_URL, "draining": true|false}`: no new request is placed on that engine;
 //! those running finish), so `worker-client drain --backend URL --wait-idle EPP_URL` drains
-//! an engine at pd-epp as at a pd-proxy.
+//! an engine at pd-epp as at a pd-proxy; and `POST /admin/duties` (engines of both roles,
+//! `--dual`: `{"duties": {ENGINE_URL: "prefill"|"decode"}}`).
 
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ use axum::Json;
 use http::HeaderMap;
 use pd_protocol::proxy_admin::{BackendState, Backends, DrainRequest};
 use pd_router::backend::states::{find, state_of, states};
+use pd_router::duty::DutiesRequest;
 use pd_service::Draining;
 use serde_json::{json, Value};
 
@@ -36,6 +38,7 @@ pub(crate) fn router(shared: Arc<Shared>, draining: Draining) -> axum::Router {
         .route("/ready", get(ready))
         .route("/admin/backends", get(backends))
         .route("/admin/drain", post(drain))
+        .route("/admin/duties", post(duties))
         .with_state(Http { shared, draining })
 }
 
@@ -107,4 +110,23 @@ async fn drain(
     })?;
     backend.set_drained(request.draining);
     Ok(Json(state_of(&backend, Vec::new(), false)))
+}
+
+/// `POST /admin/duties`: puts engines of both roles (`--dual`) on the duties named, all at
+/// once, once their new directions are warmed up; answers every dual's duty.
+async fn duties(
+    State(http): State<Http>,
+    headers: HeaderMap,
+    body: Result<Json<DutiesRequest>, JsonRejection>,
+) -> Result<Json<Value>, (StatusCode, Json<Value>)> {
+    admitted(&http, &headers)?;
+    let Json(request) =
+        body.map_err(|err| admin_error(StatusCode::BAD_REQUEST, &err.body_text()))?;
+    let Some(duties) = http.shared.router.duties() else {
+        let message = "no engine of both roles: start pd-epp with --dual URL BOOTSTRAP_PORT";
+        return Err(admin_error(StatusCode::NOT_FOUND, message));
+    };
+    let duals = (duties.assign(&request.duties).await)
+        .map_err(|err| admin_error(err.status(), &err.to_string()))?;
+    Ok(Json(json!({ "duals": duals })))
 }

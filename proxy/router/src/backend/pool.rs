@@ -111,6 +111,13 @@ impl Pool {
         self.duals.clone()
     }
 
+    /// Whether `backend` is one role of an engine of both roles.
+    pub fn is_dual(&self, backend: &Backend) -> bool {
+        (self.duals.iter()).any(|dual| {
+            std::ptr::eq(&*dual.decode, backend) || std::ptr::eq(&*dual.prefill.backend, backend)
+        })
+    }
+
     /// The prefills, in the order they joined.
     pub fn prefills(&self) -> Arc<[Arc<Prefill>]> {
         read(&self.prefills)

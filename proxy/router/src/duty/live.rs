@@ -8,12 +8,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use futures_util::future::join_all;
 use serde::Serialize;
 
 use super::split::{dual_prefills, step_toward, Needs};
 use super::{warmup, Dual, Duty, DutyConfig};
-use crate::backend::{Backend, Pair, Pool};
+use crate::backend::Pool;
 use crate::metrics::DutyMetrics;
 use crate::planner::{LivePlanner, PlanSnapshot};
 use crate::sync::lock;
@@ -27,6 +26,8 @@ pub struct DutyController {
     metrics: DutyMetrics,
     /// Each model's last change (or failed warm-up).
     last_change: Mutex<HashMap<String, Instant>>,
+    /// When an operator last set duties (`POST /admin/duties`).
+    operator_changed: Mutex<Option<Instant>>,
 }
 
 /// One `--dual` engine as the live pages show it.
@@ -67,6 +68,7 @@ impl DutyController {
             client,
             metrics,
             last_change: Mutex::default(),
+            operator_changed: Mutex::default(),
         };
         controller.show();
         controller
@@ -110,19 +112,19 @@ impl DutyController {
         let Some(needs) = needs_of(plan) else {
             return;
         };
+        let dwelling = |at: &Instant| at.elapsed() < self.config.dwell;
         let recent = lock(&self.last_change)
             .get(&plan.model)
-            .is_some_and(|at| at.elapsed() < self.config.dwell);
-        if recent {
+            .is_some_and(dwelling);
+        if recent || lock(&self.operator_changed).as_ref().is_some_and(dwelling) {
             return;
         }
         let Some(next) = self.next_move(model, needs) else {
             return;
         };
         lock(&self.last_change).insert(plan.model.clone(), Instant::now());
-        let warmed = self.warm_up(&next, model).await;
-        let outcome = if warmed.is_ok() { "ok" } else { "failed" };
-        self.metrics.warmups.with_label_values(&[outcome]).inc();
+        let paths = warmup::paths(&self.pool, &next.engine, next.to, model, &|d| d.duty().0);
+        let warmed = self.warm(&paths, model).await;
         if let Err(err) = warmed {
             tracing::warn!(
                 engine = next.engine.url(),
@@ -134,14 +136,9 @@ impl DutyController {
         }
         let (from, _) = next.engine.duty();
         next.engine.set_duty(next.to);
-        let label = plan.model.as_str();
-        self.metrics
-            .changes
-            .with_label_values(&[label, next.to.as_str()])
-            .inc();
-        self.show();
+        self.changed(&plan.model, next.to);
         tracing::info!(
-            model = label,
+            model = plan.model.as_str(),
             engine = next.engine.url(),
             from = from.as_str(),
             to = next.to.as_str(),
@@ -160,16 +157,12 @@ impl DutyController {
         if duals.is_empty() {
             return None;
         }
-        let is_dual = |backend: &Backend| {
-            (self.pool.duals().iter()).any(|d| {
-                std::ptr::eq(&*d.decode, backend) || std::ptr::eq(&*d.prefill.backend, backend)
-            })
-        };
-        let fixed_prefills = (self.pool.prefills().iter())
-            .filter(|p| !is_dual(&p.backend) && p.backend.takes_requests(model))
+        let pool = &self.pool;
+        let fixed_prefills = (pool.prefills().iter())
+            .filter(|p| !pool.is_dual(&p.backend) && p.backend.takes_requests(model))
             .count();
-        let fixed_decodes = (self.pool.decodes().iter())
-            .filter(|d| !is_dual(d) && d.takes_requests(model))
+        let fixed_decodes = (pool.decodes().iter())
+            .filter(|d| !pool.is_dual(d) && d.takes_requests(model))
             .count();
         let on = |duty| duals.iter().filter(|d| d.duty().0 == duty).count();
         let current = on(Duty::Prefill);
@@ -186,32 +179,34 @@ impl DutyController {
         Some(Move { engine, to })
     }
 
-    /// Warms every path the engine uses in its new duty: as a prefill, with each decode on
-    /// duty; as a decode, with each prefill's dp rank on duty.
-    async fn warm_up(&self, next: &Move, model: Option<&str>) -> Result<(), String> {
+    /// The pool whose duals it sets.
+    pub(super) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// When an operator last set duties.
+    pub(super) fn operator_changed(&self) -> &Mutex<Option<Instant>> {
+        &self.operator_changed
+    }
+
+    /// Counts a change of duty to `to` for `model` and shows the split.
+    pub(super) fn changed(&self, model: &str, to: Duty) {
+        let labels = [model, to.as_str()];
+        self.metrics.changes.with_label_values(&labels).inc();
+        self.show();
+    }
+
+    /// Warms `paths` for `model`, counting the outcome.
+    pub(super) async fn warm(
+        &self,
+        paths: &[warmup::Path],
+        model: Option<&str>,
+    ) -> Result<(), String> {
         let timeout = self.config.warmup_timeout;
-        let engine = &next.engine;
-        let paths: Vec<(Arc<Pair>, Arc<Backend>)> = match next.to {
-            Duty::Prefill => {
-                let own = engine.prefill.pairs();
-                let decodes = self.pool.decodes();
-                let partners = decodes.iter().filter(|d| d.takes_requests(model));
-                partners
-                    .flat_map(|d| own.iter().map(move |pair| (pair.clone(), d.clone())))
-                    .collect()
-            }
-            Duty::Decode => (self.pool.pairs().iter())
-                .filter(|pair| pair.takes_requests() && pair.serves(model))
-                .map(|pair| (pair.clone(), engine.decode.clone()))
-                .collect(),
-        };
-        if paths.is_empty() {
-            return Err("no engine of the other duty to warm a path with".into());
-        }
-        let warmed = paths
-            .iter()
-            .map(|(pair, decode)| warmup::warm(&self.client, pair, decode, model, timeout));
-        join_all(warmed).await.into_iter().collect()
+        let warmed = warmup::warm_all(&self.client, paths, model, timeout).await;
+        let outcome = if warmed.is_ok() { "ok" } else { "failed" };
+        self.metrics.warmups.with_label_values(&[outcome]).inc();
+        warmed
     }
 
     /// Sets the duty gauges of every dual and the split.

@@ -6,6 +6,7 @@
 //! answers in flight finish. Before an engine takes its new duty, the transfer paths of its new
 //! direction are warmed up ([`warmup`]), so that no client pays their first use.
 
+mod assign;
 mod live;
 pub mod settings;
 mod split;
@@ -14,17 +15,18 @@ mod warmup;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::backend::{Backend, Prefill};
 use crate::sync::lock;
 
+pub use assign::{AssignError, DutiesRequest};
 pub use live::{DualSnapshot, DutyController};
 pub use settings::DutyConfig;
 pub use split::{dual_prefills, step_toward, Needs};
 
 /// The duty an engine of both roles serves now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Duty {
     /// It computes prompts' KV for decodes to pull.
@@ -90,6 +92,12 @@ impl Dual {
     pub fn serves(&self, model: Option<&str>) -> bool {
         let usable = |b: &Backend| b.is_healthy() && !b.is_drained() && b.serves(model);
         usable(&self.prefill.backend) && usable(&self.decode)
+    }
+
+    /// The model it serves (its first card's), once known: what its warm-ups ask for.
+    pub fn model(&self) -> Option<String> {
+        let cards = self.decode.models()?;
+        cards.first().map(|card| card.id.clone())
     }
 
     /// Calls in flight through this proxy on it in the role of `duty` (a prefill's counted on

@@ -3,12 +3,72 @@
 //! which it uses that path. A connector's first use of a path between two engines can take
 //! seconds (vLLM's Mooncake connector took 10.9 s on its CPU build); the warm-up pays it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use reqwest::header::CONTENT_TYPE;
 
-use crate::backend::{Backend, Pair};
+use super::{Dual, Duty};
+use crate::backend::{Backend, Pair, Pool};
 use crate::body::{self, Body};
+
+/// A (prefill, dp rank) pair and a decode that a request may join.
+pub type Path = (Arc<Pair>, Arc<Backend>);
+
+/// Every path `engine` uses on `to` duty for `model` when each dual's duty is `duty_of`'s: as a
+/// prefill, its dp ranks with each decode-only engine and each other dual on decode duty; as a
+/// decode, each prefill-only engine's dp ranks and each other dual's on prefill duty.
+pub fn paths(
+    pool: &Pool,
+    engine: &Dual,
+    to: Duty,
+    model: Option<&str>,
+    duty_of: &dyn Fn(&Dual) -> Duty,
+) -> Vec<Path> {
+    let others = pool.duals();
+    let others = (others.iter()).filter(|d| !std::ptr::eq(&***d, engine) && d.serves(model));
+    match to {
+        Duty::Prefill => {
+            let fixed = (pool.decodes().iter())
+                .filter(|d| !pool.is_dual(d) && d.takes_requests(model))
+                .cloned()
+                .collect::<Vec<_>>();
+            let duals = others.filter(|d| duty_of(d) == Duty::Decode);
+            let decodes = fixed.into_iter().chain(duals.map(|d| d.decode.clone()));
+            let own = engine.prefill.pairs();
+            decodes
+                .flat_map(|d| own.iter().map(move |pair| (pair.clone(), d.clone())))
+                .collect()
+        }
+        Duty::Decode => {
+            let fixed = (pool.pairs().iter())
+                .filter(|p| !pool.is_dual(&p.backend) && p.takes_requests() && p.serves(model))
+                .cloned()
+                .collect::<Vec<_>>();
+            let duals = others.filter(|d| duty_of(d) == Duty::Prefill);
+            let pairs = fixed
+                .into_iter()
+                .chain(duals.flat_map(|d| d.prefill.pairs()));
+            pairs.map(|pair| (pair, engine.decode.clone())).collect()
+        }
+    }
+}
+
+/// Warms every one of `paths` at once for `model`, within `timeout` each: `Ok` when all
+/// answered, else the first failure (none to warm is a failure: the duty would serve nothing).
+pub async fn warm_all(
+    client: &reqwest::Client,
+    paths: &[Path],
+    model: Option<&str>,
+    timeout: Duration,
+) -> Result<(), String> {
+    if paths.is_empty() {
+        return Err("no engine of the other duty to warm a path with".into());
+    }
+    let warmed = (paths.iter()).map(|(pair, decode)| warm(client, pair, decode, model, timeout));
+    join_all(warmed).await.into_iter().collect()
+}
 
 /// One warm-up request through `pair` and `decode` for `model` (when known), within
 /// `timeout`: `Ok` when both answered 200.
