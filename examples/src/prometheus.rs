@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::process::free_port;
+
 /// A `prometheus` process, killed when dropped.
 pub struct Prometheus {
     child: Child,
@@ -54,12 +56,10 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The JSON answer of `request`; panics when there is none.
+async fn json_of(request: reqwest::RequestBuilder) -> Value {
+    let response = request.send().await.expect("Prometheus answers");
+    response.json().await.expect("Prometheus answers JSON")
 }
 
 fn client() -> reqwest::Client {
@@ -127,27 +127,13 @@ impl Prometheus {
     pub async fn query_at(&self, expr: &str, time: Option<f64>) -> Value {
         let mut params = vec![("query", expr.to_owned())];
         params.extend(time.map(|t| ("time", format!("{t:.3}"))));
-        client()
-            .get(format!("{}/api/v1/query", self.url))
-            .query(&params)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        let url = format!("{}/api/v1/query", self.url);
+        json_of(client().get(url).query(&params)).await
     }
 
     /// GETs `path` of its API as JSON.
     pub async fn get(&self, path: &str) -> Value {
-        client()
-            .get(format!("{}{path}", self.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        json_of(client().get(format!("{}{path}", self.url))).await
     }
 
     /// Waits until it is ready and `targets` targets are up; panics after 30 s.

@@ -10,7 +10,7 @@ mod common;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::{binary, load, metric, one_pair, planner_flags};
+use common::{binary, load, metric, one_pair, planner_cluster};
 use pd_examples::cluster::{free_port, spawn, wait_for, Cluster, PrefillShape, Process};
 use serde_json::Value;
 
@@ -48,20 +48,10 @@ async fn state(proxy: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_split_of_engines_of_both_roles_follows_the_load() {
-    let (mut spec, _run_dir) = one_pair("duty-");
+    let (mut spec, _run_dir) = planner_cluster("duty-", 4, 0);
     spec.dual = true;
-    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; 4];
-    spec.decodes = 0;
-    let engine = [
-        "--engine-model",
-        "llama3-8b-h200",
-        "--kv-bytes-per-token",
-        "4",
-    ];
-    spec.engine_args = engine.map(String::from).to_vec();
     // Decodes of 4 answers at most at the TPOT target, so long answers need several; one
     // change a second at most; two of the four on prefill duty at start.
-    spec.proxy_args = planner_flags();
     spec.proxy_args.extend(
         [
             "--planner-max-batch",

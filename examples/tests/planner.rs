@@ -7,8 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{binary, load, metric, one_pair, planner_flags};
-use pd_examples::cluster::{Cluster, PrefillShape};
+use common::{binary, load, metric, planner_cluster};
+use pd_examples::cluster::Cluster;
 use serde_json::Value;
 
 /// The live page's plan of `role` for the sims' model.
@@ -31,18 +31,7 @@ async fn plan(proxy: &str, role: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_planner_sizes_the_roles_on_the_load_and_holds_on_silent_metrics() {
-    let (mut spec, _run_dir) = one_pair("planner-");
-    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; 2];
-    spec.decodes = 2;
-    // KV of 4 bytes a token: what a debug build moves and checks costs no time of its own.
-    let engine = [
-        "--engine-model",
-        "llama3-8b-h200",
-        "--kv-bytes-per-token",
-        "4",
-    ];
-    spec.engine_args = engine.map(String::from).to_vec();
-    spec.proxy_args = planner_flags();
+    let (spec, _run_dir) = planner_cluster("planner-", 2, 2);
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");
     let proxy = cluster.proxy.url.clone();
 

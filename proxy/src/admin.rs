@@ -36,13 +36,7 @@ pub(crate) async fn drain(
     body: Result<Json<DrainRequest>, JsonRejection>,
 ) -> Result<Json<BackendState>, ApiError> {
     admitted(&state, &headers, "draining")?;
-    let Json(request) = body.map_err(|rejection| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            rejection.body_text(),
-        )
-    })?;
+    let Json(request) = body.map_err(bad_body)?;
     let url = request.url.trim_end_matches('/');
     let backend = find(state.pool(), url).ok_or_else(|| {
         ApiError::new(
@@ -64,13 +58,7 @@ pub(crate) async fn duties(
     body: Result<Json<DutiesRequest>, JsonRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     admitted(&state, &headers, "setting duties")?;
-    let Json(request) = body.map_err(|rejection| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            rejection.body_text(),
-        )
-    })?;
+    let Json(request) = body.map_err(bad_body)?;
     let Some(duties) = state.router.duties() else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -81,6 +69,15 @@ pub(crate) async fn duties(
     let duals = (duties.assign(&request.duties).await)
         .map_err(|err| ApiError::new(err.status(), "invalid_request_error", err.to_string()))?;
     Ok(Json(serde_json::json!({ "duals": duals })))
+}
+
+/// A body that is not the route's JSON: 400 with axum's words for what is wrong.
+fn bad_body(rejection: JsonRejection) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        rejection.body_text(),
+    )
 }
 
 /// Whether `headers` carry the admin key (`what` names the action in the refusal).

@@ -95,6 +95,28 @@ pub fn one_pair(prefix: &str) -> (ClusterSpec, tempfile::TempDir) {
     (spec, run_dir)
 }
 
+/// A cluster of modelled sims (`--engine-model llama3-8b-h200`; KV of 4 bytes a token, so that
+/// what a debug build moves and checks costs no time of its own): `prefills` prefills (dp=1,
+/// tp=1) and `decodes` decodes, the proxy planning ([`planner_flags`]).
+pub fn planner_cluster(
+    prefix: &str,
+    prefills: usize,
+    decodes: usize,
+) -> (ClusterSpec, tempfile::TempDir) {
+    let (mut spec, run_dir) = one_pair(prefix);
+    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; prefills];
+    spec.decodes = decodes;
+    let engine = [
+        "--engine-model",
+        "llama3-8b-h200",
+        "--kv-bytes-per-token",
+        "4",
+    ];
+    spec.engine_args = engine.map(String::from).to_vec();
+    spec.proxy_args = planner_flags();
+    (spec, run_dir)
+}
+
 /// POSTs `body` as JSON: the status and the JSON answer.
 pub async fn post(url: &str, body: Value) -> (u16, Value) {
     let response = reqwest::Client::new()

@@ -226,23 +226,13 @@ fn sim_queries() -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_autoscalers_queries_give_the_planners_engines_on_a_real_prometheus() {
-    use crate::common::{load, one_pair, planner_flags};
-    use pd_examples::cluster::{Cluster, PrefillShape};
+    use crate::common::{load, planner_cluster};
+    use pd_examples::cluster::Cluster;
     use pd_examples::prometheus::{tools, Job, Prometheus};
 
     tools();
     let queries = sim_queries();
-    let (mut spec, _run_dir) = one_pair("autoscaling-");
-    spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; 2];
-    spec.decodes = 2;
-    let engine = [
-        "--engine-model",
-        "llama3-8b-h200",
-        "--kv-bytes-per-token",
-        "4",
-    ];
-    spec.engine_args = engine.map(String::from).to_vec();
-    spec.proxy_args = planner_flags();
+    let (spec, _run_dir) = planner_cluster("autoscaling-", 2, 2);
     let cluster = Cluster::start(&spec).await.expect("the cluster starts");
     let (replica, server) = another_replica().await;
     let targets = [cluster.proxy.url.clone(), replica];
