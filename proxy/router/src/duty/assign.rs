@@ -51,6 +51,7 @@ impl DutyController {
         &self,
         wanted: &BTreeMap<String, Duty>,
     ) -> Result<Vec<DualSnapshot>, AssignError> {
+        let _changing = self.changing().lock().await;
         let duals = self.pool().duals();
         // By address: each dual is one allocation, alive in the pool for the proxy's life.
         let mut next: HashMap<usize, Duty> = HashMap::new();

@@ -28,6 +28,9 @@ pub struct DutyController {
     last_change: Mutex<HashMap<String, Instant>>,
     /// When an operator last set duties (`POST /admin/duties`).
     operator_changed: Mutex<Option<Instant>>,
+    /// Held while duties change (warm-ups included): one change at a time, the planner's or
+    /// an operator's, so that neither decides on a split the other is changing.
+    changing: tokio::sync::Mutex<()>,
 }
 
 /// One `--dual` engine as the live pages show it.
@@ -69,6 +72,7 @@ impl DutyController {
             metrics,
             last_change: Mutex::default(),
             operator_changed: Mutex::default(),
+            changing: tokio::sync::Mutex::new(()),
         };
         controller.show();
         controller
@@ -108,6 +112,7 @@ impl DutyController {
 
     /// Moves one engine of `plan`'s model when its split should change and may.
     async fn follow(&self, plan: &PlanSnapshot) {
+        let _changing = self.changing.lock().await;
         let model = Some(plan.model.as_str()).filter(|m| !m.is_empty());
         let Some(needs) = needs_of(plan) else {
             return;
@@ -182,6 +187,11 @@ impl DutyController {
     /// The pool whose duals it sets.
     pub(super) fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// Held while duties change: one change at a time.
+    pub(super) fn changing(&self) -> &tokio::sync::Mutex<()> {
+        &self.changing
     }
 
     /// When an operator last set duties.
