@@ -167,6 +167,11 @@ pub enum Suite {
         /// ... until this second (default: its end).
         #[arg(long, value_parser = seconds)]
         to: Option<Duration>,
+        /// Join the traces' windows back to back into one replay whose shape shifts (the first
+        /// window, then the second, ...), each window's arrivals at its own rate multiplier
+        /// (comma-separated, one per trace; none: each at its own rate) before the sweep's.
+        #[arg(long, value_delimiter = ',', num_args = 0.., value_parser = positive)]
+        shift: Option<Vec<f64>>,
         /// Engines.
         #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100_000))]
         engines: u32,
@@ -211,6 +216,10 @@ pub enum Suite {
         /// `round_robin,vllm-router`).
         #[arg(long, value_delimiter = ',')]
         systems: Vec<String>,
+        /// Timed: an engine's start-up in seconds of GPU time, as the autoscaled runs model it
+        /// (thawed at once, taken into rotation this much later).
+        #[arg(long, default_value = "30", value_parser = seconds)]
+        start_delay: Duration,
     },
     /// Everything above but real-vllm, overload and fleet, one section each.
     All,

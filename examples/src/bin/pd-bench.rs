@@ -351,6 +351,7 @@ Completions through Envoy, with pd-epp and alone (one instant engine):
         traces,
         from,
         to,
+        shift,
         engines,
         cache_tokens,
         eps,
@@ -364,6 +365,7 @@ Completions through Envoy, with pd-epp and alone (one instant engine):
         tpot_slo,
         max_requests,
         systems,
+        start_delay,
     } = &args.suite
     {
         let timed = timed.then(|| fleet::timed::TimedSettings {
@@ -378,11 +380,13 @@ Completions through Envoy, with pd-epp and alone (one instant engine):
             tpot_slo: *tpot_slo,
             limit: *max_requests,
             systems: systems.clone(),
+            start_delay: *start_delay,
         });
         let settings = fleet::Settings {
             traces: traces.clone(),
             from: *from,
             to: *to,
+            shift: shift.clone(),
             fleet: Fleet {
                 engines: *engines as usize,
                 cache_tokens: *cache_tokens,

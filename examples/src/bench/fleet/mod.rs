@@ -3,13 +3,17 @@
 //! checked against the traces' oracle (`cache_sim.py`), before any timing; then, with
 //! `--timed`, the timed replay ([`timed`]): the trace open-loop ([`replay`], prompts from its
 //! block ids by [`prompts`]) through each system ([`systems`]) on a fleet of modelled
-//! sim-engines. [`trace`] reads and checks the traces; [`python_random`] draws the oracle's
-//! random numbers.
+//! sim-engines, the bench actuating the planner's desired engines for the autoscaled one
+//! ([`autoscale`]), and the verdict on moving roles and autoscaling ([`roles`]). [`trace`]
+//! reads and checks the traces (and joins them into one whose shape shifts, with `--shift`);
+//! [`python_random`] draws the oracle's random numbers.
 
+pub mod autoscale;
 pub mod order_only;
 pub mod prompts;
 pub mod python_random;
 pub mod replay;
+pub mod roles;
 pub mod systems;
 pub mod timed;
 pub mod trace;
@@ -46,6 +50,9 @@ pub struct Settings {
     pub to: Option<Duration>,
     /// The engines and their caches.
     pub fleet: Fleet,
+    /// The windows joined back to back into one trace, each at its own rate multiplier (in
+    /// the traces' order; none given: each at its own rate), instead of replayed one by one.
+    pub shift: Option<Vec<f64>>,
     /// The timed replay after the order-only one, when asked.
     pub timed: Option<timed::TimedSettings>,
 }
@@ -66,6 +73,10 @@ pub async fn section(out: &mut Output, settings: &Settings) -> Result<(), String
             }
         })
         .collect::<Result<Vec<Trace>, String>>()?;
+    let traces = match &settings.shift {
+        Some(rates) => vec![shifted(&traces, rates, settings)?],
+        None => traces,
+    };
     let fleet = settings.fleet;
     out.text(&format!(
         "Order-only replay (no timing): each request in arrival order on the engine its rule \
@@ -115,6 +126,33 @@ pub async fn section(out: &mut Output, settings: &Settings) -> Result<(), String
     }
 }
 
+/// The windows of `traces` one after the other, each `rates[i]` times as fast: a window
+/// lasts `--to` minus `--from` (its last arrival and a second without `--to`).
+fn shifted(traces: &[Trace], rates: &[f64], settings: &Settings) -> Result<Trace, String> {
+    let ones = vec![1.0; traces.len()];
+    let rates = if rates.is_empty() { &ones[..] } else { rates };
+    if rates.len() != traces.len() {
+        return Err(format!(
+            "--shift has {} rates for {} traces: one each",
+            rates.len(),
+            traces.len()
+        ));
+    }
+    let length = |trace: &Trace| match settings.to {
+        Some(to) => to.saturating_sub(settings.from),
+        None => trace.requests.last().map_or(Duration::ZERO, |r| r.at) + Duration::from_secs(1),
+    };
+    let mut parts = traces.iter().zip(rates);
+    let (first, &rate) = parts.next().ok_or("--shift needs a trace")?;
+    let mut joined = first.sped(rate);
+    let mut end = length(first).div_f64(rate);
+    for (trace, &rate) in parts {
+        joined = joined.then(&trace.sped(rate), end)?;
+        end += length(trace).div_f64(rate);
+    }
+    Ok(joined)
+}
+
 /// The timed replay of every trace: its rows, then goodput, with their charts.
 async fn timed_sections(
     out: &mut Output,
@@ -155,7 +193,35 @@ async fn timed_sections(
         &timed::goodput_table(&goodput),
         &goodput,
         vec![("fleet-goodput", goodput_chart(&goodput)?)],
-    )
+    )?;
+    let moving = roles::roles_rows(&goodput);
+    if !moving.is_empty() {
+        out.text(
+            "\nMoving roles against the fixed splits, chosen after the fact (each split's \
+             goodput is pd-proxy's best fixed-role system's on it):\n\n",
+        );
+        let chart = roles::roles_chart(&goodput)?;
+        let table = roles::roles_table(&moving);
+        out.section("fleet-roles", &table, &moving, vec![("fleet-roles", chart)])?;
+    }
+    let scaled = roles::autoscale_rows(&rows);
+    if !scaled.is_empty() {
+        out.text(&format!(
+            "\nThe planner's desired engines actuated by the bench (an engine too many drained, \
+             then frozen once idle; one too few thawed and in rotation {} s of GPU time later) \
+             against the same fleet fixed, sized for the peak:\n\n",
+            settings.start_delay.as_secs_f64()
+        ));
+        let chart = roles::autoscale_chart(&scaled)?;
+        let table = roles::autoscale_table(&scaled);
+        out.section(
+            "fleet-autoscale",
+            &table,
+            &scaled,
+            vec![("fleet-autoscale", chart)],
+        )?;
+    }
+    Ok(())
 }
 
 /// Names in first-seen order.
@@ -221,16 +287,27 @@ fn ttft_chart(rows: &[timed::TimedRow]) -> Result<String, String> {
     )
 }
 
-/// Goodput of each system (a group each), one bar per trace.
+/// Goodput of each system on each split (a group each), one bar per trace.
 fn goodput_chart(rows: &[timed::GoodputRow]) -> Result<String, String> {
-    let systems = distinct(rows.iter().map(|r| r.system.as_str()));
+    let splits = distinct(rows.iter().map(|r| r.split.as_str()));
+    let label = |row: &timed::GoodputRow| match splits.len() {
+        1 => row.system.clone(),
+        _ => format!("{} {}", row.system, row.split),
+    };
+    let groups = distinct(
+        rows.iter()
+            .map(label)
+            .collect::<Vec<_>>()
+            .iter()
+            .map(String::as_str),
+    );
     let series = distinct(rows.iter().map(|r| r.trace.as_str()))
         .into_iter()
         .map(|trace| Series {
-            values: (systems.iter())
-                .map(|system| {
+            values: (groups.iter())
+                .map(|group| {
                     (rows.iter())
-                        .find(|r| &r.system == system && r.trace == trace)
+                        .find(|r| label(r) == *group && r.trace == trace)
                         .map_or(0.0, |r| r.goodput_rps)
                 })
                 .collect(),
@@ -240,7 +317,7 @@ fn goodput_chart(rows: &[timed::GoodputRow]) -> Result<String, String> {
     grouped_bars(
         "Goodput by system (trace replay)",
         "requests/s",
-        &systems,
+        &groups,
         &series,
     )
 }

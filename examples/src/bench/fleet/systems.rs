@@ -1,6 +1,8 @@
 //! The systems a timed replay compares, each in front of the same fleet: pd-proxy with each of
-//! its policies, and the peer routers (vllm-router, smg) with their best P/D setup
-//! (cache-aware prefill, power-of-two decode), in front of every prefill and decode.
+//! its policies on a fixed P:D split, pd-proxy moving engines of both roles between the duties
+//! by its planner, pd-proxy whose planner's desired engines the bench actuates, and the peer
+//! routers (vllm-router, smg) with their best P/D setup (cache-aware prefill, power-of-two
+//! decode), in front of every prefill and decode.
 
 use std::path::Path;
 
@@ -19,6 +21,22 @@ pub struct System {
     pub kv_events: bool,
     /// pd-proxy's flags, or the peer's program in the peers' virtualenv.
     pub front: Front,
+    /// How the fleet's engines serve the roles.
+    pub roles: Roles,
+}
+
+/// How a system's fleet serves the two roles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Roles {
+    /// Each engine a prefill or a decode for the whole run, on each split swept.
+    Fixed,
+    /// Every engine of both roles (vLLM's `kv_both`), pd-proxy splitting them between the
+    /// duties by its planner's needs, on a fleet of each size swept.
+    Moving,
+    /// The best fixed split's engines, stopped and started by the bench as pd-proxy's planner
+    /// desires ([`super::autoscale`]).
+    Autoscaled,
 }
 
 /// What answers the clients.
@@ -39,7 +57,15 @@ pub fn all(with_peers: bool) -> Vec<System> {
         dialect: Dialect::Vllm,
         kv_events,
         front: Front::PdProxy(flags),
+        roles: Roles::Fixed,
     };
+    // The planner's systems route as precise_prefix does, so that only the roles differ.
+    let precise = &[
+        "--prefill-policy",
+        "precise_prefix",
+        "--decode-policy",
+        "least_loaded",
+    ][..];
     let mut systems = vec![
         pd_proxy(
             "pd-proxy round_robin",
@@ -61,16 +87,15 @@ pub fn all(with_peers: bool) -> Vec<System> {
             ],
             false,
         ),
-        pd_proxy(
-            "pd-proxy precise_prefix",
-            &[
-                "--prefill-policy",
-                "precise_prefix",
-                "--decode-policy",
-                "least_loaded",
-            ],
-            true,
-        ),
+        pd_proxy("pd-proxy precise_prefix", precise, true),
+        System {
+            roles: Roles::Moving,
+            ..pd_proxy("pd-proxy moving roles", precise, true)
+        },
+        System {
+            roles: Roles::Autoscaled,
+            ..pd_proxy("pd-proxy autoscaled", precise, true)
+        },
     ];
     if with_peers {
         systems.push(System {
@@ -78,18 +103,25 @@ pub fn all(with_peers: bool) -> Vec<System> {
             dialect: Dialect::Vllm,
             kv_events: false,
             front: Front::VllmRouter,
+            roles: Roles::Fixed,
         });
         systems.push(System {
             name: "smg cache_aware",
             dialect: Dialect::Sglang,
             kv_events: false,
             front: Front::Smg,
+            roles: Roles::Fixed,
         });
     }
     systems
 }
 
 impl System {
+    /// Whether it is a peer router (not pd-proxy).
+    pub fn is_peer(&self) -> bool {
+        !matches!(self.front, Front::PdProxy(_))
+    }
+
     /// Starts the peer in front of every engine of `cluster` (none for pd-proxy, which the
     /// cluster started), its log in `dir`.
     pub async fn start_peer(

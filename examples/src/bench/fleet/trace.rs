@@ -115,6 +115,50 @@ impl Trace {
         }
     }
 
+    /// The trace with its arrivals `speed` times as fast (2: twice as many requests a second).
+    pub fn sped(&self, speed: f64) -> Trace {
+        let requests = (self.requests.iter())
+            .map(|r| TraceRequest {
+                at: r.at.div_f64(speed),
+                ..r.clone()
+            })
+            .collect();
+        Trace {
+            requests,
+            ..self.clone()
+        }
+    }
+
+    /// This trace, then `next` arriving from `after` on: one replay whose shape shifts. The
+    /// second's block ids are moved past the first's, so the two share no prefix; named
+    /// `A then B`. Both must count their blocks in the same tokens.
+    pub fn then(&self, next: &Trace, after: Duration) -> Result<Trace, String> {
+        if self.has_blocks() && next.has_blocks() && self.block_tokens != next.block_tokens {
+            return Err(format!(
+                "{} and {} count their blocks in different tokens ({} and {})",
+                self.name, next.name, self.block_tokens, next.block_tokens
+            ));
+        }
+        let past = (self.requests.iter())
+            .flat_map(|r| r.blocks.iter().copied())
+            .max()
+            .map_or(0, |most| most + 1);
+        let moved = (next.requests.iter()).map(|r| TraceRequest {
+            at: after + r.at,
+            blocks: r.blocks.iter().map(|block| block + past).collect(),
+            ..r.clone()
+        });
+        let block_tokens = match self.has_blocks() {
+            true => self.block_tokens,
+            false => next.block_tokens,
+        };
+        Ok(Trace {
+            name: format!("{} then {}", self.name, next.name),
+            block_tokens,
+            requests: self.requests.iter().cloned().chain(moved).collect(),
+        })
+    }
+
     /// Whether the trace names its prompts' blocks (Mooncake's does, Azure's does not).
     pub fn has_blocks(&self) -> bool {
         self.requests.iter().any(|r| !r.blocks.is_empty())
@@ -304,6 +348,29 @@ mod tests {
         let window = trace.window(Duration::from_secs(1), None);
         assert_eq!(window.requests.len(), 1);
         assert_eq!(window.requests[0].at, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn two_traces_join_into_one_whose_second_part_shares_no_block() {
+        let text = format!("{GOOD}\n{{\"timestamp\": 2000, \"input_length\": 512, \"output_length\": 3, \"hash_ids\": [0]}}\n");
+        let first = read("a.jsonl", &text).unwrap();
+        let second = read("b.jsonl", &text).unwrap().sped(2.0);
+        assert_eq!(second.requests[1].at, Duration::from_secs(1));
+        let joined = first.then(&second, Duration::from_secs(10)).unwrap();
+        assert_eq!(joined.name, "a.jsonl then b.jsonl");
+        let arrivals: Vec<u64> = (joined.requests.iter())
+            .map(|r| r.at.as_millis() as u64)
+            .collect();
+        assert_eq!(arrivals, [0, 2000, 10_000, 11_000]);
+        let blocks: Vec<&[u64]> = joined.requests.iter().map(|r| &r.blocks[..]).collect();
+        assert_eq!(blocks, [&[0, 1][..], &[0], &[2, 3], &[2]]);
+        let mut other = second.clone();
+        other.block_tokens = 16;
+        let refused = first.then(&other, Duration::ZERO).unwrap_err();
+        assert!(
+            refused.contains("different tokens (512 and 16)"),
+            "{refused}"
+        );
     }
 
     #[test]
