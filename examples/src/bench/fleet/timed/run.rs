@@ -156,7 +156,13 @@ fn spec(
         // The KV moves over loopback, a few bytes a token: its transfer time is not modelled.
         "--kv-bytes-per-token",
         "4",
+        // D waits as long as the proxy does, and P holds the KV as long (vLLM's P holds it
+        // up to VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT, 480 s): a request queued behind an
+        // overloaded decode longer than the sims' default 60 s hold would otherwise wait for
+        // KV already dropped until the 600 s limit.
         "--kv-wait",
+        "600",
+        "--kv-hold",
         "600",
     ]
     .map(str::to_owned)
