@@ -2,7 +2,7 @@
 //! its policies on a fixed P:D split, pd-proxy moving engines of both roles between the duties
 //! by its planner, pd-proxy whose planner's desired engines the bench actuates, and the peer
 //! routers (vllm-router, smg) with their best P/D setup (cache-aware prefill, power-of-two
-//! decode), in front of every prefill and decode.
+//! decode, round robin over a single decode), in front of every prefill and decode.
 
 use std::path::Path;
 
@@ -153,9 +153,15 @@ impl System {
         for decode in &cluster.decodes {
             args.extend(["--decode".into(), decode.url.clone()]);
         }
-        args.extend(words(
-            "--prefill-policy cache_aware --decode-policy power_of_two",
-        ));
+        // vllm-router refuses power-of-two over one decode; with one, every policy is the same.
+        let decode_policy = if cluster.decodes.len() >= 2 {
+            "power_of_two"
+        } else {
+            "round_robin"
+        };
+        args.extend(words(&format!(
+            "--prefill-policy cache_aware --decode-policy {decode_policy}"
+        )));
         args.extend(match self.front {
             Front::Smg => words(&format!(
                 "--prometheus-host 127.0.0.1 --prometheus-port {metrics_port} --log-level warn \
