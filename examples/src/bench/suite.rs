@@ -220,6 +220,10 @@ pub enum Suite {
         /// (thawed at once, taken into rotation this much later).
         #[arg(long, default_value = "30", value_parser = seconds)]
         start_delay: Duration,
+        /// Timed: the safe time (seconds of GPU time) before the autoscaled runs' planner
+        /// desires one engine fewer (pd-proxy's `--planner-scale-down-after`; its default).
+        #[arg(long, default_value = "300", value_parser = seconds)]
+        scale_down_after: Duration,
     },
     /// Everything above but real-vllm, overload and fleet, one section each.
     All,

@@ -366,6 +366,7 @@ Completions through Envoy, with pd-epp and alone (one instant engine):
         max_requests,
         systems,
         start_delay,
+        scale_down_after,
     } = &args.suite
     {
         let timed = timed.then(|| fleet::timed::TimedSettings {
@@ -381,6 +382,7 @@ Completions through Envoy, with pd-epp and alone (one instant engine):
             limit: *max_requests,
             systems: systems.clone(),
             start_delay: *start_delay,
+            scale_down_after: *scale_down_after,
         });
         let settings = fleet::Settings {
             traces: traces.clone(),

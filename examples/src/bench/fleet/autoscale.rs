@@ -1,8 +1,9 @@
 //! The bench as the fleet's autoscaler: during a timed replay it reads pd-proxy's
 //! `pd_proxy_planner_desired_engines{role}` as KEDA would, and moves each role's engine count
-//! toward it one engine per decision: an engine too many is drained at pd-proxy, frozen once
-//! idle (SIGSTOP: a stopped engine, its GPU free); one too few is thawed and, after a modelled
-//! start-up delay, taken back into rotation. Engine-seconds count every engine not stopped
+//! toward it: up at once (an engine still draining serves again, stopped ones are thawed and,
+//! after a modelled start-up delay, taken back into rotation), down one engine per decision (an
+//! engine too many is drained at pd-proxy, frozen once idle: SIGSTOP, a stopped engine, its GPU
+//! free). Engine-seconds count every engine not stopped
 //! (serving, draining or starting up), in the GPU's time.
 
 use std::time::Duration;
@@ -132,9 +133,25 @@ async fn step(
         let serving = count(&*engines, |s| *s == State::Serving);
         let coming = count(&*engines, |s| matches!(s, State::Starting { .. }));
         let leaving = count(&*engines, |s| *s == State::Draining);
-        if serving + coming < desired && leaving == 0 {
-            let stopped = (engines.iter_mut().filter(of_role)).find(|e| e.state == State::Stopped);
-            if let Some(engine) = stopped {
+        if serving + coming < desired {
+            // Up to the desired count at once, as the HPA's default scale-up does (4 pods or
+            // twice as many per 15 s): an engine still draining serves again first, then
+            // stopped ones start.
+            let mut missing = desired - serving - coming;
+            for engine in
+                (engines.iter_mut().filter(of_role)).filter(|e| e.state == State::Draining)
+            {
+                if missing == 0 {
+                    break;
+                }
+                admin.drain(&engine.process.url, false).await?;
+                engine.state = State::Serving;
+                scaled.stops -= 1;
+                missing -= 1;
+            }
+            let stopped =
+                (engines.iter_mut().filter(of_role)).filter(|e| e.state == State::Stopped);
+            for engine in stopped.take(missing) {
                 engine.process.freeze(false);
                 engine.state = State::Starting {
                     ready_at: now + actuation.start_delay,

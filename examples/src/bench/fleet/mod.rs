@@ -207,9 +207,11 @@ async fn timed_sections(
     let scaled = roles::autoscale_rows(&rows);
     if !scaled.is_empty() {
         out.text(&format!(
-            "\nThe planner's desired engines actuated by the bench (an engine too many drained, \
-             then frozen once idle; one too few thawed and in rotation {} s of GPU time later) \
-             against the same fleet fixed, sized for the peak:\n\n",
+            "\nThe planner's desired engines actuated by the bench (one fewer desired after {} s \
+             of GPU time with the survivors meeting the targets, drained, then frozen once idle; \
+             one too few thawed and in rotation {} s later) against the same fleet fixed, sized \
+             for the peak:\n\n",
+            settings.scale_down_after.as_secs_f64(),
             settings.start_delay.as_secs_f64()
         ));
         let chart = roles::autoscale_chart(&scaled)?;

@@ -54,6 +54,8 @@ pub struct TimedSettings {
     pub systems: Vec<String>,
     /// An engine's start-up, in the GPU's time, as the autoscaled runs model it.
     pub start_delay: Duration,
+    /// The autoscaled runs' planner's safe time before one engine fewer, in the GPU's time.
+    pub scale_down_after: Duration,
 }
 
 /// One system at one rate on one trace.

@@ -16,15 +16,19 @@ use crate::bench::fleet::trace::Trace;
 use crate::cluster::{Cluster, ClusterSpec, PrefillShape};
 
 /// The planner's pace in the GPU's seconds (divided by the time scale on the replay's clock):
-/// demand over the last 30 s, a decision every 2 s, engines' metrics read every second, a
-/// scale-down after 30 s of safety, a duty kept 10 s at least.
-const PLANNER_PACE: [(&str, f64); 5] = [
+/// demand over the last 30 s, a decision every 2 s, engines' metrics read every second, a duty
+/// kept 10 s at least.
+const PLANNER_PACE: [(&str, f64); 4] = [
     ("--planner-window", 30.0),
     ("--planner-interval", 2.0),
     ("--engine-metrics-interval", 1.0),
-    ("--planner-scale-down-after", 30.0),
     ("--duty-dwell", 10.0),
 ];
+
+/// The moving roles' safe time before the planner desires one engine fewer of a role, in the
+/// GPU's seconds: a duty moved back costs only a warm-up, so the split follows the load within
+/// 30 s (the autoscaled runs' is `--scale-down-after`: a stopped engine costs its start-up).
+const MOVING_SCALE_DOWN_AFTER: f64 = 30.0;
 
 /// pd-proxy's admin key in the autoscaled runs (127.0.0.1 only, a fresh fleet each run).
 const ADMIN_KEY: &str = "pd-bench-autoscaler";
@@ -190,14 +194,18 @@ fn spec(
             spec.dual = true;
             spec.prefills = vec![PrefillShape { dp: 1, tp: 1 }; prefills + decodes];
             spec.decodes = 0;
-            spec.proxy_args.extend(planner_flags(settings));
+            spec.proxy_args
+                .extend(planner_flags(settings, MOVING_SCALE_DOWN_AFTER));
             spec.proxy_args
                 .extend(["--dual-prefills".into(), prefills.to_string()]);
         }
         Roles::Autoscaled => {
             // A frozen engine keeps its registration (no lease to run out while stopped).
             spec.lease_ttl = None;
-            spec.proxy_args.extend(planner_flags(settings));
+            spec.proxy_args.extend(planner_flags(
+                settings,
+                settings.scale_down_after.as_secs_f64(),
+            ));
             let max = (prefills.max(decodes)).to_string();
             spec.proxy_args
                 .extend(["--planner-max-engines".into(), max]);
@@ -208,8 +216,9 @@ fn spec(
     spec
 }
 
-/// The planner's flags: the run's targets and [`PLANNER_PACE`] on the replay's clock.
-fn planner_flags(settings: &TimedSettings) -> Vec<String> {
+/// The planner's flags: the run's targets, [`PLANNER_PACE`] and `scale_down_after` (GPU
+/// seconds) on the replay's clock.
+fn planner_flags(settings: &TimedSettings, scale_down_after: f64) -> Vec<String> {
     let seconds = |d: Duration| d.div_f64(settings.time_scale).as_secs_f64().to_string();
     let mut flags = vec![
         "--planner-ttft-target".to_owned(),
@@ -217,7 +226,8 @@ fn planner_flags(settings: &TimedSettings) -> Vec<String> {
         "--planner-tpot-target".to_owned(),
         seconds(settings.tpot_slo),
     ];
-    for (flag, gpu_seconds) in PLANNER_PACE {
+    let pace = PLANNER_PACE.into_iter();
+    for (flag, gpu_seconds) in pace.chain([("--planner-scale-down-after", scale_down_after)]) {
         flags.extend([
             flag.to_owned(),
             wall(settings, gpu_seconds).as_secs_f64().to_string(),
