@@ -217,8 +217,17 @@ pub fn roles_chart(goodput: &[GoodputRow]) -> Result<String, String> {
 
 /// Engine-seconds of the fixed and the autoscaled fleet, a group per trace and rate.
 pub fn autoscale_chart(rows: &[AutoscaleRow]) -> Result<String, String> {
+    // The rate and the shares within targets first: a long trace name is cut short.
     let categories: Vec<String> = (rows.iter())
-        .map(|r| format!("{} at {}x", r.trace, r.rate))
+        .map(|r| {
+            format!(
+                "{}x, {:.1}% / {:.1}% within, {}",
+                r.rate,
+                r.fixed_attainment * 100.0,
+                r.autoscaled_attainment * 100.0,
+                r.trace
+            )
+        })
         .collect();
     let series = [
         Series {
