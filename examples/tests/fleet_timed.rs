@@ -109,8 +109,9 @@ fn a_shifting_replay_compares_moving_roles_and_the_autoscaler_with_a_fixed_split
     let code = traces().join("azure-llm-2023/AzureLLMInferenceTrace_code.csv");
     let conv = traces().join("azure-llm-2023/AzureLLMInferenceTrace_conv.csv");
     let both = format!("{},{}", code.display(), conv.display());
-    // 100 s of each at 10x: 20 s a run; the planner's pace is 10x too (its window 3 s, its
-    // scale-down after 3 s safe), so the autoscaler has time to stop an engine.
+    // 100 s of each at 10x: 20 s a run; the planner's pace is 10x too (its window 3 s, and
+    // with --scale-down-after 30 its scale-down after 3 s safe), so the autoscaler has time to
+    // stop an engine.
     let args = [
         "--out",
         report.to_str().unwrap(),
@@ -133,6 +134,8 @@ fn a_shifting_replay_compares_moving_roles_and_the_autoscaler_with_a_fixed_split
         "0.1",
         "--start-delay",
         "5",
+        "--scale-down-after",
+        "30",
     ];
     let run = pd_bench(&args);
     let stderr = String::from_utf8_lossy(&run.stderr);
@@ -195,6 +198,11 @@ fn bad_timed_flags_stop_the_run_before_any_fleet() {
         ),
         ("--shift", "0", "`0` is not a number above 0"),
         ("--start-delay", "-1", "`-1` is not a number of at least 0"),
+        (
+            "--scale-down-after",
+            "x",
+            "`x` is not a number of at least 0",
+        ),
     ] {
         let given = format!("{flag}={value}");
         let run = pd_bench(&["fleet", "--trace", trace, "--timed", &given]);
