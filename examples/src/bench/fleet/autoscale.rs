@@ -3,8 +3,8 @@
 //! toward it: up at once (an engine still draining serves again, stopped ones are thawed and,
 //! after a modelled start-up delay, taken back into rotation), down one engine per decision (an
 //! engine too many is drained at pd-proxy, frozen once idle: SIGSTOP, a stopped engine, its GPU
-//! free). Engine-seconds count every engine not stopped
-//! (serving, draining or starting up), in the GPU's time.
+//! free). Engine-seconds count every engine not stopped (serving, draining or starting up), in
+//! the GPU's time.
 
 use std::time::Duration;
 
@@ -113,6 +113,7 @@ async fn step(
             State::Draining if in_flight(&engine.process.url) == Some(0) => {
                 engine.process.freeze(true);
                 engine.state = State::Stopped;
+                scaled.stops += 1;
             }
             State::Starting { ready_at } if now >= ready_at => {
                 admin.drain(&engine.process.url, false).await?;
@@ -146,7 +147,6 @@ async fn step(
                 }
                 admin.drain(&engine.process.url, false).await?;
                 engine.state = State::Serving;
-                scaled.stops -= 1;
                 missing -= 1;
             }
             let stopped =
@@ -165,7 +165,6 @@ async fn step(
             if let Some(engine) = idlest {
                 admin.drain(&engine.process.url, true).await?;
                 engine.state = State::Draining;
-                scaled.stops += 1;
             }
         }
         let serving = count(&*engines, |s| *s == State::Serving);
